@@ -1,0 +1,70 @@
+"""What a source connector must provide.
+
+A connector does two separate things, at two separate times:
+
+* ``plan`` runs when an epoch is *injected* (in the sensor or the controller, no Spark). It fixes
+  the offset range every split covers in that epoch. The controller stores the ranges in the meta
+  store before anything reads them, so re-running an epoch reads exactly the same records.
+* ``read`` runs when the source asset processes the epoch (Spark). It must be a pure function of
+  the stored ranges: same ranges, same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from epochal.pipeline.model import Column, SourceDef
+
+
+@dataclass(frozen=True)
+class SplitRange:
+    """Offsets ``[start, end)`` of one split that one epoch covers."""
+
+    split: str
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+#: Schema of the dead-letter rows a connector returns (Spark DDL).
+DEAD_LETTER_SCHEMA = "split STRING, offset BIGINT, raw STRING, reason STRING"
+
+
+@dataclass
+class SourceBatch:
+    #: rows with exactly the source's declared columns, in declared order, with declared types
+    rows: "DataFrame"
+    #: rows that could not be read (DEAD_LETTER_SCHEMA), or None when the connector cannot produce any
+    dead_letters: "DataFrame | None" = None
+
+
+class SourceConnector(Protocol):
+    def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
+        """Ranges for the next epoch given each split's next offset (missing split: start at 0).
+
+        Returns one range per split that currently exists (an empty range is fine)."""
+
+    def read(self, spark: "SparkSession", ranges: list[SplitRange]) -> SourceBatch:
+        """The records in ``ranges``, as a lazily evaluated DataFrame (never collected to the driver)."""
+
+
+class ConnectorSpec(Protocol):
+    """Static side of a connector: validation at pipeline load, construction at run time."""
+
+    name: str
+
+    def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
+        """Problems with the declared columns/options, each a full sentence naming the fix.
+
+        Must reject unknown option keys (suggesting the closest known key)."""
+
+    def create(self, source: "SourceDef", home: Path) -> SourceConnector:
+        """A connector for ``source``; relative paths in options resolve against ``home``."""

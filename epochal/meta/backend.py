@@ -1,0 +1,180 @@
+"""Meta-store connections: DuckDB (embedded default) or PostgreSQL (production).
+
+The meta store is shared by every process that touches the pipeline: the Dagster UI, the daemon's
+sensor, multiprocess steps and the shell. DuckDB allows one process to open a file at a time, so
+every operation opens the file, runs one transaction and closes it, and a lock held by another
+process (or a write-write conflict inside one) is retried with backoff rather than shown to a user.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from epochal.errors import ConfigError, EpochalError
+
+T = TypeVar("T")
+
+# Longer than any one meta-store transaction can hold the file: a waiter gives up only when
+# something is truly stuck, and then says which file and why.
+LOCK_WAIT_SECONDS = 120.0
+
+
+class Cursor(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> "Cursor": ...
+    def fetchall(self) -> list[tuple]: ...
+    def fetchone(self) -> tuple | None: ...
+
+
+class Backend(Protocol):
+    url: str
+
+    def transaction(self, fn: Callable[[Cursor], T]) -> T:
+        """Run ``fn`` in one transaction, retrying it whole on lock/serialization conflicts."""
+
+
+def _backoff(attempt: int) -> float:
+    # Full jitter: concurrent waiters spread out instead of retrying in lockstep.
+    return random.uniform(0, min(0.1, 0.002 * (2**attempt)))
+
+
+class DuckDBBackend:
+    _process_lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.url = f"duckdb:///{self.path}"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def _retryable(exc: Exception) -> bool:
+        import duckdb
+
+        text = str(exc)
+        if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
+            return True
+        return isinstance(exc, duckdb.TransactionException) or "Conflict" in text
+
+    def transaction(self, fn: Callable[[Cursor], T]) -> T:
+        import duckdb
+
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        attempt = 0
+        while True:
+            try:
+                # One transaction at a time per process: DuckDB would otherwise turn two threads'
+                # writes into a conflict error; across processes the file lock serializes us.
+                with self._process_lock:
+                    con = duckdb.connect(str(self.path))
+                    try:
+                        con.execute("BEGIN TRANSACTION")
+                        result = fn(_DuckCursor(con))
+                        con.execute("COMMIT")
+                        return result
+                    except BaseException:
+                        try:
+                            con.execute("ROLLBACK")
+                        except duckdb.Error:
+                            pass
+                        raise
+                    finally:
+                        con.close()
+            except duckdb.Error as exc:
+                if not self._retryable(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise EpochalError(
+                        f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s ({exc}); "
+                        "another process holds it open: stop it, or use a PostgreSQL meta store "
+                        "(EPOCHAL_META_URL=postgresql://...) for many concurrent writers"
+                    ) from exc
+                time.sleep(_backoff(attempt))
+                attempt += 1
+
+
+class _DuckCursor:
+    def __init__(self, con: Any):
+        self._con = con
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> "_DuckCursor":
+        self._con.execute(sql, list(params))
+        return self
+
+    def fetchall(self) -> list[tuple]:
+        return self._con.fetchall()
+
+    def fetchone(self) -> tuple | None:
+        return self._con.fetchone()
+
+
+class PostgresBackend:
+    def __init__(self, url: str):
+        self.url = url
+        try:
+            import psycopg  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - psycopg is a dependency
+            raise ConfigError("a postgresql:// meta store needs psycopg: pip install 'psycopg[binary]'") from exc
+
+    def transaction(self, fn: Callable[[Cursor], T]) -> T:
+        import psycopg
+        from psycopg import errors as pg_errors
+
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        attempt = 0
+        while True:
+            try:
+                conn = psycopg.connect(self.url, connect_timeout=10)
+            except psycopg.OperationalError as exc:
+                raise EpochalError(
+                    f"cannot reach the PostgreSQL meta store at {_redact(self.url)}: "
+                    f"{str(exc).strip().splitlines()[0]}; start the server or fix EPOCHAL_META_URL"
+                ) from exc
+            try:
+                # SERIALIZABLE makes racing commits of one epoch fail over to a retry instead of
+                # both succeeding; the retry then sees the committed state.
+                conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+                with conn.transaction():
+                    return fn(_PgCursor(conn.cursor()))
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(_backoff(attempt))
+                attempt += 1
+            finally:
+                conn.close()
+
+
+class _PgCursor:
+    def __init__(self, cur: Any):
+        self._cur = cur
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> "_PgCursor":
+        self._cur.execute(sql.replace("?", "%s"), list(params))
+        return self
+
+    def fetchall(self) -> list[tuple]:
+        return self._cur.fetchall()
+
+    def fetchone(self) -> tuple | None:
+        return self._cur.fetchone()
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def open_backend(url: str) -> Backend:
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresBackend(url)
+    if url.startswith("duckdb:///"):
+        return DuckDBBackend(Path(url[len("duckdb:///") :]))
+    raise ConfigError(
+        f"unsupported meta store URL '{url}': use duckdb:///path/to/meta.duckdb or postgresql://user@host/db"
+    )

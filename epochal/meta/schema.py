@@ -1,0 +1,72 @@
+"""Meta-store tables. Plain SQL that DuckDB and PostgreSQL both accept, so one schema serves both."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+DDL = (
+    """CREATE TABLE IF NOT EXISTS epochs (
+        epoch BIGINT PRIMARY KEY,
+        prev_epoch BIGINT,
+        kind VARCHAR NOT NULL,
+        state VARCHAR NOT NULL,
+        injected_at DOUBLE PRECISION NOT NULL,
+        committed_at DOUBLE PRECISION,
+        owner_host VARCHAR,
+        owner_pid INTEGER,
+        owner_run VARCHAR,
+        heartbeat_at DOUBLE PRECISION,
+        failure VARCHAR
+    )""",
+    # Offsets are fixed at injection and never change: re-running an epoch reads the same records.
+    """CREATE TABLE IF NOT EXISTS epoch_offsets (
+        epoch BIGINT NOT NULL,
+        source VARCHAR NOT NULL,
+        split VARCHAR NOT NULL,
+        start_offset BIGINT NOT NULL,
+        end_offset BIGINT NOT NULL,
+        PRIMARY KEY (epoch, source, split)
+    )""",
+    """CREATE TABLE IF NOT EXISTS collected (
+        epoch BIGINT NOT NULL,
+        asset VARCHAR NOT NULL,
+        location VARCHAR,
+        rows_in BIGINT,
+        rows_out BIGINT,
+        dead_letters BIGINT,
+        dead_letter_location VARCHAR,
+        seconds DOUBLE PRECISION,
+        run_id VARCHAR,
+        collected_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (epoch, asset)
+    )""",
+    """CREATE TABLE IF NOT EXISTS table_epochs (
+        table_name VARCHAR PRIMARY KEY,
+        committed_epoch BIGINT,
+        schema_ddl VARCHAR
+    )""",
+    """CREATE TABLE IF NOT EXISTS controller (
+        key VARCHAR PRIMARY KEY,
+        value VARCHAR
+    )""",
+    """CREATE TABLE IF NOT EXISTS recoveries (
+        id BIGINT PRIMARY KEY,
+        reason VARCHAR NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION,
+        committed_epoch BIGINT,
+        aborted_epochs VARCHAR,
+        attempts INTEGER,
+        error VARCHAR
+    )""",
+    # One row per sink and epoch, as in the seed's sink coordinator: PENDING is persisted before the
+    # target is written; COMMITTED once the target holds the epoch.
+    """CREATE TABLE IF NOT EXISTS sink_epochs (
+        sink VARCHAR NOT NULL,
+        epoch BIGINT NOT NULL,
+        state VARCHAR NOT NULL,
+        rows_written BIGINT,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (sink, epoch)
+    )""",
+)

@@ -1,0 +1,375 @@
+"""What each node of the pipeline does for one epoch: the steps that Dagster ops and assets call.
+
+Dagster-free: the Dagster shell (``platform_defs``) only maps runs and partitions onto these
+functions and their returned metadata onto materializations.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from epochal.connectors.base import SourceConnector, SplitRange
+from epochal.controller import (
+    CheckpointController,
+    Collected,
+    EpochAborted,
+    EpochRecord,
+    EpochState,
+    RecoveryReport,
+)
+from epochal.epoch import epoch_physical_ms
+from epochal.errors import EpochalError
+from epochal.faults import fault_point
+from epochal.pipeline.model import Pipeline
+from epochal.settings import Settings
+from epochal.sinks.duckdb_sink import DuckDBSink
+from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("epochal.runtime")
+
+# How long a commit step waits for an older epoch (owned by another run) to commit first.
+COMMIT_WAIT_S = 120.0
+
+
+@dataclass
+class StepReport:
+    asset: str
+    epoch: int
+    #: plain values (int/float/str/bool/None) for logs, status and Dagster metadata
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.asset}@{self.epoch}: " + ", ".join(f"{k}={v}" for k, v in self.metadata.items())
+
+
+def _lag_seconds(epoch: int | None) -> float | None:
+    return None if epoch is None else round(time.time() - epoch_physical_ms(epoch) / 1000, 3)
+
+
+class EpochRuntime:
+    def __init__(
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        spark: Callable[[], "SparkSession"],
+        controller: CheckpointController | None = None,
+    ):
+        self.settings = settings
+        self.pipeline = pipeline
+        self._spark_factory = spark
+        self.controller = controller or CheckpointController(
+            settings, sources=list(pipeline.sources), views=pipeline.view_order(), sinks=list(pipeline.sinks)
+        )
+        self.warehouse = Warehouse(settings.warehouse)
+        self._connectors: dict[str, SourceConnector] = {}
+
+    @cached_property
+    def spark(self) -> "SparkSession":
+        return self._spark_factory()
+
+    def connector(self, source: str) -> SourceConnector:
+        if source not in self._connectors:
+            from epochal.connectors.registry import connector_spec
+
+            definition = self.pipeline.sources[source]
+            spec = connector_spec(definition.connector)
+            assert spec is not None, "the loader rejects unknown connectors"
+            self._connectors[source] = spec.create(definition, self.settings.home)
+        return self._connectors[source]
+
+    # ------------------------------------------------------------------ epochs
+
+    def plan(self, source: str, starts: Mapping[str, int]) -> list[SplitRange]:
+        return self.connector(source).plan(starts)
+
+    def recover(self, reason: str) -> RecoveryReport:
+        tables = [*self.pipeline.tables, *(dead_letter_table(s) for s in self.pipeline.sources)]
+        return self.controller.recover(
+            reason,
+            discard=self.warehouse.delete,
+            sweep=lambda keep, upto: self.warehouse.sweep(tables, keep, upto),
+        )
+
+    def start_epoch(self, run_id: str | None, partition: str | None) -> tuple[EpochRecord, RecoveryReport | None]:
+        """The epoch a run works on: the one its partition names, or a newly injected one.
+
+        Without a partition this is the barrier worker's loop body: recover if anything needs it,
+        then inject the next epoch, claimed by this process so its death is noticed."""
+        if partition is not None:
+            try:
+                epoch = int(partition)
+            except ValueError:
+                raise EpochalError(f"partition key {partition!r} is not an epoch number") from None
+            record = self.controller.epoch(epoch)
+            if record.state is EpochState.ABORTED:
+                raise EpochAborted(
+                    f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
+                    "by a later epoch. Run epoch_job without a partition to go on"
+                )
+            return record, None
+        report = None
+        reason = self.controller.recovery_reason()
+        if reason:
+            report = self.recover(reason)
+        return self.controller.inject(self.plan, run_id=run_id, claim=True), report
+
+    def _guard(self, epoch: int, step: Callable[[], StepReport]) -> StepReport:
+        """Run a step; a failure marks the epoch failed so the next run recovers."""
+        try:
+            return step()
+        except EpochAborted:
+            raise
+        except Exception as exc:
+            try:
+                self.controller.fail(epoch, f"{type(exc).__name__}: {exc}")
+            except Exception:  # the meta store itself may be what failed
+                log.exception("could not record the failure of epoch %s", epoch)
+            raise
+
+    def _collect(self, epoch: int, collected: Collected, df: "DataFrame", garbage: list[str]) -> bool:
+        result = self.controller.collect(epoch, collected, schema_ddl=df.schema.simpleString())
+        if not result.recorded:
+            # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
+            self.warehouse.delete(garbage)
+        return result.recorded
+
+    # ------------------------------------------------------------------ sources
+
+    def run_source(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
+        return self._guard(epoch, lambda: self._run_source(epoch, name, run_id))
+
+    def _run_source(self, epoch: int, name: str, run_id: str | None) -> StepReport:
+        from pyspark.sql import functions as F
+
+        started = time.time()
+        self.controller.claim(epoch, run_id)
+        ranges = self.controller.offsets(epoch, name)
+        batch = self.connector(name).read(self.spark, ranges)
+        location = self.warehouse.new_location(name, epoch)
+        written: list[str] = [location]
+        try:
+            rows = self.warehouse.write(batch.rows.withColumn(WEIGHT, F.lit(1).cast("bigint")), location)
+            dead = 0
+            dlq_location = None
+            if batch.dead_letters is not None:
+                dlq_location = self.warehouse.new_location(dead_letter_table(name), epoch)
+                written.append(dlq_location)
+                dead = self.warehouse.write(batch.dead_letters, dlq_location)
+                if dead == 0:
+                    self.warehouse.delete([dlq_location])
+                    dlq_location = None
+                else:
+                    log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
+            records = sum(r.count for r in ranges)
+            recorded = self._collect(
+                epoch,
+                Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id),
+                batch.rows,
+                written,
+            )
+        except EpochAborted:
+            self.warehouse.delete(written)
+            raise
+        fault_point("source-written")
+        self.controller.release(epoch)
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "records_read": records,
+                "rows_out": rows,
+                "dead_letters": dead,
+                "splits": len(ranges),
+                "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges),
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
+
+    # ------------------------------------------------------------------ views
+
+    def run_view(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
+        return self._guard(epoch, lambda: self._run_view(epoch, name, run_id))
+
+    def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
+        entry = collected.get(upstream)
+        if entry is None or entry.location is None:
+            raise EpochalError(
+                f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
+                "for this partition first, or run the whole epoch with epoch_job"
+            )
+        return self.warehouse.read(self.spark, [entry.location])
+
+    def _run_view(self, epoch: int, name: str, run_id: str | None) -> StepReport:
+        from pyspark.sql import functions as F
+
+        started = time.time()
+        view = self.pipeline.views[name]
+        self.controller.claim(epoch, run_id)
+        collected = self.controller.collected(epoch)
+        deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
+        # The view's operators are linear (filter, project, UNION ALL), so the change of the output
+        # is the query over the inserted rows minus the query over the deleted rows.
+        signed = []
+        for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
+            for upstream, delta in deltas.items():
+                delta.where(keep).drop(WEIGHT).createOrReplaceTempView(upstream)
+            out = self.spark.sql(view.query).toDF(*view.columns)  # analyzed now, bound to these rows
+            signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
+        change = signed[0].unionByName(signed[1])
+        location = self.warehouse.new_location(name, epoch)
+        try:
+            rows = self.warehouse.write(change, location)
+            rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
+            recorded = self._collect(
+                epoch,
+                Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
+                change,
+                [location],
+            )
+        except EpochAborted:
+            self.warehouse.delete([location])
+            raise
+        finally:
+            for upstream in view.upstreams:
+                self.spark.catalog.dropTempView(upstream)
+        self.controller.release(epoch)
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "rows_in": rows_in,
+                "rows_out": rows,
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, epoch: int) -> StepReport:
+        return self._guard(epoch, lambda: self._commit(epoch))
+
+    def _commit(self, epoch: int) -> StepReport:
+        started = time.time()
+        by_this_call: list[int] = []
+        while True:
+            by_this_call += self.controller.try_commit()
+            record = self.controller.epoch(epoch)
+            if record.state is EpochState.ABORTED:
+                raise EpochAborted(f"epoch {epoch} was aborted by a recovery before it could commit")
+            if record.state is EpochState.COMMITTED:
+                break
+            missing = [t for t in self.controller.tables if t not in self.controller.collected(epoch)]
+            if missing:
+                raise EpochalError(
+                    f"epoch {epoch} cannot commit: {', '.join(missing)} have not written it; materialize them "
+                    "for this partition first"
+                )
+            if not record.is_checkpoint:
+                break  # a barrier: it commits with the next checkpoint
+            older = [r.epoch for r in self.controller.in_flight() if r.epoch < epoch]
+            if time.time() - started > COMMIT_WAIT_S:
+                raise EpochalError(
+                    f"epoch {epoch} is collected but older epoch(s) {older} have not committed after "
+                    f"{COMMIT_WAIT_S:.0f}s; their runs may be stuck: see `epochal status`"
+                )
+            time.sleep(0.2)  # an older epoch's run is finishing; ours commits right after it
+        if epoch in by_this_call:
+            fault_point("committed")
+        committed = self.controller.committed_epoch()
+        in_flight = self.controller.in_flight()
+        return StepReport(
+            "epoch_commit",
+            epoch,
+            {
+                "epoch": epoch,
+                "state": record.state.value,
+                "kind": record.kind.value,
+                "committed_epoch": committed,
+                "committed_by_this_step": ", ".join(map(str, by_this_call)) or "none",
+                "in_flight": len(in_flight),
+                "lag_seconds": _lag_seconds(committed),
+                "tables": len(self.controller.tables),
+            },
+        )
+
+    # ------------------------------------------------------------------ sinks
+
+    def sink(self, name: str) -> DuckDBSink:
+        definition = self.pipeline.sinks[name]
+        upstream = definition.from_table
+        columns = list(
+            self.pipeline.views[upstream].columns
+            if upstream in self.pipeline.views
+            else self.pipeline.sources[upstream].column_names
+        )
+        return DuckDBSink(name, definition.options, columns, self.settings.home)
+
+    def run_sink(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
+        # A sink failure does not fail the epoch: the epoch is committed, the sink catches up later.
+        started = time.time()
+        record = self.controller.epoch(epoch)
+        if record.state is EpochState.ABORTED:
+            raise EpochAborted(f"epoch {epoch} was aborted by a recovery; sinks only deliver committed epochs")
+        sink = self.sink(name)
+        upstream = self.pipeline.sinks[name].from_table
+        committed = self.controller.committed_epoch()
+        target = min(epoch, committed) if committed is not None else None
+        delivered_before = sink.delivered_epoch()
+        # Restart path of the seed's coordinator: PENDING epochs the target already holds are committed.
+        for pending, state in self.controller.sink_state(name).items():
+            if state == "PENDING" and delivered_before is not None and pending <= delivered_before:
+                self.controller.mark_sink(name, pending, "COMMITTED")
+        inserted = deleted = epochs = 0
+        if target is not None:
+            for e, location in self.controller.committed_locations(upstream, upto=target):
+                if delivered_before is not None and e <= delivered_before:
+                    continue
+                self.controller.mark_sink(name, e, "PENDING")
+                delivery = sink.deliver(e, self.warehouse.parquet_files(location))
+                self.controller.mark_sink(name, e, "COMMITTED", delivery.rows_inserted + delivery.rows_deleted)
+                inserted += delivery.rows_inserted
+                deleted += delivery.rows_deleted
+                epochs += not delivery.skipped
+        delivered = sink.delivered_epoch()
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "epochs_delivered": epochs,
+                "rows_inserted": inserted,
+                "rows_deleted": deleted,
+                "delivered_epoch": delivered,
+                "committed_epoch": committed,
+                "waiting_for_commit": committed is None or epoch > committed,
+                "target": f"{sink.database}:{sink.table}",
+                "target_rows": sink.row_count(),
+                "seconds": round(time.time() - started, 3),
+            },
+        )
+
+    # ------------------------------------------------------------------ reading state
+
+    def state(self, table: str, epoch: int | None = None) -> "DataFrame":
+        """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
+        from pyspark.sql import functions as F
+
+        locations = [loc for _, loc in self.controller.committed_locations(table, upto=epoch)]
+        if not locations:
+            raise EpochalError(f"table {table} has no committed epoch yet: run epoch_job first")
+        changes = self.warehouse.read(self.spark, locations)
+        columns = [c for c in changes.columns if c != WEIGHT]
+        net = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias("_n")).where("_n > 0")
+        return net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*columns)

@@ -1,0 +1,87 @@
+"""Starting Spark: local, a cluster master, or a Spark Connect remote, with a Java check first.
+
+Local and cluster modes start a JVM through py4j; when Java is missing or too old py4j fails with a
+stack trace that never mentions Java, so we check ourselves and say what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from epochal.errors import JavaMissingError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+
+# Small-data defaults: Spark's 200 shuffle partitions make every tiny epoch pay for 200 tasks.
+DEFAULT_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+    "spark.driver.memory": "2g",
+}
+
+
+def java_major_version(java: str) -> int | None:
+    """Major version of the ``java`` binary, or None if it cannot be run."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major  # "1.8" means 8
+
+
+def check_java() -> None:
+    """Raise JavaMissingError with the fix unless Java 17+ is reachable the way pyspark finds it."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    where = f"JAVA_HOME={java_home}" if java_home else "PATH"
+    if not java or not os.path.exists(java):
+        raise JavaMissingError(
+            f"Spark needs Java {MIN_JAVA}+ but no java was found on {where}: install a JDK "
+            f"(e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME to one"
+        )
+    major = java_major_version(java)
+    if major is None or major < MIN_JAVA:
+        found = f"Java {major}" if major else "a java that does not report its version"
+        raise JavaMissingError(
+            f"Spark needs Java {MIN_JAVA}+ but {where} has {found} ({java}): install JDK "
+            f"{MIN_JAVA} or newer and point JAVA_HOME at it"
+        )
+
+
+def build_spark_session(
+    master: str | None = "local[*]",
+    app_name: str = "epochal",
+    conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
+) -> "SparkSession":
+    """A SparkSession for ``master`` (local[*], spark://..., yarn) or a Spark Connect ``remote``
+    (sc://host:port). ``conf`` is passed through and wins over our defaults."""
+    from pyspark.sql import SparkSession
+
+    merged = {**DEFAULT_CONF, **(conf or {})}
+    builder = SparkSession.builder.appName(app_name)
+    if remote:
+        # Spark Connect: the server owns the JVM, so no local Java is needed; static confs such as
+        # driver memory belong to the server and are rejected by the client.
+        builder = builder.remote(remote)
+        merged = {k: v for k, v in merged.items() if k.startswith("spark.sql.")}
+    else:
+        check_java()
+        builder = builder.master(master or "local[*]")
+    for key, value in merged.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,129 @@
+"""Where table data lives, and how it is laid out.
+
+    {warehouse}/{table}/epoch={E}/{attempt}/part-*.parquet
+
+Every epoch of every table is a directory of Parquet files holding that epoch's *change*: the
+table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). Every write
+goes to a fresh ``attempt`` directory, so two runs racing on one epoch never write the same files;
+the meta store records which attempt was collected, and only recorded, committed attempts are ever
+read. Anything else is garbage that recovery deletes.
+
+The state of a table at epoch C is the sum of its changes over all committed epochs <= C. Spark
+writes; Spark and DuckDB both read (DuckDB via explicit file lists, never by globbing a table).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+WEIGHT = "_weight"
+DEAD_LETTER_SUFFIX = "__dead_letters"
+
+log = logging.getLogger("epochal.storage")
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), uri
+    # Hadoop's s3a:// is S3 to everyone else.
+    scheme, rest = uri.split("://", 1)
+    normalized = f"s3://{rest}" if scheme in ("s3a", "s3n") else uri
+    return pafs.FileSystem.from_uri(normalized)
+
+
+class Warehouse:
+    def __init__(self, root: str):
+        self.root = root.rstrip("/")
+        self.fs, self._root_path = _filesystem(self.root)
+
+    # ------------------------------------------------------------------ layout
+
+    def table_root(self, table: str) -> str:
+        return f"{self.root}/{table}"
+
+    def new_location(self, table: str, epoch: int) -> str:
+        return f"{self.table_root(table)}/epoch={epoch}/{uuid.uuid4().hex[:12]}"
+
+    def _path(self, location: str) -> str:
+        return _filesystem(location)[1]
+
+    # ------------------------------------------------------------------ writing & reading with Spark
+
+    def write(self, df: DataFrame, location: str) -> int:
+        """Write ``df`` as the complete content of ``location``; returns the rows written."""
+        df.write.mode("errorifexists").parquet(location)
+        return self.row_count(location)
+
+    def read(self, spark: SparkSession, locations: Iterable[str]) -> DataFrame:
+        locations = list(locations)
+        return spark.read.parquet(*locations)
+
+    # ------------------------------------------------------------------ files, for DuckDB and stats
+
+    def parquet_files(self, location: str) -> list[str]:
+        selector = pafs.FileSelector(self._path(location), recursive=False)
+        infos = self.fs.get_file_info(selector)
+        prefix = location[: len(location) - len(self._path(location))]
+        return sorted(
+            prefix + info.path
+            for info in infos
+            if info.type == pafs.FileType.File
+            and info.base_name.endswith(".parquet")
+            and not info.base_name.startswith((".", "_"))
+        )
+
+    def row_count(self, location: str) -> int:
+        # Parquet footers hold the counts: no second Spark job to count what was just written.
+        total = 0
+        for path in self.parquet_files(location):
+            with self.fs.open_input_file(self._path(path)) as fh:
+                total += pq.ParquetFile(fh).metadata.num_rows
+        return total
+
+    # ------------------------------------------------------------------ cleanup
+
+    def delete(self, locations: Iterable[str]) -> None:
+        for location in locations:
+            path = self._path(location)
+            if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
+                self.fs.delete_dir(path)
+                log.info("deleted %s", location)
+
+    def sweep(self, tables: Iterable[str], keep: set[str], upto: int | None) -> list[str]:
+        """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep`` does not hold.
+
+        They are what a run wrote before it died, and before it could record the write. Newer
+        epochs may be being written right now by a live run, so they are never touched."""
+        removed: list[str] = []
+        for table in tables:
+            root = self._path(self.table_root(table))
+            if self.fs.get_file_info(root).type == pafs.FileType.NotFound:
+                continue
+            kept = {self._path(loc) for loc in keep}
+            for epoch_dir in self.fs.get_file_info(pafs.FileSelector(root)):
+                if epoch_dir.type != pafs.FileType.Directory or not epoch_dir.base_name.startswith("epoch="):
+                    continue
+                if upto is None or int(epoch_dir.base_name[len("epoch=") :]) > upto:
+                    continue
+                for attempt in self.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
+                    if attempt.type == pafs.FileType.Directory and attempt.path not in kept:
+                        self.fs.delete_dir(attempt.path)
+                        removed.append(attempt.path)
+                if not self.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
+                    self.fs.delete_dir(epoch_dir.path)
+        if removed:
+            log.warning("recovery removed %d unreferenced attempt(s): %s", len(removed), removed[:5])
+        return removed
+
+
+def dead_letter_table(source: str) -> str:
+    return f"{source}{DEAD_LETTER_SUFFIX}"
