@@ -139,6 +139,8 @@ class EpochRuntime:
         if not result.recorded:
             # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
             self.warehouse.delete(garbage)
+        if result.committed:  # the last table to collect commits the epoch
+            fault_point("committed")
         return result.recorded
 
     # ------------------------------------------------------------------ sources
@@ -264,7 +266,10 @@ class EpochRuntime:
         started = time.time()
         by_this_call: list[int] = []
         while True:
-            by_this_call += self.controller.try_commit()
+            newly = self.controller.try_commit()
+            if newly:
+                fault_point("committed")
+            by_this_call += newly
             record = self.controller.epoch(epoch)
             if record.state is EpochState.ABORTED:
                 raise EpochAborted(f"epoch {epoch} was aborted by a recovery before it could commit")
@@ -285,8 +290,6 @@ class EpochRuntime:
                     f"{COMMIT_WAIT_S:.0f}s; their runs may be stuck: see `epochal status`"
                 )
             time.sleep(0.2)  # an older epoch's run is finishing; ours commits right after it
-        if epoch in by_this_call:
-            fault_point("committed")
         committed = self.controller.committed_epoch()
         in_flight = self.controller.in_flight()
         return StepReport(

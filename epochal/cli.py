@@ -1,0 +1,233 @@
+"""The `epochal` command: status, query, produce, recover, pause, resume, settings, validate.
+
+Every command exits non-zero with one clear line on bad input; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from epochal.errors import EpochalError
+
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+
+
+def _runtime():  # noqa: ANN202 - imported lazily so `epochal --help` stays instant
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.runtime import EpochRuntime
+    from epochal.settings import Settings
+    from epochal.spark_session import build_spark_session
+
+    settings = Settings.from_env()
+    pipeline = load_pipeline(settings.pipeline_dir)
+
+    def spark():  # noqa: ANN202 - only `produce`/`query` never need it
+        return build_spark_session(settings.spark_master, "epochal-cli", settings.spark_conf, settings.spark_remote)
+
+    return EpochRuntime(settings, pipeline, spark)
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _runtime().controller.status()
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    from epochal.epoch import epoch_datetime
+
+    committed = status["committed_epoch"]
+    print(
+        f"committed epoch : {committed}"
+        + (f"  ({epoch_datetime(committed):%Y-%m-%d %H:%M:%S} UTC)" if committed else "")
+    )
+    print(
+        f"injection       : {'PAUSED' if status['paused'] else 'running'}"
+        + ("  (pause on next start)" if status["pause_on_next_start"] else "")
+    )
+    if status["recovery_requested"]:
+        print(f"recovery pending: {status['recovery_requested']}")
+    print(f"in flight       : {len(status['in_flight'])}")
+    for e in status["in_flight"]:
+        print(
+            f"  {e['epoch']} {e['kind']:<10} {e['state']:<9} collected: {', '.join(e['collected']) or '-'}"
+            + (f"  FAILED: {e['failure']}" if e["failure"] else "")
+        )
+    print("tables          :")
+    for table, epoch in status["tables"].items():
+        print(f"  {table:<28} {epoch}")
+    if status["sinks"]:
+        print("sinks (delivered epoch):")
+        for sink, epoch in status["sinks"].items():
+            print(f"  {sink:<28} {epoch}")
+    last = status["last_recovery"]
+    if last:
+        outcome = f"FAILED: {last['error']}" if last["error"] else f"aborted {last['aborted_epochs'] or 'nothing'}"
+        print(f"last recovery   : #{last['id']} {_when(last['started_at'])} ({last['reason']}): {outcome}")
+    else:
+        print("last recovery   : none")
+    print(f"epochs          : {status['epoch_counts']}")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from epochal.query import run_query
+
+    columns, rows, epoch = run_query(_runtime(), args.sql)
+    out = sys.stdout
+    if args.format == "json":
+        json.dump([dict(zip(columns, r, strict=True)) for r in rows], out, default=str, indent=None)
+        out.write("\n")
+    elif args.format == "csv":
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        cells = [[("NULL" if v is None else str(v)) for v in r] for r in rows]
+        widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+        print("  ".join("-" * w for w in widths))
+        for r in cells:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''} at committed epoch {epoch})", file=sys.stderr)
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from epochal.connectors.log import append_records
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.settings import Settings
+
+    settings = Settings.from_env()
+    pipeline = load_pipeline(settings.pipeline_dir)
+    source = pipeline.sources.get(args.source.lower())
+    if source is None or source.connector != "log":
+        logs = [n for n, s in pipeline.sources.items() if s.connector == "log"]
+        raise EpochalError(
+            f"{args.source} is not a log source of this pipeline: produce appends to connector = 'log' sources "
+            f"({', '.join(logs) or 'there are none'})"
+        )
+    from pathlib import Path
+
+    directory = Path(source.options["path"]).expanduser()
+    directory = directory if directory.is_absolute() else settings.home / directory
+    if args.file and args.file != "-":
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise EpochalError(f"cannot read {args.file}: {exc.strerror}") from None
+    else:
+        lines = sys.stdin.read().splitlines()
+    count = append_records(directory, lines, args.split)
+    print(f"appended {count} record(s) to {source.name} split {args.split or '0'} ({directory})")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    report = _runtime().recover("ad-hoc (epochal recover)")
+    print(
+        f"recovered to committed epoch {report.committed_epoch}: aborted {report.aborted or 'nothing'}, "
+        f"discarded {len(report.discarded_locations)} location(s) in {report.seconds:.2f}s"
+        + ("; injection is paused" if report.paused else "")
+    )
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    controller = _runtime().controller
+    if args.on_next_start:
+        controller.set_pause_on_next_start(True)
+        print("injection will pause at the next start (recovery); `epochal resume` undoes it")
+    else:
+        controller.pause()
+        print("injection paused: in-flight epochs finish, no new ones start; `epochal resume` to go on")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    controller = _runtime().controller
+    controller.resume()
+    controller.set_pause_on_next_start(False)
+    print("injection resumed")
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    from epochal.settings import SETTINGS
+
+    for spec in SETTINGS:
+        print(f"{spec.env:<30} default {spec.default:<40} {spec.help}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.settings import Settings
+
+    settings = Settings.from_env()
+    started = time.time()
+    pipeline = load_pipeline(settings.pipeline_dir)
+    print(f"{settings.pipeline_dir}: ok in {time.time() - started:.2f}s")
+    for name, s in pipeline.sources.items():
+        print(f"  source {name} ({s.connector}) {s.location}")
+    for name in pipeline.view_order():
+        print(f"  view   {name} <- {', '.join(pipeline.views[name].upstreams)} {pipeline.views[name].location}")
+    for name, s in pipeline.sinks.items():
+        print(f"  sink   {name} <- {s.from_table} ({s.connector}) {s.location}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epochal", description="Epochs, barriers and checkpoints on Dagster + Spark.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("status", help="committed epoch, in-flight epochs, tables, pause, last recovery")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("query", help="read-only SQL (DuckDB) over every table at the committed epoch")
+    p.add_argument("sql")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(fn=cmd_query)
+    p = sub.add_parser("produce", help="append JSON Lines records to a log source (from --file or stdin)")
+    p.add_argument("source")
+    p.add_argument("--file", "-f", help="file of JSON lines; '-' or absent: stdin")
+    p.add_argument("--split", help="split to append to (default 0)")
+    p.set_defaults(fn=cmd_produce)
+    p = sub.add_parser("recover", help="ad-hoc recovery: abort in-flight epochs, back to the committed epoch")
+    p.set_defaults(fn=cmd_recover)
+    p = sub.add_parser("pause", help="stop injecting new epochs")
+    p.add_argument("--on-next-start", action="store_true", help="pause when the next recovery (start) happens")
+    p.set_defaults(fn=cmd_pause)
+    p = sub.add_parser("resume", help="inject epochs again")
+    p.set_defaults(fn=cmd_resume)
+    p = sub.add_parser("settings", help="list the EPOCHAL_* settings")
+    p.set_defaults(fn=cmd_settings)
+    p = sub.add_parser("validate", help="load the pipeline and report every error, without running anything")
+    p.set_defaults(fn=cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except EpochalError as exc:
+        print(f"epochal: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""`epochal query`: read-only SQL, in DuckDB, over the committed state of every table at one epoch.
+
+Every source and view becomes a DuckDB view over the Parquet files of its committed epochs, netted
+by ``_weight``; each source's dead letters are ``<source>__dead_letters``. The committed epoch is
+read once and every table is cut at it, so a query joining two tables never mixes epochs even
+while new epochs commit underneath.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from epochal.errors import EpochalError
+from epochal.storage.warehouse import WEIGHT, dead_letter_table
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from epochal.runtime import EpochRuntime
+
+READ_ONLY = {"SELECT", "EXPLAIN"}
+
+# Spark simpleString types -> DuckDB, for the empty views of tables with no committed data yet.
+_SPARK_TO_DUCKDB = {
+    "bigint": "BIGINT",
+    "int": "INTEGER",
+    "smallint": "SMALLINT",
+    "tinyint": "TINYINT",
+    "double": "DOUBLE",
+    "float": "FLOAT",
+    "string": "VARCHAR",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    "timestamp": "TIMESTAMPTZ",
+}
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _files_sql(files: list[str]) -> str:
+    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+
+
+def _empty_view(columns: list[tuple[str, str]]) -> str:
+    cols = ", ".join(f"NULL::{_SPARK_TO_DUCKDB.get(t.lower(), 'VARCHAR')} AS {_quote(n)}" for n, t in columns)
+    return f"SELECT {cols} WHERE false"
+
+
+def _columns_of(runtime: "EpochRuntime", table: str) -> list[tuple[str, str]]:
+    pipeline = runtime.pipeline
+    if table in pipeline.sources:
+        return [(c.name, c.type) for c in pipeline.sources[table].columns]
+    return [(c, "string") for c in pipeline.views[table].columns]
+
+
+def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConnection", int | None]:
+    """An in-memory DuckDB connection with one view per table, all cut at the same committed epoch."""
+    import duckdb
+
+    controller, warehouse = runtime.controller, runtime.warehouse
+    epoch = controller.committed_epoch()
+    con = duckdb.connect()
+    for table in runtime.pipeline.tables:
+        columns = _columns_of(runtime, table)
+        files = [
+            f for _, loc in controller.committed_locations(table, upto=epoch) for f in warehouse.parquet_files(loc)
+        ]
+        if not files:
+            con.execute(f"CREATE VIEW {_quote(table)} AS {_empty_view(columns)}")
+            continue
+        cols = ", ".join(_quote(n) for n, _ in columns)
+        con.execute(
+            f"CREATE VIEW {_quote(table)} AS WITH net AS (SELECT {cols}, sum({WEIGHT})::BIGINT AS _n "
+            f"FROM read_parquet({_files_sql(files)}) GROUP BY ALL HAVING sum({WEIGHT}) > 0) "
+            f"SELECT {cols} FROM (SELECT {cols}, unnest(range(_n)) FROM net)"
+        )
+    for source in runtime.pipeline.sources:
+        dlq = [f for loc in controller.committed_dead_letter_locations(source) for f in warehouse.parquet_files(loc)]
+        body = (
+            f"SELECT * FROM read_parquet({_files_sql(dlq)})"
+            if dlq
+            else _empty_view([("split", "string"), ("offset", "bigint"), ("raw", "string"), ("reason", "string")])
+        )
+        con.execute(f"CREATE VIEW {_quote(dead_letter_table(source))} AS {body}")
+    return con, epoch
+
+
+def run_query(runtime: "EpochRuntime", sql: str) -> tuple[list[str], list[tuple], int | None]:
+    """Columns, rows and the committed epoch the answer is cut at."""
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise EpochalError(f"query does not parse: {exc}") from None
+    if len(statements) != 1:
+        raise EpochalError(f"give exactly one statement, not {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in READ_ONLY:
+        raise EpochalError(f"epochal query is read-only: {kind} is not allowed, only SELECT (and EXPLAIN)")
+    con, epoch = committed_connection(runtime)
+    try:
+        result = con.execute(sql)
+    except duckdb.Error as exc:
+        tables = ", ".join([*runtime.pipeline.tables, *(dead_letter_table(s) for s in runtime.pipeline.sources)])
+        raise EpochalError(f"query failed: {str(exc).splitlines()[0]} (tables: {tables})") from None
+    columns = [d[0] for d in result.description]
+    return columns, result.fetchall(), epoch

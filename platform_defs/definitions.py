@@ -1,0 +1,34 @@
+"""Everything Dagster loads, assembled in one place from the settings and the pipeline's SQL.
+
+Loading fails with the pipeline's errors (file:line and the fix) before any epoch can run.
+"""
+
+from __future__ import annotations
+
+from dagster import Definitions, in_process_executor
+
+from assets.epoch_assets import build_epoch_assets
+from epochal.pipeline.loader import load_pipeline
+from epochal.settings import Settings
+from platform_defs.jobs import build_epoch_job
+from platform_defs.sensors import build_barrier_sensor
+from resources.checkpoint import CheckpointControllerResource
+from resources.spark import EpochalSparkResource
+
+
+def build_definitions(settings: Settings | None = None) -> Definitions:
+    settings = settings or Settings.from_env()
+    pipeline = load_pipeline(settings.pipeline_dir)
+    spark = EpochalSparkResource.from_settings(settings)
+    checkpoint = CheckpointControllerResource(
+        spark=spark, home=str(settings.home), pipeline_dir=str(settings.pipeline_dir)
+    )
+    job = build_epoch_job(pipeline)
+    return Definitions(
+        assets=build_epoch_assets(pipeline),
+        jobs=[job],
+        sensors=[build_barrier_sensor(settings, job.name)],
+        resources={"spark": spark, "checkpoint": checkpoint},
+        # Asset materializations from the UI run in-process too: one JVM per run, not per step.
+        executor=in_process_executor,
+    )
