@@ -1,0 +1,518 @@
+"""Parsing the three CREATE statements a pipeline is made of (RisingWave's DDL syntax).
+
+Only the DDL around the query is parsed here; a materialized view's query is kept as text and
+checked by :mod:`epochal.pipeline.query` (Spark SQL, via sqlglot). Problems come back with the
+line they are on, relative to the file: a syntax error stops parsing its statement, other
+problems (a bad type, a duplicate column) are all collected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from epochal.pipeline.model import Column
+from epochal.pipeline.statements import (
+    Problem,
+    Statement,
+    skip_block_comment,
+    skip_line_comment,
+    skip_string,
+)
+
+SUPPORTED_STATEMENTS = "CREATE SOURCE, CREATE MATERIALIZED VIEW and CREATE SINK"
+
+FORMS = {
+    "source": "CREATE SOURCE name (column TYPE, ...) WITH (connector = '...', key = 'value', ...)",
+    "view": "CREATE MATERIALIZED VIEW name AS SELECT ...",
+    "sink": "CREATE SINK name FROM table WITH (connector = '...', key = 'value', ...)",
+}
+
+#: Accepted type spellings -> Spark's canonical DDL name. DECIMAL is handled apart (precision, scale).
+TYPE_NAMES = {
+    "BIGINT": "BIGINT",
+    "LONG": "BIGINT",
+    "INT": "INT",
+    "INTEGER": "INT",
+    "SMALLINT": "SMALLINT",
+    "SHORT": "SMALLINT",
+    "TINYINT": "TINYINT",
+    "BYTE": "TINYINT",
+    "DOUBLE": "DOUBLE",
+    "FLOAT": "FLOAT",
+    "REAL": "FLOAT",
+    "BOOLEAN": "BOOLEAN",
+    "BOOL": "BOOLEAN",
+    "STRING": "STRING",
+    "VARCHAR": "STRING",
+    "TEXT": "STRING",
+    "DATE": "DATE",
+    "TIMESTAMP": "TIMESTAMP",
+}
+DECIMAL_NAMES = ("DECIMAL", "DEC", "NUMERIC")
+SUPPORTED_TYPES = (
+    "BIGINT, INT, SMALLINT, TINYINT, DOUBLE, FLOAT, BOOLEAN, STRING, DATE, TIMESTAMP, DECIMAL(p,s)"
+)
+#: Spark's bounds and defaults for DECIMAL
+MAX_DECIMAL_PRECISION = 38
+DEFAULT_DECIMAL = (10, 0)
+
+# Names become Spark table names and Dagster asset keys, so keep them plain.
+_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+_WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_NUMBER_RE = re.compile(r"(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+@dataclass(frozen=True)
+class Token:
+    #: "word", "ident" (`quoted` or "quoted"), "string" ('quoted'), "number", "punct" or "end"
+    kind: str
+    #: unquoted and unescaped for strings and quoted identifiers, as written otherwise
+    value: str
+    start: int
+    end: int
+
+    def is_word(self, *words: str) -> bool:
+        return self.kind == "word" and self.value.upper() in words
+
+    def describe(self) -> str:
+        return "the end of the statement" if self.kind == "end" else f"'{self.value}'"
+
+
+@dataclass(frozen=True)
+class Options:
+    values: dict[str, str] = field(default_factory=dict)
+    #: line of each key, to point option problems at the right line
+    lines: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedSource:
+    name: str
+    line: int
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    #: line of the PRIMARY KEY clause, 0 when there is none
+    primary_key_line: int
+    options: Options
+
+
+@dataclass(frozen=True)
+class ParsedView:
+    name: str
+    line: int
+    options: Options
+    #: the text after AS, unstripped, so sqlglot's line numbers count from ``query_line``
+    query_text: str
+    #: file line of the AS keyword, where line 1 of ``query_text`` is
+    query_line: int
+
+
+@dataclass(frozen=True)
+class ParsedSink:
+    name: str
+    line: int
+    from_table: str
+    from_line: int
+    options: Options
+
+
+Parsed = ParsedSource | ParsedView | ParsedSink
+
+
+class _SyntaxError(Exception):
+    def __init__(self, pos: int, message: str):
+        super().__init__(message)
+        self.pos = pos
+        self.message = message
+
+
+def unescape(body: str) -> str:
+    """'it''s' and 'it\\'s' both mean it's; other backslash sequences are kept as written."""
+    out = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body) and body[i + 1] in "\\'\"":
+            out.append(body[i + 1])
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def tokenize(text: str) -> list[Token]:
+    """Tokens of one statement, comments skipped; always ends with an "end" token.
+
+    Unknown characters become one-character "punct" tokens: the query after AS may contain
+    anything, and only the DDL around it is interpreted."""
+    tokens: list[Token] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isspace():
+            i += 1
+        elif text.startswith("--", i):
+            i = skip_line_comment(text, i)
+        elif text.startswith("/*", i):
+            end = skip_block_comment(text, i)
+            i = n if end < 0 else end  # the splitter has already reported unterminated comments
+        elif ch in "'\"`":
+            end = skip_string(text, i)
+            end = n if end < 0 else end
+            body = text[i + 1 : end - 1]
+            if ch == "'":
+                tokens.append(Token("string", unescape(body.replace("''", "'")), i, end))
+            else:
+                tokens.append(Token("ident", body.replace(ch * 2, ch), i, end))
+            i = end
+        elif (m := _WORD_RE.match(text, i)) is not None:
+            tokens.append(Token("word", m.group(), i, m.end()))
+            i = m.end()
+        elif (m := _NUMBER_RE.match(text, i)) is not None:
+            tokens.append(Token("number", m.group(), i, m.end()))
+            i = m.end()
+        else:
+            tokens.append(Token("punct", ch, i, i + 1))
+            i += 1
+    tokens.append(Token("end", "", n, n))
+    return tokens
+
+
+class _Parser:
+    def __init__(self, statement: Statement):
+        self.statement = statement
+        self.tokens = tokenize(statement.text)
+        self.i = 0
+        self.kind = ""  # "source" / "view" / "sink" once known, for the form in error messages
+        self.problems: list[Problem] = []
+        #: "source bid" once the name is parsed; prefixes problems so they say what they are about
+        self.subject = ""
+
+    # -- helpers -------------------------------------------------------------------------
+    def line(self, pos: int) -> int:
+        return self.statement.line + self.statement.text.count("\n", 0, pos)
+
+    def peek(self, ahead: int = 0) -> Token:
+        return self.tokens[min(self.i + ahead, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        token = self.peek()
+        self.i = min(self.i + 1, len(self.tokens) - 1)
+        return token
+
+    def fail(self, expected: str, token: Token | None = None) -> _SyntaxError:
+        token = token or self.peek()
+        what = {"source": "CREATE SOURCE", "view": "CREATE MATERIALIZED VIEW", "sink": "CREATE SINK"}
+        message = f"syntax error in {what[self.kind]}: expected {expected}, found {token.describe()}"
+        return _SyntaxError(token.start, f"{message}; the form is: {FORMS[self.kind]}")
+
+    def problem(self, token: Token, message: str) -> None:
+        prefix = f"{self.subject}: " if self.subject else ""
+        self.problems.append(Problem(self.line(token.start), prefix + message))
+
+    def accept_word(self, *words: str) -> bool:
+        if self.peek().is_word(*words):
+            self.advance()
+            return True
+        return False
+
+    def expect_word(self, word: str) -> Token:
+        if not self.peek().is_word(word):
+            raise self.fail(word)
+        return self.advance()
+
+    def accept_punct(self, ch: str) -> bool:
+        token = self.peek()
+        if token.kind == "punct" and token.value == ch:
+            self.advance()
+            return True
+        return False
+
+    def expect_punct(self, ch: str, expected: str | None = None) -> None:
+        if not self.accept_punct(ch):
+            raise self.fail(expected or f"'{ch}'")
+
+    def expect_end(self) -> None:
+        if self.peek().kind != "end":
+            raise self.fail("the end of the statement")
+
+    def name(self, what: str) -> tuple[str, Token]:
+        """An identifier, lower-cased (names are case-insensitive)."""
+        token = self.peek()
+        if token.kind not in ("word", "ident"):
+            raise self.fail(what)
+        self.advance()
+        value = token.value.lower()
+        if not _NAME_RE.match(value):
+            self.problem(
+                token,
+                f"{what} '{token.value}' must be letters, digits and underscores, not starting with "
+                "a digit (names become Spark table, column and Dagster asset names)",
+            )
+        return value, token
+
+    def if_not_exists(self) -> None:
+        # Accepted for RisingWave compatibility; a pipeline is declarative, so it changes nothing.
+        if self.accept_word("IF"):
+            self.expect_word("NOT")
+            self.expect_word("EXISTS")
+
+    # -- statements ----------------------------------------------------------------------
+    def parse(self) -> Parsed | None:
+        first = self.peek()
+        if not first.is_word("CREATE"):
+            return self.unsupported()
+        self.advance()
+        if self.accept_word("SOURCE"):
+            self.kind = "source"
+            return self.source(first)
+        if self.peek().is_word("MATERIALIZED") and self.peek(1).is_word("VIEW"):
+            self.i += 2
+            self.kind = "view"
+            return self.view(first)
+        if self.accept_word("SINK"):
+            self.kind = "sink"
+            return self.sink(first)
+        return self.unsupported()
+
+    def unsupported(self) -> None:
+        words = []
+        for token in self.tokens[:2]:
+            if token.kind != "word":
+                break
+            words.append(token.value.upper())
+        shown = " ".join(words) or self.tokens[0].value
+        hint = ""
+        if words[:2] == ["CREATE", "TABLE"]:
+            hint = " (use CREATE SOURCE for input data)"
+        elif words[:2] == ["CREATE", "VIEW"]:
+            hint = " (use CREATE MATERIALIZED VIEW)"
+        self.problem(
+            self.tokens[0],
+            f"'{shown} ...' is not supported: a pipeline contains only {SUPPORTED_STATEMENTS} "
+            f"statements{hint}",
+        )
+
+    def source(self, create: Token) -> ParsedSource:
+        self.if_not_exists()
+        name, _ = self.name("source name")
+        self.subject = f"source {name}"
+        if self.peek().is_word("WITH"):
+            raise self.fail(f"the column list of source {name}, e.g. {name} (id BIGINT, ts TIMESTAMP)")
+        self.expect_punct("(", "'(' and the column list")
+        columns: list[Column] = []
+        column_tokens: dict[str, Token] = {}
+        primary_key: list[str] = []
+        key_token: Token | None = None
+        while True:
+            if self.peek().is_word("PRIMARY"):
+                token = self.advance()
+                self.expect_word("KEY")
+                self.expect_punct("(", "'(' and the key columns")
+                keys = [self.name("key column")[0]]
+                while self.accept_punct(","):
+                    keys.append(self.name("key column")[0])
+                self.expect_punct(")")
+                if key_token is not None:
+                    self.problem(token, "PRIMARY KEY is declared twice; keep one")
+                primary_key, key_token = keys, token
+            else:
+                column, token = self.name("column name")
+                column_type = self.column_type(column)
+                if self.peek().is_word("PRIMARY"):
+                    pk = self.advance()
+                    self.expect_word("KEY")
+                    if key_token is not None:
+                        self.problem(pk, "PRIMARY KEY is declared twice; keep one")
+                    primary_key, key_token = [column], pk
+                if column in column_tokens:
+                    self.problem(token, f"column '{column}' is declared twice; rename or remove one")
+                else:
+                    column_tokens[column] = token
+                    columns.append(Column(column, column_type))
+            if self.accept_punct(")"):
+                break
+            self.expect_punct(",", "',' or ')' after a column")
+        if self.peek().kind == "end":
+            raise self.fail("WITH (connector = '...', ...) after the column list")
+        self.expect_word("WITH")
+        options = self.options()
+        self.expect_end()
+        if key_token is not None:
+            for key in primary_key:
+                if key not in column_tokens:
+                    self.problem(
+                        key_token,
+                        f"PRIMARY KEY column '{key}' is not a column "
+                        f"(columns: {', '.join(c.name for c in columns)})",
+                    )
+        return ParsedSource(
+            name=name,
+            line=self.line(create.start),
+            columns=tuple(columns),
+            primary_key=tuple(primary_key),
+            primary_key_line=self.line(key_token.start) if key_token else 0,
+            options=options,
+        )
+
+    def column_type(self, column: str) -> str:
+        token = self.peek()
+        if token.kind != "word":
+            raise self.fail(f"a type for column {column} ({SUPPORTED_TYPES})")
+        self.advance()
+        word = token.value.upper()
+        params: list[int] = []
+        if self.accept_punct("("):
+            while True:
+                number = self.peek()
+                if number.kind != "number" or not number.value.isdigit():
+                    raise self.fail(f"an integer type parameter for column {column}")
+                params.append(int(self.advance().value))
+                if self.accept_punct(")"):
+                    break
+                self.expect_punct(",", "',' or ')' in the type parameters")
+        if word == "DOUBLE":
+            self.accept_word("PRECISION")  # PostgreSQL/RisingWave spelling
+        if word in DECIMAL_NAMES:
+            return self.decimal(token, column, params)
+        canonical = TYPE_NAMES.get(word)
+        if canonical is None:
+            self.problem(
+                token,
+                f"type '{token.value}' of column {column} is not supported: use one of {SUPPORTED_TYPES}",
+            )
+            return word
+        if params and word != "VARCHAR":  # VARCHAR(n) is accepted and read as STRING
+            self.problem(token, f"type {word} of column {column} takes no parameters: write {canonical}")
+        return canonical
+
+    def decimal(self, token: Token, column: str, params: list[int]) -> str:
+        if len(params) > 2:
+            self.problem(token, f"DECIMAL of column {column} takes at most (precision, scale)")
+            return "DECIMAL"
+        precision, scale = (params + list(DEFAULT_DECIMAL[len(params) :]))[:2]
+        if not 1 <= precision <= MAX_DECIMAL_PRECISION or not 0 <= scale <= precision:
+            self.problem(
+                token,
+                f"DECIMAL({precision},{scale}) of column {column} is invalid: precision must be 1 to "
+                f"{MAX_DECIMAL_PRECISION} and scale 0 to the precision",
+            )
+        return f"DECIMAL({precision},{scale})"
+
+    def options(self) -> Options:
+        self.expect_punct("(", "'(' and the options, e.g. WITH (key = 'value')")
+        values: dict[str, str] = {}
+        lines: dict[str, int] = {}
+        if self.accept_punct(")"):
+            return Options(values, lines)
+        while True:
+            key_token = self.peek()
+            key = self.option_key()
+            self.expect_punct("=", f"'=' after option {key}")
+            value = self.option_value(key)
+            if key in values:
+                self.problem(key_token, f"option '{key}' is given twice; keep one")
+            else:
+                values[key] = value
+                lines[key] = self.line(key_token.start)
+            if self.accept_punct(")"):
+                return Options(values, lines)
+            self.expect_punct(",", "',' or ')' after an option")
+
+    def option_key(self) -> str:
+        token = self.peek()
+        if token.kind in ("string", "ident"):
+            self.advance()
+            return token.value.lower()
+        if token.kind != "word":
+            raise self.fail("an option name, e.g. connector or 'nexmark.table.type'")
+        parts = [self.advance().value]
+        # RisingWave allows bare dotted keys: nexmark.table.type = 'Bid'
+        while self.peek().kind == "punct" and self.peek().value == "." and self.peek(1).kind == "word":
+            self.advance()
+            parts.append(self.advance().value)
+        return ".".join(parts).lower()
+
+    def option_value(self, key: str) -> str:
+        token = self.peek()
+        sign = ""
+        if token.kind == "punct" and token.value in "+-" and self.peek(1).kind == "number":
+            sign = "-" if token.value == "-" else ""
+            self.advance()
+            token = self.peek()
+        if token.kind not in ("string", "number", "word", "ident"):
+            raise self.fail(f"a value for option {key}, e.g. {key} = '...'")
+        self.advance()
+        return sign + token.value
+
+    def view(self, create: Token) -> ParsedView:
+        self.if_not_exists()
+        name, _ = self.name("view name")
+        self.subject = f"view {name}"
+        options = Options()
+        if self.accept_word("WITH"):
+            options = self.options()
+        as_token = self.expect_word("AS")
+        query_text = self.statement.text[as_token.end :]
+        if not query_text.strip():
+            raise self.fail("a SELECT query after AS", self.tokens[-1])
+        return ParsedView(
+            name=name,
+            line=self.line(create.start),
+            options=options,
+            query_text=query_text,
+            query_line=self.line(as_token.start),
+        )
+
+    def sink(self, create: Token) -> ParsedSink:
+        self.if_not_exists()
+        name, _ = self.name("sink name")
+        self.subject = f"sink {name}"
+        token = self.peek()
+        if token.is_word("AS"):
+            self.problem(
+                token,
+                f"CREATE SINK ... AS SELECT is not supported: define the query as CREATE MATERIALIZED "
+                f"VIEW and sink it with CREATE SINK {name} FROM that_view WITH (...)",
+            )
+            raise _Reported()
+        if token.is_word("INTO"):
+            self.problem(
+                token,
+                f"CREATE SINK ... INTO a table is not supported: write CREATE SINK {name} FROM table "
+                "WITH (connector = '...', ...)",
+            )
+            raise _Reported()
+        self.expect_word("FROM")
+        from_table, from_token = self.name("table name")
+        if self.peek().kind == "end":
+            raise self.fail("WITH (connector = '...', ...) after the table name")
+        self.expect_word("WITH")
+        options = self.options()
+        self.expect_end()
+        return ParsedSink(
+            name=name,
+            line=self.line(create.start),
+            from_table=from_table,
+            from_line=self.line(from_token.start),
+            options=options,
+        )
+
+
+class _Reported(Exception):
+    """Parsing stops; the problem is already recorded."""
+
+
+def parse_statement(statement: Statement) -> tuple[Parsed | None, list[Problem]]:
+    """The parsed statement (None after a syntax error or an unsupported statement) and its problems."""
+    parser = _Parser(statement)
+    try:
+        parsed = parser.parse()
+    except _SyntaxError as error:
+        parser.problems.append(Problem(parser.line(error.pos), error.message))
+        return None, parser.problems
+    except _Reported:
+        return None, parser.problems
+    return parsed, parser.problems

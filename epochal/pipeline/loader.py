@@ -1,0 +1,398 @@
+"""Loading a pipeline directory (*.sql files) into a :class:`Pipeline`, or every problem in it.
+
+Nothing runs before the whole pipeline is known to be valid: every problem found in every file
+is collected, located to file and line, and raised together as one :class:`PipelineError`.
+No Spark here (loading must be fast and JVM-free): queries are checked with sqlglot.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epochal.errors import PipelineError, PipelineIssue
+from epochal.options import unknown_option_problems
+from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
+from epochal.pipeline.model import Location, Pipeline, SinkDef, SourceDef, ViewDef
+from epochal.pipeline.statements import split_statements
+from epochal.sinks.spec import primary_key_columns, validate_sink
+
+if TYPE_CHECKING:
+    from epochal.connectors.base import ConnectorSpec
+    from epochal.pipeline.query import QueryAnalysis
+
+PIPELINE_ENV = "EPOCHAL_PIPELINE"
+#: WITH (...) keys a materialized view accepts; none yet.
+VIEW_OPTIONS: frozenset[str] = frozenset()
+#: Source PRIMARY KEYs are parsed and kept on SourceDef, but refused until upsert sources exist.
+SOURCE_PRIMARY_KEY_SUPPORTED = False
+
+ConnectorLookup = Callable[[str], "ConnectorSpec | None"]
+_OPTION_IN_MESSAGE = re.compile(r"option '([^']+)'")
+
+
+@dataclass
+class _Definition:
+    kind: str  # "source", "view" or "sink"
+    parsed: ParsedSource | ParsedView | ParsedSink
+    location: Location
+
+
+class _Issues:
+    def __init__(self) -> None:
+        self.items: list[PipelineIssue] = []
+
+    def add(self, file: str, line: int, message: str) -> None:
+        self.items.append(PipelineIssue(file, line, message))
+
+    def options(self, where: Location, options: Options, messages: list[str], prefix: str) -> None:
+        """Option problems, each on the line of the option it names when it names one."""
+        for message in messages:
+            match = _OPTION_IN_MESSAGE.search(message)
+            line = options.lines.get(match.group(1), where.line) if match else where.line
+            self.add(where.file, line, f"{prefix}: {message}")
+
+
+def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None = None) -> Pipeline:
+    """The pipeline defined by the ``*.sql`` files in ``directory`` (sorted by name, not recursive).
+
+    ``connector_spec`` maps a source connector name to its spec (None if unknown); it defaults to
+    the connector registry. Raises :class:`PipelineError` listing every problem found."""
+    directory = Path(directory)
+    files = _sql_files(directory)
+    if connector_spec is None:
+        from epochal.connectors.registry import connector_spec as registry_lookup
+
+        connector_spec = registry_lookup
+
+    issues = _Issues()
+    definitions: list[_Definition] = []
+    for path in files:
+        file = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            issues.add(file, 1, f"cannot read the file ({error}); save it as UTF-8 text")
+            continue
+        statements, split_problems = split_statements(text)
+        for problem in split_problems:
+            issues.add(file, problem.line, problem.message)
+        for statement in statements:
+            parsed, problems = parse_statement(statement)
+            for problem in problems:
+                issues.add(file, problem.line, problem.message)
+            if parsed is not None:
+                kind = {ParsedSource: "source", ParsedView: "view", ParsedSink: "sink"}[type(parsed)]
+                definitions.append(_Definition(kind, parsed, Location(file, parsed.line)))
+    if not definitions and not issues.items:
+        raise PipelineError(
+            [PipelineIssue(str(directory), 0, _no_statements_message(directory))]
+        )
+
+    named = _unique(definitions, issues)
+    sources = _sources(named, issues, connector_spec)
+    views = _views(named, sources, issues)
+    sinks = _sinks(named, sources, views, issues)
+    if issues.items:
+        order = {str(path): index for index, path in enumerate(files)}
+        issues.items.sort(key=lambda issue: (order.get(issue.file, -1), issue.line))
+        raise PipelineError(issues.items)
+    return Pipeline(directory=directory, sources=sources, views=views, sinks=sinks)
+
+
+def _sql_files(directory: Path) -> list[Path]:
+    hint = f"set {PIPELINE_ENV} to the directory holding the pipeline's *.sql files"
+    if not directory.exists():
+        raise PipelineError([PipelineIssue(str(directory), 0, f"pipeline directory does not exist: {hint}")])
+    if not directory.is_dir():
+        raise PipelineError([PipelineIssue(str(directory), 0, f"pipeline path is not a directory: {hint}")])
+    files = sorted(p for p in directory.iterdir() if p.suffix.lower() == ".sql" and p.is_file())
+    if not files:
+        raise PipelineError([PipelineIssue(str(directory), 0, f"pipeline directory has no *.sql files: {hint}")])
+    return files
+
+
+def _no_statements_message(directory: Path) -> str:
+    return (
+        f"the *.sql files in {directory} define nothing: add CREATE SOURCE, CREATE MATERIALIZED VIEW "
+        f"and CREATE SINK statements, or set {PIPELINE_ENV} to another pipeline directory"
+    )
+
+
+def _unique(definitions: list[_Definition], issues: _Issues) -> dict[str, _Definition]:
+    """First definition of each name; later ones are errors (names are shared by all kinds)."""
+    named: dict[str, _Definition] = {}
+    for definition in definitions:
+        name = definition.parsed.name
+        first = named.get(name)
+        if first is None:
+            named[name] = definition
+            continue
+        issues.add(
+            definition.location.file,
+            definition.location.line,
+            f"'{name}' is already defined as a {_kind_name(first.kind)} at {first.location}: "
+            "sources, views and sinks share one namespace, so rename or remove one of them",
+        )
+    return named
+
+
+def _kind_name(kind: str) -> str:
+    return {"view": "materialized view"}.get(kind, kind)
+
+
+def _connector_names(lookup: ConnectorLookup) -> list[str]:
+    """The registered connectors that ``lookup`` resolves (a test's fake lookup lists only its own)."""
+    from epochal.connectors.registry import SOURCE_CONNECTORS
+
+    return sorted(name for name in SOURCE_CONNECTORS if lookup(name) is not None)
+
+
+def _sources(
+    named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLookup
+) -> dict[str, SourceDef]:
+    sources: dict[str, SourceDef] = {}
+    for definition in named.values():
+        if definition.kind != "source":
+            continue
+        parsed = definition.parsed
+        assert isinstance(parsed, ParsedSource)
+        where = definition.location
+        prefix = f"source {parsed.name}"
+        connector = parsed.options.values.get("connector", "").lower()
+        if parsed.primary_key and not SOURCE_PRIMARY_KEY_SUPPORTED:
+            issues.add(
+                where.file,
+                parsed.primary_key_line,
+                f"{prefix}: PRIMARY KEY on a source is not supported yet (sources are append-only "
+                "for now): remove it",
+            )
+        spec = lookup(connector) if connector else None
+        if spec is None:
+            supported = ", ".join(_connector_names(lookup)) or "none registered"
+            what = f"unknown connector '{connector}'" if connector else "no connector option"
+            line = parsed.options.lines.get("connector", where.line)
+            issues.add(where.file, line, f"{prefix}: {what}: use connector = one of {supported}")
+        else:
+            # the same options the connector's create() will get, 'connector' included
+            problems = spec.validate(parsed.columns, parsed.options.values)
+            issues.options(where, parsed.options, problems, prefix)
+        sources[parsed.name] = SourceDef(
+            name=parsed.name,
+            columns=parsed.columns,
+            connector=connector,
+            options=dict(parsed.options.values),
+            location=where,
+            primary_key=parsed.primary_key,
+        )
+    return sources
+
+
+def _views(
+    named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues
+) -> dict[str, ViewDef]:
+    # sqlglot is imported here so that importing the loader stays cheap
+    from epochal.pipeline.query import analyze_query, resolve_columns
+
+    parsed_views = {
+        name: d for name, d in named.items() if d.kind == "view" and isinstance(d.parsed, ParsedView)
+    }
+    analyses: dict[str, QueryAnalysis] = {}
+    for name, definition in parsed_views.items():
+        parsed = definition.parsed
+        assert isinstance(parsed, ParsedView)
+        where = definition.location
+        messages = _view_option_problems(parsed.options)
+        issues.options(where, parsed.options, messages, f"view {name}")
+        analysis = analyze_query(name, parsed.query_text, parsed.query_line)
+        analyses[name] = analysis
+        for problem in analysis.problems:
+            issues.add(where.file, problem.line, problem.message)
+        for ref in analysis.tables:
+            message = _unknown_table(ref.name, f"view {name}", named)
+            if message:
+                issues.add(where.file, ref.line, message)
+
+    upstreams = {name: [ref.name for ref in a.tables] for name, a in analyses.items()}
+    for cycle in _cycles(list(parsed_views), upstreams):
+        first = parsed_views[cycle[0]].location
+        issues.add(
+            first.file,
+            first.line,
+            f"views form a cycle: {' -> '.join(cycle)} (each reads the next): a view cannot read "
+            "itself, directly or through other views; break the cycle",
+        )
+
+    # Columns resolve in dependency order; a view whose upstream is unknown, broken or in a
+    # cycle is skipped, as its root cause is already reported.
+    schema: dict[str, tuple[str, ...]] = {name: s.column_names for name, s in sources.items()}
+    columns: dict[str, tuple[str, ...]] = {}
+    pending = [name for name, a in analyses.items() if a.tree is not None]
+    while ready := [name for name in pending if all(u in schema for u in upstreams[name])]:
+        for name in ready:
+            pending.remove(name)
+            definition = parsed_views[name]
+            parsed = definition.parsed
+            tree = analyses[name].tree
+            assert isinstance(parsed, ParsedView) and tree is not None
+            resolution = resolve_columns(name, tree, parsed.query_text, parsed.query_line, schema)
+            for problem in resolution.problems:
+                issues.add(definition.location.file, problem.line, problem.message)
+            if resolution.columns is not None:
+                schema[name] = columns[name] = resolution.columns
+
+    views: dict[str, ViewDef] = {}
+    for name, definition in parsed_views.items():
+        parsed = definition.parsed
+        assert isinstance(parsed, ParsedView)
+        views[name] = ViewDef(
+            name=name,
+            query=parsed.query_text.strip(),
+            upstreams=tuple(upstreams[name]),
+            columns=columns.get(name, ()),
+            options=dict(parsed.options.values),
+            location=definition.location,
+        )
+    return views
+
+
+def _view_option_problems(options: Options) -> list[str]:
+    messages = unknown_option_problems("materialized view", options.values, VIEW_OPTIONS)
+    # With no known option the generic hint ends in an empty list; say what to do instead.
+    empty_hint = ": known options: "
+    return [
+        m[: -len(empty_hint)] + ": materialized views take no options yet; remove it"
+        if m.endswith(empty_hint)
+        else m
+        for m in messages
+    ]
+
+
+def _unknown_table(name: str, reader: str, named: dict[str, _Definition]) -> str | None:
+    """Why ``name`` cannot be read by ``reader``, or None when it is a source or view."""
+    definition = named.get(name)
+    if definition is not None and definition.kind in ("source", "view"):
+        return None
+    if definition is not None:
+        return f"{reader}: '{name}' is a sink, which cannot be read: read a source or a materialized view"
+    readable = sorted(n for n, d in named.items() if d.kind in ("source", "view"))
+    close = difflib.get_close_matches(name, readable, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"defined: {', '.join(readable) or 'none'}"
+    return f"{reader}: unknown table '{name}' (not a source or materialized view): {hint}"
+
+
+def _cycles(views: list[str], upstreams: dict[str, list[str]]) -> list[list[str]]:
+    """Each cycle among views once, as a path starting and ending at its first-defined view."""
+    order = {name: index for index, name in enumerate(views)}
+    edges = {v: [u for u in upstreams[v] if u in order] for v in views}
+    cycles: list[list[str]] = []
+    for component in _strongly_connected(views, edges):
+        if len(component) == 1 and component[0] not in edges[component[0]]:
+            continue
+        members = set(component)
+        start = min(component, key=order.__getitem__)
+        cycles.append(_path_back(start, members, edges))
+    cycles.sort(key=lambda cycle: order[cycle[0]])
+    return cycles
+
+
+def _path_back(start: str, members: set[str], edges: dict[str, list[str]]) -> list[str]:
+    """Shortest path start -> ... -> start inside one strongly connected component (BFS)."""
+    parent: dict[str, str | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for upstream in edges[node]:
+            if upstream == start:
+                path = [node]
+                while (step := parent[path[-1]]) is not None:
+                    path.append(step)
+                return [*reversed(path), start]
+            if upstream in members and upstream not in parent:
+                parent[upstream] = node
+                queue.append(upstream)
+    return [start, start]  # not reached for a component that is a cycle
+
+
+def _strongly_connected(nodes: list[str], edges: dict[str, list[str]]) -> list[list[str]]:
+    """Tarjan's algorithm; pipelines are small, recursion depth is fine."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            components.append(component)
+
+    for node in nodes:
+        if node not in index:
+            visit(node)
+    return components
+
+
+def _sinks(
+    named: dict[str, _Definition],
+    sources: dict[str, SourceDef],
+    views: dict[str, ViewDef],
+    issues: _Issues,
+) -> dict[str, SinkDef]:
+    sinks: dict[str, SinkDef] = {}
+    for definition in named.values():
+        if definition.kind != "sink":
+            continue
+        parsed = definition.parsed
+        assert isinstance(parsed, ParsedSink)
+        where = definition.location
+        prefix = f"sink {parsed.name}"
+        message = _unknown_table(parsed.from_table, prefix, named)
+        if message:
+            issues.add(where.file, parsed.from_line, message)
+        if parsed.from_table in sources:
+            upstream_columns: tuple[str, ...] = sources[parsed.from_table].column_names
+        elif parsed.from_table in views and views[parsed.from_table].columns:
+            upstream_columns = views[parsed.from_table].columns
+        else:
+            # Upstream columns unknown (its own error is reported): check everything else by
+            # treating the declared key columns as present.
+            upstream_columns = primary_key_columns(parsed.options.values)
+        connector = parsed.options.values.get("connector", "").lower()
+        if not connector:
+            issues.add(
+                where.file,
+                where.line,
+                f"{prefix}: no connector option: add connector = '...' (e.g. connector = 'duckdb')",
+            )
+        else:
+            problems = validate_sink(connector, parsed.options.values, upstream_columns)
+            issues.options(where, parsed.options, problems, prefix)
+        sinks[parsed.name] = SinkDef(
+            name=parsed.name,
+            from_table=parsed.from_table,
+            connector=connector,
+            options=dict(parsed.options.values),
+            location=where,
+        )
+    return sinks

@@ -1,0 +1,314 @@
+"""Checking a materialized view's query (Spark SQL) with sqlglot, without Spark.
+
+Two passes, because the second needs the output columns of the views a query reads:
+
+* :func:`analyze_query` parses the query and finds what it reads, the constructs views may not
+  use yet (:mod:`epochal.pipeline.stateless`) and output columns without a name;
+* :func:`resolve_columns` qualifies it against the columns of the tables it reads and returns
+  its output columns, or the columns it references that do not exist.
+
+Problems carry file lines: sqlglot counts lines from 1 at the AS keyword (``query_line``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, SqlglotError, TokenError
+from sqlglot.optimizer.qualify import qualify
+from sqlglot.optimizer.scope import Scope, traverse_scope
+from sqlglot.schema import MappingSchema
+
+from epochal.pipeline.stateless import refused_constructs
+from epochal.pipeline.statements import Problem
+
+DIALECT = "spark"
+#: Type given to a view's columns in the schema: qualification needs names only.
+VIEW_COLUMN_TYPE = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class TableRef:
+    name: str
+    line: int
+
+
+@dataclass
+class QueryAnalysis:
+    #: None when the query does not parse
+    tree: exp.Expression | None
+    #: tables read, in first-mention order, without duplicates and without CTE names
+    tables: list[TableRef] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+class _Lines:
+    """Maps sqlglot nodes and keywords to file lines."""
+
+    def __init__(self, query_text: str, query_line: int):
+        self.text = query_text
+        self.base = query_line
+        self._tokens: list | None = None
+
+    def file_line(self, sqlglot_line: int | None) -> int:
+        return self.base + (sqlglot_line or 1) - 1
+
+    def of(self, node: exp.Expression, anchor: str = "", occurrence: int = 0) -> int:
+        """Line of ``anchor`` (its ``occurrence``-th match) if given and found, else of the node's
+        first identifier, else of the query's start."""
+        if anchor:
+            line = self.keyword(anchor, occurrence)
+            if line is not None:
+                return self.file_line(line)
+        lines = [n.meta["line"] for n in node.walk() if n.meta.get("line") is not None]
+        if not lines:
+            # sqlglot before 26.2x records no positions: find the first identifier's text instead
+            names = [n.name.upper() for n in node.walk() if isinstance(n, exp.Identifier)]
+            found = self.keyword(names[0]) if names else None
+            lines = [found] if found is not None else []
+        return self.file_line(min(lines) if lines else None)
+
+    def keyword(self, anchor: str, occurrence: int = 0) -> int | None:
+        if self._tokens is None:
+            try:
+                self._tokens = list(sqlglot.tokenize(self.text, read=DIALECT))
+            except TokenError:
+                self._tokens = []
+        tokens = self._tokens
+        for i, token in enumerate(tokens):
+            words = token.text.upper().split()
+            if not words or words[0] != anchor:
+                continue
+            if anchor == "UNION" and i + 1 < len(tokens) and tokens[i + 1].text.upper() == "ALL":
+                continue  # looking for the UNION without ALL
+            if occurrence == 0:
+                return token.line
+            occurrence -= 1
+        return None
+
+
+_CLASS_REPR = re.compile(r"<class '(?:\w+\.)*(\w+)'>")
+
+
+def _describe_parse_error(error: ParseError) -> tuple[int | None, str]:
+    details = error.errors[0] if error.errors else {}
+    description = str(details.get("description") or error).split(" but got <Token", 1)[0]
+    description = _CLASS_REPR.sub(r"\1", description)  # <class 'sqlglot...Where'> -> Where
+    highlight = str(details.get("highlight") or "").strip()
+    near = f" near '{highlight}'" if highlight else ""
+    return details.get("line"), f"{description}{near}"
+
+
+def analyze_query(view: str, query_text: str, query_line: int) -> QueryAnalysis:
+    """Parse ``query_text`` (Spark SQL) and check what can be checked without other tables' columns."""
+    lines = _Lines(query_text, query_line)
+    try:
+        statements = sqlglot.parse(query_text, read=DIALECT)
+    except ParseError as error:
+        line, description = _describe_parse_error(error)
+        message = f"view {view}: syntax error in the query: {description}; fix the Spark SQL"
+        return QueryAnalysis(None, problems=[Problem(lines.file_line(line), message)])
+    except SqlglotError as error:  # TokenError, or anything else sqlglot cannot read
+        message = f"view {view}: syntax error in the query: {error}; fix the Spark SQL"
+        return QueryAnalysis(None, problems=[Problem(query_line, message)])
+    statements = [s for s in statements if s is not None]
+    tree = _unwrap(statements[0]) if len(statements) == 1 else None
+    if not isinstance(tree, (exp.Select, exp.SetOperation)):
+        message = f"view {view}: AS must be followed by a single SELECT query"
+        return QueryAnalysis(None, problems=[Problem(query_line, message)])
+
+    analysis = QueryAnalysis(tree)
+    analysis.tables = _tables(view, tree, lines, analysis.problems)
+    if not analysis.tables and not analysis.problems:
+        # with nothing to read, a view has no changes to follow epoch by epoch
+        message = f"view {view}: the query reads no source or view: add FROM a source or view"
+        analysis.problems.append(Problem(query_line, message))
+    for finding in refused_constructs(tree):
+        analysis.problems.append(
+            Problem(
+                lines.of(finding.node, finding.anchor, finding.occurrence),
+                f"view {view}: {finding.message}",
+            )
+        )
+    for position, projection in enumerate(tree.selects, start=1):
+        if _output_name(projection) is None:
+            shown = projection.sql(dialect=DIALECT)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            analysis.problems.append(
+                Problem(
+                    lines.of(projection),
+                    f"view {view}: column {position} ({shown}) has no name: add AS column_name",
+                )
+            )
+    return analysis
+
+
+def _unwrap(node: exp.Expression) -> exp.Expression:
+    # "AS (SELECT ...)" is a parenthesized query, fine as a view body
+    while isinstance(node, (exp.Subquery, exp.Paren)) and not node.alias:
+        node = node.this
+    return node
+
+
+def _output_name(projection: exp.Expression) -> str | None:
+    if isinstance(projection, exp.Alias):
+        return projection.alias
+    if isinstance(projection, exp.Column):
+        return projection.name  # a.* has name "*", expanded later
+    if isinstance(projection, exp.Star):
+        return "*"
+    return None
+
+
+def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Problem]) -> list[TableRef]:
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    found: list[tuple[int, int, TableRef]] = []
+    for index, table in enumerate(tree.find_all(exp.Table)):
+        if not isinstance(table.this, exp.Identifier):
+            shown = table.this.sql(dialect=DIALECT, normalize_functions=False)
+            message = f"view {view}: reading {shown} is not supported: a view reads sources and views, by name"
+            problems.append(Problem(lines.of(table), message))
+            continue
+        name = _table_name(table)
+        if name in ctes:
+            continue
+        start = table.this.meta.get("start")
+        found.append((start if start is not None else 1 << 62, index, TableRef(name, lines.of(table))))
+    for values in tree.find_all(exp.Values):
+        problems.append(
+            Problem(
+                lines.of(values, "VALUES"),
+                f"view {view}: VALUES is not supported: a view reads sources and views, by name",
+            )
+        )
+    refs: list[TableRef] = []
+    seen: set[str] = set()
+    for _, _, ref in sorted(found, key=lambda item: item[:2]):  # text order, not tree order
+        if ref.name not in seen:
+            seen.add(ref.name)
+            refs.append(ref)
+    return refs
+
+
+def _table_name(table: exp.Table) -> str:
+    """db.name for a qualified reference, so that it is reported as unknown rather than read as name."""
+    return ".".join(part.name.lower() for part in table.parts)
+
+
+@dataclass
+class Resolution:
+    #: output column names, None when they could not be determined
+    columns: tuple[str, ...] | None
+    problems: list[Problem] = field(default_factory=list)
+
+
+def resolve_columns(
+    view: str,
+    tree: exp.Expression,
+    query_text: str,
+    query_line: int,
+    schema: Mapping[str, Sequence[str]],
+) -> Resolution:
+    """Qualify ``tree`` against ``schema`` (table -> column names); every table it reads must be in it."""
+    lines = _Lines(query_text, query_line)
+    mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
+    try:
+        qualified = qualify(
+            tree.copy(),
+            schema=MappingSchema(mapping, dialect=DIALECT),
+            dialect=DIALECT,
+            validate_qualify_columns=False,  # we report every unknown column, not just the first
+            allow_partial_qualification=True,
+            quote_identifiers=False,
+            identify=False,
+        )
+    except SqlglotError as error:  # OptimizeError mostly; columns cannot be known then
+        message = f"view {view}: cannot resolve the query's columns: {error}"
+        return Resolution(None, [Problem(query_line, message)])
+
+    problems: list[Problem] = []
+    reported: set[tuple[str, str]] = set()
+    for scope in traverse_scope(qualified):
+        if not isinstance(scope.expression, exp.Select):
+            continue
+        for column in scope.columns:
+            message = _unknown_column(view, column, scope, schema)
+            key = (column.table, column.name)
+            if message and key not in reported:
+                reported.add(key)
+                problems.append(Problem(lines.of(column), message))
+
+    for union in qualified.find_all(exp.SetOperation):
+        left, right = union.left.named_selects, union.right.named_selects
+        if "*" not in left + right and len(left) != len(right):
+            kind = type(union).__name__.upper()
+            problems.append(
+                Problem(
+                    lines.of(union.right),
+                    f"view {view}: the {kind} branches have different numbers of columns "
+                    f"({len(left)} and {len(right)}): make every SELECT list the same number of columns",
+                )
+            )
+
+    names = [name.lower() for name in qualified.named_selects]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(
+            Problem(
+                query_line,
+                f"view {view}: column '{name}' appears more than once in the output: rename all but "
+                "one with AS",
+            )
+        )
+    if problems or "*" in names:
+        return Resolution(None, problems)
+    return Resolution(tuple(names), problems)
+
+
+def _unknown_column(
+    view: str, column: exp.Column, scope: Scope, schema: Mapping[str, Sequence[str]]
+) -> str | None:
+    """Why ``column`` does not resolve, or None when it does (or when its table is already reported)."""
+    if column.name == "*":
+        return None
+    sources = scope.sources
+    if scope.pivots:
+        return None  # PIVOT is refused on its own; its output columns are not worth resolving
+    for source in sources.values():
+        if isinstance(source, exp.Table) and _table_name(source) not in schema:
+            return None  # an unknown or broken upstream, reported on its own
+    if column.table and column.table not in sources:
+        known = ", ".join(sorted(sources)) or "none"
+        return (
+            f"view {view}: unknown table or alias '{column.table}' in {column.sql(dialect=DIALECT)}: "
+            f"the query's FROM names {known}"
+        )
+    candidates: dict[str, list[str]] = {}
+    for alias, source in sources.items():
+        if column.table and alias != column.table:
+            continue
+        if isinstance(source, exp.Table):
+            candidates[_table_name(source)] = list(schema[_table_name(source)])
+        elif isinstance(source, Scope):
+            candidates[alias] = list(source.expression.named_selects)
+    if any(column.name in names or "*" in names for names in candidates.values()):
+        return None
+    message = f"view {view}: unknown column '{column.name}'"
+    if candidates:
+        described = "; ".join(
+            f"{_describe_source(table)} has {', '.join(names)}" for table, names in candidates.items()
+        )
+        message += f": {described}"
+        close = difflib.get_close_matches(column.name, [n for ns in candidates.values() for n in ns], n=1)
+        if close:
+            message += f"; did you mean '{close[0]}'?"
+    return message
+
+
+def _describe_source(alias: str) -> str:
+    # qualify names unaliased subqueries _0, _1...: not a name the user wrote
+    return "the subquery in FROM" if re.fullmatch(r"_\d+", alias) else alias

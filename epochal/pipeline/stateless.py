@@ -1,0 +1,209 @@
+"""What a materialized view's query may contain in this version: only operators without state.
+
+A view is recomputed epoch by epoch from the rows that epoch added, so an operator is allowed
+only if its output for those rows depends on nothing else (no state carried between epochs) and
+is the same every time the epoch is replayed (deterministic).
+
+This module is the ONE place that decides it: ``ALLOWED`` says what views can do (the wording
+of every refusal ends with it) and ``REFUSED`` lists what they cannot yet. Supporting a
+stateful operator later means moving its entry from ``REFUSED`` to ``ALLOWED``; the detection
+below keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+#: What views can do, as the refusal messages say it.
+ALLOWED = ("filter", "project", "compute expressions", "UNION ALL")
+
+NEEDS_STATE = "needs state, which Epochal does not maintain incrementally yet"
+NOT_REPEATABLE = "is non-deterministic, so replaying an epoch would not give the same rows"
+
+#: Construct -> why a view may not use it yet.
+REFUSED: dict[str, str] = {
+    "GROUP BY": NEEDS_STATE,
+    "aggregate": NEEDS_STATE,
+    "JOIN": NEEDS_STATE,
+    "DISTINCT": NEEDS_STATE,
+    "UNION without ALL": NEEDS_STATE,
+    "INTERSECT": NEEDS_STATE,
+    "EXCEPT": NEEDS_STATE,
+    "window function": NEEDS_STATE,
+    "subquery": NEEDS_STATE,
+    "ORDER BY": NEEDS_STATE,
+    "LIMIT": NEEDS_STATE,
+    "non-deterministic function": NOT_REPEATABLE,
+}
+
+# sqlglot knows many of these as exp.AggFunc subclasses, but not all, and not the same ones in
+# every version: names make the check independent of that.
+AGGREGATE_FUNCTIONS = frozenset(
+    {
+        "any", "any_value", "approx_count_distinct", "approx_percentile", "array_agg", "avg",
+        "bit_and", "bit_or", "bit_xor", "bitmap_construct_agg", "bitmap_or_agg", "bool_and",
+        "bool_or", "collect_list", "collect_set", "corr", "count", "count_if", "count_min_sketch",
+        "covar_pop", "covar_samp", "every", "first", "first_value", "grouping", "grouping_id",
+        "histogram_numeric", "hll_sketch_agg", "hll_union_agg", "kurtosis", "last", "last_value",
+        "listagg", "max", "max_by", "mean", "median", "min", "min_by", "mode", "percentile",
+        "percentile_approx", "regr_avgx", "regr_avgy", "regr_count", "regr_intercept", "regr_r2",
+        "regr_slope", "regr_sxx", "regr_sxy", "regr_syy", "skewness", "some", "std", "stddev",
+        "stddev_pop", "stddev_samp", "string_agg", "sum", "try_avg", "try_sum", "var_pop",
+        "var_samp", "variance",
+    }
+)
+WINDOW_FUNCTIONS = frozenset(
+    {"cume_dist", "dense_rank", "lag", "lead", "nth_value", "ntile", "percent_rank", "rank", "row_number"}
+)
+NONDETERMINISTIC_FUNCTIONS = frozenset(
+    {
+        "current_date", "current_time", "current_timestamp", "curdate", "input_file_block_length",
+        "input_file_block_start", "input_file_name", "java_method", "localtimestamp",
+        "monotonically_increasing_id", "now", "rand", "randn", "random", "randstr", "reflect",
+        "shuffle", "spark_partition_id", "try_reflect", "uniform", "unix_timestamp", "uuid",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    construct: str
+    #: how the message names it, e.g. "aggregate function count()"
+    label: str
+    node: exp.Expression
+    #: keyword whose first occurrence in the query locates the finding when the node cannot
+    anchor: str = ""
+    #: which occurrence of ``anchor`` (0-based), when it is not the first
+    occurrence: int = 0
+
+    @property
+    def message(self) -> str:
+        return f"{self.label} {REFUSED[self.construct]}; views can {allowed_text()}"
+
+
+def allowed_text() -> str:
+    return ", ".join(ALLOWED[:-1]) + " and " + ALLOWED[-1] if len(ALLOWED) > 1 else ALLOWED[0]
+
+
+def _key(node: exp.Func) -> str:
+    """Name to classify a function by: as written for functions sqlglot does not know, else
+    sqlglot's name for it (aggregates sqlglot knows are also recognized by class)."""
+    return node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
+
+
+def spark_name(node: exp.Func) -> str:
+    """The function's Spark name for messages (``COLLECT_LIST(x)`` -> ``collect_list``).
+
+    Generated only for refused functions: generating SQL for every node would be wasted work."""
+    if isinstance(node, exp.Anonymous):
+        return node.name.lower()
+    return node.sql(dialect="spark").split("(", 1)[0].strip().lower()
+
+
+def refused_constructs(tree: exp.Expression) -> list[Finding]:
+    """Every refused construct in ``tree``, one finding per label, in tree order."""
+    findings: list[Finding] = []
+    seen: set[str] = set()
+    for finding in _detect(tree):
+        if finding.construct in REFUSED and finding.label not in seen:
+            seen.add(finding.label)
+            findings.append(finding)
+    return findings
+
+
+def _detect(tree: exp.Expression):
+    for node in tree.walk():
+        if isinstance(node, exp.Group):
+            yield Finding("GROUP BY", "GROUP BY", node, "GROUP")
+        elif isinstance(node, exp.Having) and not node.parent.args.get("group"):
+            yield Finding("GROUP BY", "HAVING", node, "HAVING")  # with GROUP BY, that one is reported
+        elif isinstance(node, exp.Pivot) and not node.args.get("unpivot"):
+            yield Finding("aggregate", "PIVOT", node, "PIVOT")
+        elif isinstance(node, exp.Join):
+            # FROM a, b parses as a join without condition (kind CROSS in recent sqlglot)
+            conditioned = any(node.args.get(arg) for arg in ("on", "using", "side", "method"))
+            cross = not conditioned and (node.args.get("kind") or "CROSS").upper() == "CROSS"
+            label = "a comma join (FROM a, b) or CROSS JOIN" if cross else "JOIN"
+            yield Finding("JOIN", label, node)
+        elif isinstance(node, exp.Distinct):
+            yield Finding("DISTINCT", "DISTINCT", node, "DISTINCT")
+        elif isinstance(node, exp.Union) and node.args.get("distinct"):
+            yield Finding("UNION without ALL", "UNION without ALL", node, "UNION")
+        elif isinstance(node, exp.Intersect):
+            yield Finding("INTERSECT", "INTERSECT", node, "INTERSECT")
+        elif isinstance(node, exp.Except):
+            yield Finding("EXCEPT", "EXCEPT", node, "EXCEPT")
+        elif isinstance(node, exp.Window):
+            # a named WINDOW clause and an OVER (...) are both exp.Window
+            inner = node.this
+            what = f"{spark_name(inner)}() " if isinstance(inner, exp.Func) else ""
+            yield Finding("window function", f"window function {what}OVER (...)", node, "OVER")
+        elif isinstance(node, exp.Qualify):
+            yield Finding("window function", "QUALIFY", node, "QUALIFY")
+        elif isinstance(node, exp.Distribute):
+            pass  # only repartitions the rows of each epoch's batch: harmless, stateless
+        elif isinstance(node, (exp.Sort, exp.Cluster)):  # Spark's; subclasses of Order in sqlglot
+            word = "SORT BY" if isinstance(node, exp.Sort) else "CLUSTER BY"
+            yield Finding("ORDER BY", word, node, word.split()[0])
+        elif isinstance(node, exp.Order) and not isinstance(node.parent, (exp.Window, exp.Func)):
+            # ORDER BY inside OVER (...) or an aggregate is reported with its window/aggregate
+            yield Finding("ORDER BY", "ORDER BY", node, "ORDER")
+        elif isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)):
+            word = type(node).__name__.upper()
+            yield Finding("LIMIT", word, node, word)
+        elif isinstance(node, exp.TableSample):
+            yield Finding("non-deterministic function", "TABLESAMPLE", node, "TABLESAMPLE")
+        elif isinstance(node, exp.Exists):
+            yield _subquery(tree, node, "EXISTS (subquery)")
+        elif isinstance(node, exp.In) and node.args.get("query") is not None:
+            yield _subquery(tree, node, "IN (subquery)")
+        elif isinstance(node, (exp.Any, exp.All)):
+            if isinstance(node.this, (exp.Subquery, exp.Query)):
+                yield _subquery(tree, node, "ANY/SOME/ALL (subquery)")
+            else:  # any(col) is the aggregate
+                yield Finding("aggregate", "aggregate function any()", node, "ANY")
+        elif isinstance(node, exp.Subquery) and _is_expression_subquery(node):
+            yield _subquery(tree, node, "a subquery inside an expression")
+        elif isinstance(node, exp.Func):
+            yield from _function(node)
+
+
+def _subquery(tree: exp.Expression, node: exp.Expression, label: str) -> Finding:
+    # Located at the subquery's own SELECT: Select nodes in depth-first order are in text order.
+    inner = node.find(exp.Select)
+    selects = list(tree.find_all(exp.Select, bfs=False))
+    occurrence = next((i for i, s in enumerate(selects) if s is inner), 0)
+    return Finding("subquery", label, node, "SELECT", occurrence)
+
+
+def _is_expression_subquery(node: exp.Subquery) -> bool:
+    """True for a scalar subquery, False for a derived table in FROM or a UNION branch."""
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    in_from = (exp.From, exp.Join, exp.Lateral, exp.SetOperation, exp.Subquery, exp.CTE)
+    if parent is None or isinstance(parent, in_from):
+        return False
+    # IN/EXISTS/ANY are reported on their own node
+    return not isinstance(parent, (exp.In, exp.Exists, exp.Any, exp.All))
+
+
+def _function(node: exp.Func):
+    if isinstance(node.parent, exp.Window) and node.parent.this is node:
+        return  # reported as the window function
+    key = _key(node)
+    if key in WINDOW_FUNCTIONS:
+        name = spark_name(node)
+        yield Finding("window function", f"window function {name}()", node, name.upper())
+    elif key in AGGREGATE_FUNCTIONS or isinstance(node, exp.AggFunc):
+        name = spark_name(node)
+        yield Finding("aggregate", f"aggregate function {name}()", node, name.upper())
+    elif key in NONDETERMINISTIC_FUNCTIONS:
+        if key == "unix_timestamp" and node.expressions:
+            return  # unix_timestamp(col) converts its argument: deterministic
+        name = spark_name(node)
+        if isinstance(node.parent, exp.Func) and spark_name(node.parent) == "unix_timestamp":
+            name = "unix_timestamp"  # sqlglot reads unix_timestamp() as unix_timestamp(current_timestamp())
+        yield Finding("non-deterministic function", f"{name}()", node, name.upper())
