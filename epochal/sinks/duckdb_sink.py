@@ -162,7 +162,8 @@ class DuckDBSink:
         match = " AND ".join(f"{target}.{_quote(k)} IS NOT DISTINCT FROM d.{_quote(k)}" for k in self.primary_key)
         cur.execute(f"DELETE FROM {target} USING (SELECT {keys} FROM {net} WHERE _net < 0) d WHERE {match}")
         inserted = cur.execute(f"SELECT count(*) FROM {net} WHERE _net > 0").fetchone()[0]
-        cur.execute(f"INSERT OR REPLACE INTO {target} SELECT {cols} FROM {net} WHERE _net > 0")
+        # One row per key: a single INSERT OR REPLACE may not touch a key twice.
+        cur.execute(f"INSERT OR REPLACE INTO {target} SELECT DISTINCT ON ({keys}) {cols} FROM {net} WHERE _net > 0")
         return inserted, deleted
 
     def row_count(self) -> int:

@@ -1,0 +1,124 @@
+"""Test harness: a small pipeline in a temp EPOCHAL_HOME, run through the real Dagster job.
+
+In-process runs share the test session's SparkSession; subprocess runs are real
+`dagster job execute` processes with their own JVM (used where a process must die).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL_PIPELINE = {
+    "sources.sql": """
+-- Nexmark bids: 400 events an epoch over 2 splits.
+CREATE SOURCE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+                   date_time TIMESTAMP, extra STRING)
+WITH (connector = 'nexmark', 'nexmark.table.type' = 'Bid', 'nexmark.split.num' = '2',
+      'max.events.per.epoch' = '400');
+
+CREATE SOURCE orders (id BIGINT, customer STRING, amount DOUBLE, ts TIMESTAMP)
+WITH (connector = 'log', path = 'data/orders', format = 'json');
+""",
+    "views.sql": """
+CREATE MATERIALIZED VIEW big_bids AS
+SELECT auction, bidder, price * 0.908 AS price_eur, date_time FROM bid WHERE price > 1000;
+
+CREATE MATERIALIZED VIEW big_orders AS
+SELECT id, customer, amount FROM orders WHERE amount >= 10
+UNION ALL
+SELECT id, customer, amount FROM orders WHERE customer = 'vip';
+""",
+    "sinks.sql": """
+CREATE SINK big_bids_out FROM big_bids
+WITH (connector = 'duckdb', database = 'out/sink.duckdb', table = 'big_bids', type = 'append-only');
+
+CREATE SINK orders_out FROM big_orders
+WITH (connector = 'duckdb', database = 'out/sink.duckdb', table = 'big_orders', type = 'upsert',
+      primary_key = 'id');
+""",
+}
+
+VIEW_QUERIES = {
+    "big_bids": "SELECT auction, bidder, price * 0.908 AS price_eur, date_time FROM bid WHERE price > 1000",
+    "big_orders": "SELECT id, customer, amount FROM orders WHERE amount >= 10 "
+    "UNION ALL SELECT id, customer, amount FROM orders WHERE customer = 'vip'",
+}
+
+
+@dataclass
+class Harness:
+    home: Path
+    pipeline_dir: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"EPOCHAL_HOME": str(self.home), "EPOCHAL_PIPELINE": str(self.pipeline_dir)}
+
+    def settings(self):  # noqa: ANN201
+        from epochal.settings import Settings
+
+        return Settings.from_env({**os.environ, **self.env})
+
+    def definitions(self) -> dg.Definitions:
+        from platform_defs.definitions import build_definitions
+
+        return build_definitions(self.settings())
+
+    def run_in_process(self, instance: dg.DagsterInstance, partition: str | None = None) -> dg.ExecuteInProcessResult:
+        """One epoch_job run in this process, on the shared SparkSession (never stopped by the run)."""
+        from resources.checkpoint import CheckpointControllerResource
+        from resources.spark import EpochalSparkResource
+
+        spark = EpochalSparkResource(spark_config={}, master="local[2]", stop_on_teardown=False)
+        checkpoint = CheckpointControllerResource(spark=spark, home=str(self.home), pipeline_dir=str(self.pipeline_dir))
+        job = self.definitions().get_job_def("epoch_job")
+        tags = {"dagster/partition": partition} if partition else None
+        return job.execute_in_process(
+            instance=instance, resources={"spark": spark, "checkpoint": checkpoint}, tags=tags, raise_on_error=False
+        )
+
+    def run_subprocess(self, *extra_args: str, fault: str | None = None, timeout: int = 300,
+                       ) -> subprocess.CompletedProcess:
+        env = {**os.environ, **self.env}
+        env.pop("EPOCHAL_FAULT", None)
+        if fault:
+            env["EPOCHAL_FAULT"] = fault
+        env.pop("DAGSTER_HOME", None)  # the temporary instance, as a first-time user has
+        return subprocess.run(
+            [sys.executable, "-m", "dagster", "job", "execute", "-m", "platform_defs", "-j", "epoch_job", *extra_args],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+        )
+
+    def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "epochal.cli", *args], cwd=REPO, env={**os.environ, **self.env},
+            capture_output=True, text=True, input=stdin, timeout=120,
+        )
+
+    def runtime(self, spark):  # noqa: ANN001, ANN201
+        from epochal.pipeline.loader import load_pipeline
+        from epochal.runtime import EpochRuntime
+
+        settings = self.settings()
+        return EpochRuntime(settings, load_pipeline(settings.pipeline_dir), lambda: spark)
+
+    def produce(self, lines: list[str], split: str | None = None) -> None:
+        from epochal.connectors.log import append_records
+
+        append_records(self.home / "data" / "orders", lines, split)
+
+
+def make_harness(root: Path, files: dict[str, str] | None = None) -> Harness:
+    pipeline_dir = root / "pipeline"
+    pipeline_dir.mkdir(parents=True)
+    for name, text in (files or SMALL_PIPELINE).items():
+        (pipeline_dir / name).write_text(text)
+    return Harness(home=root / "home", pipeline_dir=pipeline_dir)

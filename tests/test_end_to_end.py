@@ -1,0 +1,128 @@
+"""Several epochs through the real epoch_job: in-process, and as `dagster job execute` would run it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from epochal.controller import EpochState
+from tests.consistency import assert_sink_exactly_once, assert_source_exact, assert_view_matches_batch, sink_rows
+from tests.epochal_harness import VIEW_QUERIES, make_harness
+
+ORDERS = [
+    '{"id": 1, "customer": "ann", "amount": 12.5, "ts": "2026-01-01T10:00:00"}',
+    '{"id": 2, "customer": "vip", "amount": 3.0, "ts": "2026-01-01T10:01:00"}',
+    '{"id": 3, "customer": "bob", "amount": 2.0, "ts": "2026-01-01T10:02:00"}',
+    "{this is not json",
+    '{"id": "four", "customer": "eve", "amount": 40, "ts": "2026-01-01T10:03:00"}',
+    '{"id": 5, "customer": "vip", "amount": 99.0, "ts": "2026-01-01T10:04:00"}',
+]
+
+
+def materializations(instance: dg.DagsterInstance, asset: str) -> list[dg.AssetMaterialization]:
+    records = instance.fetch_materializations(dg.AssetKey(asset), limit=1000).records
+    return [r.asset_materialization for r in records]
+
+
+def test_epochs_end_to_end_in_process(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path)
+    h.produce(ORDERS[:3])
+    instance = dg.DagsterInstance.ephemeral()
+    for round_ in range(3):
+        if round_ == 1:
+            h.produce(ORDERS[3:], split="1")
+        result = h.run_in_process(instance)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+    runtime = h.runtime(spark)
+    committed = runtime.controller.epochs([EpochState.COMMITTED])
+    assert len(committed) == 3
+    assert runtime.controller.status()["tables"] == dict.fromkeys(runtime.pipeline.tables, committed[-1].epoch)
+
+    assert assert_source_exact(runtime, "bid") > 0
+    assert assert_source_exact(runtime, "orders") == 4  # two of the six lines are dead letters
+    for view, query in VIEW_QUERIES.items():
+        assert_view_matches_batch(runtime, view, query)
+    assert assert_sink_exactly_once(runtime, "big_bids_out") > 0
+    # ann (amount 12.5), vip 2 (customer) and vip 5 (both branches, one row once upserted)
+    assert assert_sink_exactly_once(runtime, "orders_out") == 3
+
+    # Every asset has one partitioned materialization per epoch, with the metadata the UI shows.
+    keys = {str(r.epoch) for r in committed}
+    for asset in [*runtime.pipeline.tables, "epoch_commit", *runtime.pipeline.sinks]:
+        assert {m.partition for m in materializations(instance, asset)} == keys, asset
+    bid_meta = materializations(instance, "bid")[0].metadata
+    assert {"epoch", "records_read", "rows_out", "dead_letters", "offsets"} <= set(bid_meta)
+    commit_meta = materializations(instance, "epoch_commit")[0].metadata
+    assert {"committed_epoch", "lag_seconds", "in_flight"} <= set(commit_meta)
+    assert set(instance.get_dynamic_partitions("epochs")) == keys
+
+    # Dead letters: counted in the epoch's metadata, queryable with their reason, and not in the table.
+    dead = sum(m.metadata["dead_letters"].value for m in materializations(instance, "orders"))
+    assert dead == 2
+    from epochal.query import run_query
+
+    columns, rows, epoch = run_query(runtime, "SELECT split, \"offset\", reason FROM orders__dead_letters ORDER BY 2")
+    assert epoch == committed[-1].epoch and [(r[0], r[1]) for r in rows] == [("1", 0), ("1", 1)]
+    assert all(r[2] for r in rows)
+
+
+def test_rerunning_an_epoch_is_idempotent(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    assert h.run_in_process(instance).success
+    runtime = h.runtime(spark)
+    epoch = runtime.controller.committed_epoch()
+    before = sink_rows(runtime, "big_bids_out")
+    again = h.run_in_process(instance, partition=str(epoch))
+    assert again.success
+    assert runtime.controller.committed_epoch() == epoch
+    assert sink_rows(runtime, "big_bids_out") == before
+    assert_view_matches_batch(runtime, "big_bids", VIEW_QUERIES["big_bids"])
+    assert_source_exact(runtime, "bid")
+
+
+def test_unknown_partition_fails_with_a_clear_message(tmp_path: Path) -> None:
+    h = make_harness(tmp_path)
+    result = h.run_in_process(dg.DagsterInstance.ephemeral(), partition="12345")
+    assert not result.success
+    messages = " ".join(str(e.event_specific_data.error) for e in result.all_events if e.is_step_failure)
+    assert "was never injected" in messages
+
+
+def test_partition_window_keeps_recent_keys_and_all_data(spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EPOCHAL_PARTITION_WINDOW", "2")
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    for _ in range(4):
+        assert h.run_in_process(instance).success
+    runtime = h.runtime(spark)
+    committed = [str(r.epoch) for r in runtime.controller.epochs([EpochState.COMMITTED])]
+    assert instance.get_dynamic_partitions("epochs") == committed[-2:]
+    # Retired keys lose nothing: every epoch's rows are still in the table and the sink.
+    assert_source_exact(runtime, "bid")
+    assert_sink_exactly_once(runtime, "big_bids_out")
+
+
+@pytest.mark.slow
+def test_dagster_job_execute_and_cli(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path)
+    h.cli("produce", "orders", stdin="\n".join(ORDERS[:3]) + "\n")
+    for _ in range(2):
+        proc = h.run_subprocess()
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    status = json.loads(h.cli("status", "--json").stdout)
+    assert status["committed_epoch"] is not None and status["in_flight"] == [] and status["paused"] is False
+    assert set(status["tables"].values()) == {status["committed_epoch"]}
+    # The second run re-runs the committed epoch through the partition tag.
+    proc = h.run_subprocess("--tags", json.dumps({"dagster/partition": str(status["committed_epoch"])}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runtime = h.runtime(spark)
+    assert len(runtime.controller.epochs([EpochState.COMMITTED])) == 2
+    assert_source_exact(runtime, "bid")
+    assert_view_matches_batch(runtime, "big_bids", VIEW_QUERIES["big_bids"])
+    assert_sink_exactly_once(runtime, "big_bids_out")
+    query = h.cli("query", "SELECT count(*) AS n FROM big_orders", "--format", "json")
+    assert json.loads(query.stdout) == [{"n": 2}]  # ann by amount, vip 2 by customer
