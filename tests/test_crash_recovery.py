@@ -1,0 +1,65 @@
+"""SIGKILL a real `dagster job execute` at each point of an epoch, then recover and check that the
+sinks hold every committed row exactly once and the views match their sources."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from epochal.controller import EpochState
+from epochal.faults import FAULT_POINTS
+from tests.consistency import assert_sink_exactly_once, assert_source_exact, assert_view_matches_batch, sink_rows
+from tests.epochal_harness import VIEW_QUERIES, make_harness
+
+ORDERS = [f'{{"id": {i}, "customer": "c{i % 3}", "amount": {i * 3.5}, "ts": "2026-01-01T10:00:00"}}' for i in range(30)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_crash_then_recover(spark, tmp_path: Path, point: str) -> None:
+    h = make_harness(tmp_path)
+    h.produce(ORDERS[:10])
+    instance = dg.DagsterInstance.ephemeral()
+    assert h.run_in_process(instance).success
+    runtime = h.runtime(spark)
+    first = runtime.controller.committed_epoch()
+    sink_before = sink_rows(runtime, "big_bids_out")
+    h.produce(ORDERS[10:])
+
+    crashed = h.run_subprocess(fault=point)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    assert "killing pid" in crashed.stderr and point in crashed.stderr
+
+    # What the crash left behind: nothing half committed.
+    committed = runtime.controller.committed_epoch()
+    in_flight = runtime.controller.in_flight()
+    if point == "source-written":
+        assert committed == first and len(in_flight) == 1
+        assert runtime.controller.collected(in_flight[0].epoch)  # something was written...
+        assert runtime.controller.committed_locations("bid")[-1][0] == first  # ...but nobody reads it
+    else:
+        assert committed > first and in_flight == []
+        assert runtime.sink("big_bids_out").delivered_epoch() == first
+        # A sink killed inside its transaction leaves no row of the epoch behind.
+        assert sink_rows(runtime, "big_bids_out") == sink_before
+
+    recovered = h.run_in_process(instance)
+    assert recovered.success, [e.message for e in recovered.all_events if e.is_failure]
+    status = runtime.controller.status()
+    if point == "source-written":
+        assert "died" in status["last_recovery"]["reason"]
+        assert status["last_recovery"]["aborted_epochs"] == [in_flight[0].epoch]
+        assert runtime.controller.epoch(in_flight[0].epoch).state is EpochState.ABORTED
+        # The aborted epoch's output is gone from storage, not just hidden.
+        assert not any(p.name == f"epoch={in_flight[0].epoch}" for p in (h.home / "warehouse" / "bid").iterdir())
+    assert status["in_flight"] == [] and status["recovery_requested"] is None
+
+    assert_source_exact(runtime, "bid")
+    assert assert_source_exact(runtime, "orders") == 30
+    for view, query in VIEW_QUERIES.items():
+        assert_view_matches_batch(runtime, view, query)
+    assert_sink_exactly_once(runtime, "big_bids_out")
+    assert_sink_exactly_once(runtime, "orders_out")
