@@ -12,3 +12,25 @@ def spark():
     session = build_spark_session(master="local[2]", app_name="epochal-tests")
     yield session
     session.stop()
+
+
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh database on the real PostgreSQL server, dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    name = f"epochal_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL} ({exc}); .ci/run starts it")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterable
 from decimal import Decimal
-from typing import Any, Iterable
+from typing import Any
 
 import duckdb
 
@@ -20,7 +21,7 @@ from epochal.runtime import EpochRuntime
 
 def _normal(value: Any) -> Any:
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
     if isinstance(value, float):
         return round(value, 9)
     if isinstance(value, Decimal):

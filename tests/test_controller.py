@@ -28,12 +28,21 @@ SOURCES = ["src"]
 VIEWS = ["v1", "v2"]
 
 
-def settings(home: Path, **env: str) -> Settings:
-    return Settings.from_env({"EPOCHAL_HOME": str(home), **env})
+@pytest.fixture(params=["duckdb", "postgresql"])
+def meta_url(request, tmp_path: Path) -> str:
+    """Every controller test runs on the embedded DuckDB store and on a real PostgreSQL server."""
+    if request.param == "duckdb":
+        return f"duckdb:///{tmp_path / 'meta.duckdb'}"
+    return request.getfixturevalue("postgres_url")
 
 
-def controller(home: Path, **env: str) -> CheckpointController:
-    return CheckpointController(settings(home, **env), SOURCES, VIEWS, sinks=["out"])
+def settings(home: Path, meta_url: str | None = None, **env: str) -> Settings:
+    extra = {"EPOCHAL_META_URL": meta_url} if meta_url else {}
+    return Settings.from_env({"EPOCHAL_HOME": str(home), **extra, **env})
+
+
+def controller(home: Path, meta_url: str | None = None, **env: str) -> CheckpointController:
+    return CheckpointController(settings(home, meta_url, **env), SOURCES, VIEWS, sinks=["out"])
 
 
 def plan_ten(source: str, starts: dict[str, int]) -> list[SplitRange]:
@@ -53,8 +62,8 @@ def start(ctl: CheckpointController) -> None:
     ctl.recover(reason, discard=lambda locs: None)
 
 
-def test_epochs_grow_and_offsets_continue(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_epochs_grow_and_offsets_continue(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     first = ctl.inject(plan_ten)
     second = ctl.inject(plan_ten)
@@ -64,8 +73,8 @@ def test_epochs_grow_and_offsets_continue(tmp_path: Path) -> None:
     assert ctl.offsets(second.epoch, "src") == [SplitRange("0", 10, 20), SplitRange("1", 10, 20)]
 
 
-def test_commit_waits_for_every_table_and_aligns_them(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_commit_waits_for_every_table_and_aligns_them(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     e = ctl.inject(plan_ten).epoch
     assert collect_all(ctl, e, tables=("src", "v1")) == []
@@ -77,8 +86,8 @@ def test_commit_waits_for_every_table_and_aligns_them(tmp_path: Path) -> None:
     assert ctl.committed_locations("v1") == [(e, f"/loc/v1/{e}")]
 
 
-def test_epochs_commit_in_order(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_epochs_commit_in_order(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     e1, e2 = ctl.inject(plan_ten).epoch, ctl.inject(plan_ten).epoch
     assert collect_all(ctl, e2) == []  # e1 is older and not collected: e2 must wait
@@ -86,8 +95,8 @@ def test_epochs_commit_in_order(tmp_path: Path) -> None:
     assert collect_all(ctl, e1) == [e1, e2]
 
 
-def test_barriers_commit_with_the_next_checkpoint(tmp_path: Path) -> None:
-    ctl = controller(tmp_path, EPOCHAL_CHECKPOINT_FREQUENCY="3", EPOCHAL_MAX_IN_FLIGHT="5")
+def test_barriers_commit_with_the_next_checkpoint(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url, EPOCHAL_CHECKPOINT_FREQUENCY="3", EPOCHAL_MAX_IN_FLIGHT="5")
     start(ctl)
     initial = ctl.inject(plan_ten).epoch
     assert collect_all(ctl, initial) == [initial]  # the initial barrier commits like a checkpoint
@@ -98,25 +107,28 @@ def test_barriers_commit_with_the_next_checkpoint(tmp_path: Path) -> None:
     assert collect_all(ctl, ckpt.epoch) == [b1.epoch, b2.epoch, ckpt.epoch]
 
 
-def test_in_flight_limit_and_pause_block_injection(tmp_path: Path) -> None:
-    ctl = controller(tmp_path, EPOCHAL_MAX_IN_FLIGHT="2")
+def test_in_flight_limit_and_pause_block_injection(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url, EPOCHAL_MAX_IN_FLIGHT="2")
     start(ctl)
     ctl.inject(plan_ten)
     ctl.inject(plan_ten)
     with pytest.raises(InjectionBlocked, match="EPOCHAL_MAX_IN_FLIGHT"):
         ctl.inject(plan_ten)
-    ctl2 = controller(tmp_path / "other")
-    start(ctl2)
-    ctl2.pause()
+
+
+def test_pause_blocks_injection_until_resume(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
+    start(ctl)
+    ctl.pause()
     with pytest.raises(InjectionBlocked, match="epochal resume"):
-        ctl2.inject(plan_ten)
-    assert ctl2.status()["paused"] is True
-    ctl2.resume()
-    ctl2.inject(plan_ten)
+        ctl.inject(plan_ten)
+    assert ctl.status()["paused"] is True
+    ctl.resume()
+    ctl.inject(plan_ten)
 
 
-def test_recovery_aborts_in_flight_and_rereads_their_offsets(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_recovery_aborts_in_flight_and_rereads_their_offsets(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     e1 = ctl.inject(plan_ten).epoch
     collect_all(ctl, e1)
@@ -135,8 +147,8 @@ def test_recovery_aborts_in_flight_and_rereads_their_offsets(tmp_path: Path) -> 
     assert ctl.offsets(e3.epoch, "src") == ctl.offsets(e2, "src")
 
 
-def test_collect_after_commit_is_not_recorded(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_collect_after_commit_is_not_recorded(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     e = ctl.inject(plan_ten).epoch
     collect_all(ctl, e)
@@ -145,18 +157,18 @@ def test_collect_after_commit_is_not_recorded(tmp_path: Path) -> None:
     assert ctl.committed_locations("v1") == [(e, f"/loc/v1/{e}")]
 
 
-def test_alignment_mismatch_names_the_tables(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_alignment_mismatch_names_the_tables(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     collect_all(ctl, ctl.inject(plan_ten).epoch)
-    grown = CheckpointController(settings(tmp_path), SOURCES, [*VIEWS, "v3"])
+    grown = CheckpointController(settings(tmp_path, meta_url), SOURCES, [*VIEWS, "v3"])
     with pytest.raises(CommitAlignmentError, match="v3=None.*backfill"):
         grown.recover("test", discard=lambda locs: None)
     assert "commit alignment" in grown.status()["last_recovery"]["error"]
 
 
-def test_dead_owner_and_failure_trigger_recovery(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_dead_owner_and_failure_trigger_recovery(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     e = ctl.inject(plan_ten).epoch
     assert ctl.recovery_reason() is None
@@ -178,8 +190,8 @@ def test_dead_owner_and_failure_trigger_recovery(tmp_path: Path) -> None:
         ctl.inject(plan_ten)
 
 
-def test_pause_on_next_start_pauses_once(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_pause_on_next_start_pauses_once(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     ctl.set_pause_on_next_start(True)
     report = ctl.recover("bootstrap", discard=lambda locs: None)
     assert report.paused and ctl.status()["paused"]
@@ -188,20 +200,20 @@ def test_pause_on_next_start_pauses_once(tmp_path: Path) -> None:
     assert ctl.recover("again", discard=lambda locs: None).paused is False
 
 
-def _race_commit(home: str, epoch: int, barrier, out) -> None:
-    ctl = controller(Path(home))
+def _race_commit(home: str, meta_url: str, epoch: int, barrier, out) -> None:
+    ctl = controller(Path(home), meta_url)
     barrier.wait()
     out.put(ctl.collect(epoch, Collected("v2", f"/loc/v2/{os.getpid()}")).committed)
 
 
-def test_racing_processes_commit_an_epoch_exactly_once(tmp_path: Path) -> None:
-    ctl = controller(tmp_path)
+def test_racing_processes_commit_an_epoch_exactly_once(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
     start(ctl)
     e = ctl.inject(plan_ten).epoch
     collect_all(ctl, e, tables=("src", "v1"))
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_race_commit, args=(str(tmp_path), e, barrier, out)) for _ in range(6)]
+    procs = [ctx.Process(target=_race_commit, args=(str(tmp_path), meta_url, e, barrier, out)) for _ in range(6)]
     for p in procs:
         p.start()
     for p in procs:
@@ -212,10 +224,10 @@ def test_racing_processes_commit_an_epoch_exactly_once(tmp_path: Path) -> None:
     assert ctl.epochs([EpochState.COMMITTED])[0].epoch == e
 
 
-def _hammer(home: str, n: int, out) -> None:
+def _hammer(home: str, meta_url: str, n: int, out) -> None:
     # Every process injects and collects epochs while the others do the same: no lock error may
     # escape, and no offset range may be handed out twice.
-    ctl = controller(Path(home), EPOCHAL_MAX_IN_FLIGHT="1000")
+    ctl = controller(Path(home), meta_url, EPOCHAL_MAX_IN_FLIGHT="1000")
     mine = []
     for _ in range(n):
         rec = ctl.inject(plan_ten)
@@ -224,11 +236,11 @@ def _hammer(home: str, n: int, out) -> None:
     out.put(mine)
 
 
-def test_meta_store_under_concurrent_processes(tmp_path: Path) -> None:
-    start(controller(tmp_path))
+def test_meta_store_under_concurrent_processes(tmp_path: Path, meta_url: str) -> None:
+    start(controller(tmp_path, meta_url))
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), 8, out)) for _ in range(4)]
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), meta_url, 8, out)) for _ in range(4)]
     for p in procs:
         p.start()
     for p in procs:
@@ -236,7 +248,7 @@ def test_meta_store_under_concurrent_processes(tmp_path: Path) -> None:
         assert p.exitcode == 0
     epochs = sorted(e for _ in procs for e in out.get())
     assert len(epochs) == len(set(epochs)) == 32
-    ctl = controller(tmp_path)
+    ctl = controller(tmp_path, meta_url)
     assert [r.epoch for r in ctl.epochs([EpochState.COMMITTED])] == epochs
     ranges = [r for e in epochs for r in ctl.offsets(e, "src") if r.split == "0"]
     assert [(r.start, r.end) for r in ranges] == [(10 * i, 10 * i + 10) for i in range(32)]

@@ -1,0 +1,85 @@
+"""Loading the Dagster definitions: the asset graph, the job, the sensor, and pipeline errors at load."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from epochal.errors import PipelineError
+from tests.epochal_harness import REPO, make_harness
+
+
+def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
+    defs = make_harness(tmp_path).definitions()
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == {"bid", "orders", "big_bids", "big_orders", "epoch_commit", "big_bids_out", "orders_out"}
+    for key in keys:
+        assert graph.get(dg.AssetKey(key)).partitions_def == dg.DynamicPartitionsDefinition(name="epochs")
+    assert {p.to_user_string() for p in graph.get(dg.AssetKey("big_bids")).parent_keys} == {"bid"}
+    assert {p.to_user_string() for p in graph.get(dg.AssetKey("big_bids_out")).parent_keys} == {
+        "epoch_commit", "big_bids"}
+    assert "price * 0.908" in defs.get_assets_def("big_bids").descriptions_by_key[dg.AssetKey("big_bids")]
+    job = defs.get_job_def("epoch_job")
+    assert job.executor_def.name == "in_process"
+    assert defs.get_sensor_def("barrier_sensor").job_name == "epoch_job"
+
+
+def test_pipeline_errors_fail_the_load_with_file_and_line(tmp_path: Path) -> None:
+    h = make_harness(tmp_path, {"a.sql": "CREATE MATERIALIZED VIEW v AS\nSELECT x FROM nowhere;\n"})
+    with pytest.raises(PipelineError, match=r"a\.sql:2: .*nowhere"):
+        h.definitions()
+
+
+def _validate(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", "platform_defs"],
+        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=180,
+    )
+
+
+def test_dagster_loads_the_demo_and_reports_a_broken_pipeline(tmp_path: Path) -> None:
+    ok = _validate({"EPOCHAL_HOME": str(tmp_path / "home")})
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    broken = make_harness(tmp_path / "b", {"v.sql": "CREATE MATERIALIZED VIEW v AS\nSELECT count(*) AS n FROM bid;\n"})
+    bad = _validate(broken.env)
+    assert bad.returncode != 0
+    assert "v.sql:" in bad.stderr + bad.stdout
+
+
+def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EPOCHAL_MAX_IN_FLIGHT", "2")
+    h = make_harness(tmp_path)
+    defs = h.definitions()
+    sensor = defs.get_sensor_def("barrier_sensor")
+    instance = dg.DagsterInstance.ephemeral()
+    resources = defs.resources
+
+    def tick():  # noqa: ANN202
+        with dg.build_sensor_context(instance=instance, resources=resources) as context:
+            return sensor(context)
+
+    first = tick()
+    assert len(first.run_requests) == 1
+    key = first.run_requests[0].run_key
+    assert first.run_requests[0].tags["dagster/partition"] == key
+    assert first.dynamic_partitions_requests[0].partition_keys == [key]
+    second = tick()
+    assert int(second.run_requests[0].run_key) > int(key)
+    blocked = tick()
+    assert isinstance(blocked, dg.SkipReason) and "EPOCHAL_MAX_IN_FLIGHT" in blocked.skip_message
+    from epochal.cli import main
+
+    monkeypatch.setenv("EPOCHAL_HOME", str(h.home))
+    monkeypatch.setenv("EPOCHAL_PIPELINE", str(h.pipeline_dir))
+    assert main(["recover"]) == 0  # aborts both in-flight epochs
+    assert main(["pause"]) == 0
+    paused = tick()
+    assert isinstance(paused, dg.SkipReason) and "paused" in paused.skip_message
+    assert main(["resume"]) == 0
+    assert len(tick().run_requests) == 1
