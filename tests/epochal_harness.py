@@ -94,7 +94,8 @@ class Harness:
         env.pop("DAGSTER_HOME", None)  # the temporary instance, as a first-time user has
         return subprocess.run(
             [sys.executable, "-m", "dagster", "job", "execute", "-m", "platform_defs", "-j", "epoch_job", *extra_args],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+            # A killed run leaves its temporary Dagster home in the cwd: keep that out of the repo.
+            cwd=self.home.parent, env=env, capture_output=True, text=True, timeout=timeout,
         )
 
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
