@@ -1,0 +1,337 @@
+"""An append-only JSON Lines log as a source connector.
+
+``<path>/<split>.jsonl`` holds one record per line; each file is a split and the offset of a record
+is its 0-based line number (blank lines count, and are skipped). Producers append whole lines under
+an exclusive ``flock`` (see ``append_records``); the planner only hands out complete lines, so a
+line that is still being written is picked up by a later epoch, never half-read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.errors import EpochalError
+from epochal.options import unknown_option_problems
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column as SparkColumn
+    from pyspark.sql import SparkSession
+
+    from epochal.pipeline.model import Column, SourceDef
+
+LOG_OPTIONS = ("connector", "path", "format", "max.events.per.epoch")
+LOG_FORMATS = ("json",)
+SUFFIX = ".jsonl"
+DEFAULT_SPLIT = "0"
+#: JSON key reserved for the change operation ("_op": "delete"); never a column
+OP_KEY = "_op"
+
+# Split names end up in Spark paths, where Hadoop treats * ? [ ] { } as globs: keep them plain.
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+_CORRUPT = "__epochal_corrupt_record"
+_SHOWN_VALUE_CHARS = 80
+_COUNT_CHUNK = 1 << 20
+
+
+def valid_split_name(split: str) -> bool:
+    return bool(_SPLIT_NAME.fullmatch(split))
+
+
+def split_path(directory: Path, split: str) -> Path:
+    """The file that holds ``split``."""
+    if not valid_split_name(split):
+        raise EpochalError(
+            f"'{split}' is not a valid log split name: use letters, digits, '_', '-' and '.' "
+            f"(not first), e.g. '0' or 'orders-eu'"
+        )
+    return directory / f"{split}{SUFFIX}"
+
+
+# --- options --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    directory: Path
+    #: records per epoch across all splits; None: everything complete
+    max_events_per_epoch: int | None = None
+
+
+def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig | None, list[str]]:
+    """The config for ``options`` and the problems with them (config is None when there are any)."""
+    problems = unknown_option_problems("log", options, LOG_OPTIONS)
+    raw_path = (options.get("path") or "").strip()
+    if not raw_path:
+        problems.append("log source needs option path = '...', the directory holding <split>.jsonl files")
+    fmt = options.get("format", "json")
+    if fmt.strip().lower() not in LOG_FORMATS:
+        problems.append(f"log format '{fmt}' is not supported: use format = 'json' (one JSON object per line)")
+    max_events = None
+    raw_max = options.get("max.events.per.epoch")
+    if raw_max is not None:
+        text = raw_max.strip()
+        # digits only: int() would also take "1_000", "+5" and "٣", which nobody means in a WITH clause
+        if re.fullmatch(r"[0-9]+", text) and int(text) >= 1:
+            max_events = int(text)
+        else:
+            problems.append(f"option 'max.events.per.epoch' must be a whole number >= 1, got '{raw_max}'")
+    if problems:
+        return None, problems
+    directory = Path(raw_path).expanduser()
+    if not directory.is_absolute():
+        directory = home / directory
+    return LogConfig(directory, max_events), []
+
+
+class LogConnectorSpec:
+    name = "log"
+
+    def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
+        # the home directory only matters for resolving the path, not for whether it is valid
+        _, problems = parse_log_options(options, Path("."))
+        for column in columns:
+            if column.name.lower() == OP_KEY:
+                problems.append(
+                    f"column '{column.name}' is reserved: the '{OP_KEY}' key of a record marks its "
+                    f"change operation; rename the column"
+                )
+        return problems
+
+    def create(self, source: "SourceDef", home: Path) -> "LogSource":
+        problems = self.validate(source.columns, source.options)
+        config, _ = parse_log_options(source.options, home)
+        if problems or config is None:
+            raise EpochalError(f"source {source.name}: " + "; ".join(problems))
+        return LogSource(config, source.columns)
+
+
+# --- planning (no Spark) --------------------------------------------------------------------------
+
+
+@dataclass
+class _Scanned:
+    """How far a file has been counted: the file is append-only, so counting can resume there."""
+
+    inode: int
+    size: int
+    lines: int
+
+
+class LogSource:
+    def __init__(self, config: LogConfig, columns: "tuple[Column, ...]"):
+        self.config = config
+        self.columns = columns
+        self._scanned: dict[str, _Scanned] = {}
+
+    def splits(self) -> list[str]:
+        """Names of the splits that exist now (file stems), sorted."""
+        if not self.config.directory.is_dir():
+            return []  # no producer has written yet
+        names = []
+        for path in self.config.directory.glob(f"*{SUFFIX}"):
+            split = path.name[: -len(SUFFIX)]
+            if split.startswith(".") or not path.is_file():
+                continue  # hidden files are editors' and tools' temporaries
+            if not valid_split_name(split):
+                # refuse rather than skip: skipping would silently drop the records in it
+                raise EpochalError(
+                    f"log file {path} has a name that is not a valid split name: rename it to use "
+                    f"only letters, digits, '_', '-' and '.'"
+                )
+            names.append(split)
+        return sorted(names)
+
+    def complete_lines(self, split: str) -> int:
+        """Lines of ``split`` that end with a newline; a half-written last line is not counted."""
+        path = split_path(self.config.directory, split)
+        try:
+            with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                known = self._scanned.get(split)
+                if known is None or known.inode != stat.st_ino or known.size > stat.st_size:
+                    known = _Scanned(stat.st_ino, 0, 0)  # new, replaced or truncated: count afresh
+                f.seek(known.size)
+                lines, size = known.lines, known.size
+                while chunk := f.read(_COUNT_CHUNK):
+                    lines += chunk.count(b"\n")
+                    size += len(chunk)
+        except FileNotFoundError:
+            self._scanned.pop(split, None)
+            return 0
+        self._scanned[split] = _Scanned(stat.st_ino, size, lines)
+        return lines
+
+    def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
+        backlog = {}
+        for split in self.splits():
+            first, available = start.get(split, 0), self.complete_lines(split)
+            if first > available:
+                raise EpochalError(
+                    f"log split '{split}' has {available} complete line(s) but this source has already "
+                    f"read up to line {first}: {split_path(self.config.directory, split)} was truncated "
+                    f"or replaced; log files are append-only, so restore it or reset the source's offsets"
+                )
+            backlog[split] = (first, available)
+        take = _share(
+            {split: available - first for split, (first, available) in backlog.items()},
+            self.config.max_events_per_epoch,
+        )
+        return [SplitRange(split, first, first + take[split]) for split, (first, _) in backlog.items()]
+
+    # --- reading (Spark) --------------------------------------------------------------------------
+
+    def read(self, spark: "SparkSession", ranges: list[SplitRange]) -> SourceBatch:
+        from pyspark.sql import functions as F
+
+        frames = []
+        for r in ranges:
+            if r.count <= 0:
+                continue
+            path = split_path(self.config.directory, r.split)
+            # wholetext: one row per file, so line numbers are array positions; slice before
+            # exploding so only the range's lines become rows
+            text = spark.read.text(str(path), wholetext=True)
+            in_range = F.slice(F.split(F.col("value"), "\n"), r.start + 1, r.count)
+            frames.append(
+                text.select(F.posexplode(in_range).alias("pos", "line")).select(
+                    F.lit(r.split).alias("split"),
+                    (F.col("pos") + F.lit(r.start)).cast("bigint").alias("offset"),
+                    F.regexp_replace("line", "\r$", "").alias("raw"),  # tolerate CRLF producers
+                )
+            )
+        if not frames:
+            # an empty epoch still goes through the parser below, so both frames get their schema
+            frames.append(
+                spark.range(0).select(F.lit("").alias("split"), F.col("id").alias("offset"), F.lit("").alias("raw"))
+            )
+        # blank lines keep their offset but are not records (what append_records skips, too)
+        lines = reduce(lambda a, b: a.unionAll(b), frames).where(~F.col("raw").rlike(r"^\s*$"))
+
+        ddl = ", ".join(f"{_quote(c.name)} {c.type}" for c in self.columns)
+        schema = f"{ddl}, {_quote(_CORRUPT)} STRING" if ddl else f"{_quote(_CORRUPT)} STRING"
+        parsed = lines.withColumn(
+            "_parsed", F.from_json("raw", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+        )
+        # from_json puts the whole line in the corrupt column for malformed JSON, non-objects and
+        # values that do not convert to the declared type; it never returns NULL for a non-blank line
+        good = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
+        rows = parsed.where(good).select(*[F.col("_parsed").getField(c.name).alias(c.name) for c in self.columns])
+        dead = parsed.where(~good).select("split", "offset", "raw", _reason(F.col("raw"), self.columns).alias("reason"))
+        return SourceBatch(rows=rows, dead_letters=dead)
+
+
+def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:
+    """How many records each split gets: all of it without a budget, else an even split of the
+    budget where splits with less backlog than their share leave the rest to the others."""
+    if budget is None:
+        return dict(backlog)
+    take = {}
+    remaining = budget
+    # smallest backlog first, so what they leave is spread over the ones still waiting
+    order = sorted(backlog, key=lambda s: (backlog[s], s))
+    for i, split in enumerate(order):
+        take[split] = min(backlog[split], remaining // (len(order) - i))
+        remaining -= take[split]
+    return take
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
+    """Why ``raw`` was rejected, as a sentence: malformed JSON, not an object, or which fields do
+    not fit their declared type and what they held instead. Only evaluated for rejected lines."""
+    from pyspark.sql import functions as F
+
+    variant = F.try_parse_json(raw)
+    kind = F.split(F.schema_of_variant(variant), "<").getItem(0)
+    got = (
+        F.when(kind == "ARRAY", F.lit("an array"))
+        .when(kind == "STRING", F.lit("a string"))
+        .when(kind == "BOOLEAN", F.lit("a boolean"))
+        .when(kind == "VOID", F.lit("null"))
+        .otherwise(F.lit("a number"))
+    )
+    misfits = []
+    for c in columns:
+        typed = F.from_json(raw, f"{_quote(c.name)} {c.type}").getField(c.name)
+        # VARIANT keeps the value as written, so the reason can quote it
+        value = F.from_json(raw, f"{_quote(c.name)} VARIANT").getField(c.name)
+        shown = F.to_json(value)
+        shown = F.when(
+            F.length(shown) > _SHOWN_VALUE_CHARS,
+            F.concat(F.substring(shown, 1, _SHOWN_VALUE_CHARS), F.lit("...")),
+        ).otherwise(shown)
+        misfits.append(
+            F.when(
+                typed.isNull() & value.isNotNull() & ~F.is_variant_null(value),
+                F.concat(F.lit(f"field '{c.name}': expected {c.type}, got "), shown),
+            )
+        )
+    fields = F.concat_ws("; ", *misfits) if misfits else F.lit("")
+    return (
+        F.when(F.json_object_keys(raw).isNull() & variant.isNull(), F.lit("malformed JSON"))
+        .when(F.json_object_keys(raw).isNull(), F.concat(F.lit("not a JSON object: got "), got))
+        .when(fields != "", fields)
+        .otherwise(F.lit("does not fit the declared schema"))
+    )
+
+
+# --- producing (no Spark) -------------------------------------------------------------------------
+
+
+def append_records(path_dir: str | os.PathLike[str], lines: Iterable[str], split: str | None = None) -> int:
+    """Append ``lines`` as records to ``split`` (default '0') of the log in ``path_dir``; returns how
+    many were written.
+
+    Lines are written as given (a malformed one becomes a dead letter when read), minus trailing
+    newlines; blank lines are skipped. The batch is one write under an exclusive lock, then fsync'd,
+    so concurrent producers never interleave and readers never see a batch's lines out of order."""
+    split = DEFAULT_SPLIT if split is None else split
+    directory = Path(path_dir)
+    path = split_path(directory, split)
+    records = []
+    for number, line in enumerate(lines, 1):
+        text = line.rstrip("\r\n")
+        if not text.strip():
+            continue
+        if "\n" in text:
+            # it would become two records with the wrong offsets; reject the batch, not half of it
+            raise EpochalError(f"record {number} contains a line break: each record must be one line of JSON")
+        records.append(text)
+    if not records:
+        return 0
+    payload = ("\n".join(records) + "\n").encode("utf-8")
+    directory.mkdir(parents=True, exist_ok=True)
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # a producer died mid-line: end that line, so it becomes one dead letter instead of
+            # swallowing our first record
+            payload = b"\n" + payload
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # also releases the lock
+    if created:
+        # make the new file's directory entry durable too, or a crash could lose the whole split
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return len(records)
