@@ -104,7 +104,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from epochal.connectors.log import append_records
+    from epochal.connectors.log import append_records, parse_log_options
     from epochal.pipeline.loader import load_pipeline
     from epochal.settings import Settings
 
@@ -117,10 +117,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
             f"{args.source} is not a log source of this pipeline: produce appends to connector = 'log' sources "
             f"({', '.join(logs) or 'there are none'})"
         )
-    from pathlib import Path
-
-    directory = Path(source.options["path"]).expanduser()
-    directory = directory if directory.is_absolute() else settings.home / directory
+    config, problems = parse_log_options(source.options, settings.home)
+    if config is None:  # the loader already validated the options; this guards direct use
+        raise EpochalError("; ".join(problems))
+    directory = config.directory
     if args.file and args.file != "-":
         try:
             with open(args.file, encoding="utf-8") as fh:

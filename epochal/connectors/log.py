@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.errors import EpochalError
-from epochal.options import unknown_option_problems
+from epochal.options import unknown_option_problems, whole_number_option
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -74,15 +74,7 @@ def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig
     fmt = options.get("format", "json")
     if fmt.strip().lower() not in LOG_FORMATS:
         problems.append(f"log format '{fmt}' is not supported: use format = 'json' (one JSON object per line)")
-    max_events = None
-    raw_max = options.get("max.events.per.epoch")
-    if raw_max is not None:
-        text = raw_max.strip()
-        # digits only: int() would also take "1_000", "+5" and "٣", which nobody means in a WITH clause
-        if re.fullmatch(r"[0-9]+", text) and int(text) >= 1:
-            max_events = int(text)
-        else:
-            problems.append(f"option 'max.events.per.epoch' must be a whole number >= 1, got '{raw_max}'")
+    max_events = whole_number_option(options, "max.events.per.epoch", None, 1, problems)
     if problems:
         return None, problems
     directory = Path(raw_path).expanduser()

@@ -20,7 +20,6 @@ boundary falls):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import reduce
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.errors import EpochalError
-from epochal.options import unknown_option_problems
+from epochal.options import unknown_option_problems, whole_number_option
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,7 +50,6 @@ DEFAULT_BASE_TIME_MS = 1_436_918_400_000
 DEFAULT_MIN_EVENT_GAP_NS = 100_000
 DEFAULT_MAX_EVENTS_PER_EPOCH = 10_000
 # Bounds that keep the generator's BIGINT arithmetic and timestamps in range.
-MAX_BIGINT = 2**63 - 1
 MAX_BASE_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, Spark's last timestamp
 MAX_EVENT_GAP_NS = 3_600_000_000_000  # an hour between events
 
@@ -154,25 +152,6 @@ class NexmarkConfig:
         return max(0, (self.event_num - split + n - 1) // n)
 
 
-def _int_option(
-    options: Mapping[str, str],
-    key: str,
-    default: int | None,
-    minimum: int,
-    problems: list[str],
-    maximum: int = MAX_BIGINT,
-) -> int | None:
-    raw = options.get(key)
-    if raw is None:
-        return default
-    text = raw.strip()
-    # digits only: int() would also take "1_000", "+5" and "٣", which nobody means in a WITH clause
-    if not re.fullmatch(r"[0-9]+", text) or not minimum <= int(text) <= maximum:
-        problems.append(f"option '{key}' must be a whole number from {minimum} to {maximum}, got '{raw}'")
-        return default
-    return int(text)
-
-
 def parse_nexmark_options(options: Mapping[str, str]) -> tuple[NexmarkConfig | None, list[str]]:
     """The config for ``options`` and the problems with them (config is None when there are any)."""
     problems = unknown_option_problems("nexmark", options, NEXMARK_OPTIONS)
@@ -185,11 +164,14 @@ def parse_nexmark_options(options: Mapping[str, str]) -> tuple[NexmarkConfig | N
         table = next((t for t in TABLE_COLUMNS if t.lower() == raw_table.strip().lower()), None)
         if table is None:
             problems.append(f"nexmark.table.type '{raw_table}' is not a Nexmark table: use one of {choices}")
-    split_num = _int_option(options, "nexmark.split.num", 1, 1, problems)
-    event_num = _int_option(options, "nexmark.event.num", None, 0, problems)
-    max_events = _int_option(options, "max.events.per.epoch", DEFAULT_MAX_EVENTS_PER_EPOCH, 1, problems)
-    gap = _int_option(options, "nexmark.min.event.gap.in.ns", DEFAULT_MIN_EVENT_GAP_NS, 0, problems, MAX_EVENT_GAP_NS)
-    base_time = _int_option(options, "nexmark.base.time", DEFAULT_BASE_TIME_MS, 0, problems, MAX_BASE_TIME_MS)
+    split_num = whole_number_option(options, "nexmark.split.num", 1, 1, problems)
+    event_num = whole_number_option(options, "nexmark.event.num", None, 0, problems)
+    # 0 is allowed: an idle source (and the empty-epoch benchmark) still moves epochs forward
+    max_events = whole_number_option(options, "max.events.per.epoch", DEFAULT_MAX_EVENTS_PER_EPOCH, 0, problems)
+    gap = whole_number_option(
+        options, "nexmark.min.event.gap.in.ns", DEFAULT_MIN_EVENT_GAP_NS, 0, problems, MAX_EVENT_GAP_NS
+    )
+    base_time = whole_number_option(options, "nexmark.base.time", DEFAULT_BASE_TIME_MS, 0, problems, MAX_BASE_TIME_MS)
     if problems or table is None:
         return None, problems
     assert split_num is not None and max_events is not None and gap is not None and base_time is not None
