@@ -123,6 +123,13 @@ class CollectResult:
 
 
 @dataclass(frozen=True)
+class StepStart:
+    record: EpochRecord
+    offsets: list[SplitRange]
+    collected: dict[str, Collected]
+
+
+@dataclass(frozen=True)
 class RecoveryReport:
     reason: str
     committed_epoch: int | None
@@ -421,24 +428,50 @@ class CheckpointController:
 
     # ------------------------------------------------------------------ liveness
 
-    def claim(self, epoch: int, run_id: str | None) -> None:
-        """The calling process works on ``epoch`` now; if it dies, the epoch is recovered."""
-        self.backend.transaction(
-            lambda cur: cur.execute(
+    def begin_step(self, epoch: int, run_id: str | None, source: str | None = None) -> StepStart:
+        """Claim ``epoch`` for the calling process (if it dies, the epoch is recovered) and read what a
+        step needs, in one transaction: the epoch, a source's offsets, and what has been collected."""
+
+        def begin(cur: Cursor) -> StepStart:
+            row = cur.execute(f"SELECT {self._EPOCH_COLS} FROM epochs WHERE epoch = ?", [epoch]).fetchone()
+            if row is None:
+                raise UnknownEpoch(
+                    f"epoch {epoch} was never injected by the checkpoint controller: run epoch_job "
+                    "without a partition (or let the barrier sensor run) to inject epochs"
+                )
+            cur.execute(
                 "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
                 "WHERE epoch = ? AND state IN ('INJECTED', 'COLLECTED')",
                 [Owner.host, os.getpid(), run_id, time.time(), epoch],
             )
-        )
+            offsets = []
+            if source is not None:
+                offsets = [
+                    SplitRange(*r)
+                    for r in cur.execute(
+                        "SELECT split, start_offset, end_offset FROM epoch_offsets "
+                        "WHERE epoch = ? AND source = ? ORDER BY split",
+                        [epoch, source],
+                    ).fetchall()
+                ]
+            collected = {
+                r[0]: Collected(*r)
+                for r in cur.execute(
+                    "SELECT asset, location, rows_in, rows_out, dead_letters, dead_letter_location, seconds, run_id "
+                    "FROM collected WHERE epoch = ?",
+                    [epoch],
+                ).fetchall()
+            }
+            return StepStart(self._record(row), offsets, collected)
 
-    def release(self, epoch: int) -> None:
-        """The calling process finished its part; the epoch waits for other steps, bounded by the timeout."""
-        self.backend.transaction(
-            lambda cur: cur.execute(
-                "UPDATE epochs SET owner_pid = NULL, heartbeat_at = ? "
-                "WHERE epoch = ? AND owner_pid = ? AND owner_host = ?",
-                [time.time(), epoch, os.getpid(), Owner.host],
-            )
+        return self.backend.transaction(begin)
+
+    @staticmethod
+    def _release(cur: Cursor, epoch: int) -> None:
+        # The epoch now waits for other steps, bounded by the epoch timeout, not by this process.
+        cur.execute(
+            "UPDATE epochs SET owner_pid = NULL, heartbeat_at = ? WHERE epoch = ? AND owner_pid = ? AND owner_host = ?",
+            [time.time(), epoch, os.getpid(), Owner.host],
         )
 
     def fail(self, epoch: int, error: str) -> None:
@@ -481,8 +514,11 @@ class CheckpointController:
 
     # ------------------------------------------------------------------ collect & commit
 
-    def collect(self, epoch: int, collected: Collected, schema_ddl: str | None = None) -> CollectResult:
-        """Record that ``collected.asset`` has written its output for ``epoch``, then commit what is ready."""
+    def collect(
+        self, epoch: int, collected: Collected, schema_ddl: str | None = None, release: bool = False
+    ) -> CollectResult:
+        """Record that ``collected.asset`` has written its output for ``epoch`` and commit what is ready,
+        in one transaction; ``release`` also ends this process's claim on the epoch."""
 
         def record(cur: Cursor) -> bool:
             row = cur.execute("SELECT state FROM epochs WHERE epoch = ?", [epoch]).fetchone()
@@ -525,8 +561,17 @@ class CheckpointController:
                     )
             return True
 
-        recorded = self.backend.transaction(record)
-        return CollectResult(recorded=recorded, committed=self.try_commit())
+        def record_and_commit(cur: Cursor) -> CollectResult:
+            recorded = record(cur)
+            committed = self._commit_ready(cur) if recorded else []
+            if release:
+                self._release(cur, epoch)
+            return CollectResult(recorded=recorded, committed=committed)
+
+        result = self.backend.transaction(record_and_commit)
+        if result.committed:
+            log.info("committed epoch(s) %s", result.committed)
+        return result
 
     def try_commit(self) -> list[int]:
         """Commit every epoch that is ready, oldest first, in one transaction. Returns what this call committed.
@@ -534,53 +579,48 @@ class CheckpointController:
         Safe to call from any number of racing processes: the state checks and updates happen in
         one transaction, so each epoch moves to COMMITTED exactly once.
         """
-        tables = list(self.tables)
-
-        def commit(cur: Cursor) -> list[int]:
-            committed = self._committed_epoch(cur)
-            ready: list[EpochRecord] = []  # the collected epochs right after the committed one
-            gap = False
-            for rec in self._in_flight(cur):
-                done = {
-                    r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [rec.epoch]).fetchall()
-                }
-                complete = set(tables) <= done
-                if complete and rec.state is EpochState.INJECTED:
-                    _transition(cur, rec.epoch, EpochState.INJECTED, EpochState.COLLECTED)
-                if gap or not complete:
-                    gap = True
-                    continue
-                # Each ready epoch must follow the one before it: a gap would mean an epoch was
-                # lost without a recovery, and the committed cut would be inconsistent.
-                expected_prev = ready[-1].epoch if ready else committed
-                assert rec.prev == expected_prev or (not ready and committed is None), (
-                    f"epoch {rec.epoch} follows {rec.prev}, expected {expected_prev}"
-                )
-                ready.append(rec)
-            # Barriers wait for the checkpoint after them; commit up to the last collected checkpoint.
-            last_checkpoint = max((i for i, r in enumerate(ready) if r.is_checkpoint), default=None)
-            if last_checkpoint is None:
-                return []
-            to_commit = ready[: last_checkpoint + 1]
-            now = time.time()
-            for rec in to_commit:
-                _transition(
-                    cur, rec.epoch, EpochState.COLLECTED, EpochState.COMMITTED, committed_at=now, owner_pid=None
-                )
-            top = to_commit[-1].epoch
-            # Commit alignment: every table advances to the same epoch in the same transaction.
-            for table in tables:
-                cur.execute(
-                    "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
-                    "ON CONFLICT (table_name) DO UPDATE SET committed_epoch = excluded.committed_epoch",
-                    [table, top],
-                )
-            return [r.epoch for r in to_commit]
-
-        committed = self.backend.transaction(commit)
+        committed = self.backend.transaction(self._commit_ready)
         if committed:
             log.info("committed epoch(s) %s", committed)
         return committed
+
+    def _commit_ready(self, cur: Cursor) -> list[int]:
+        tables = self.tables
+        committed = self._committed_epoch(cur)
+        ready: list[EpochRecord] = []  # the collected epochs right after the committed one
+        gap = False
+        for rec in self._in_flight(cur):
+            done = {r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [rec.epoch]).fetchall()}
+            complete = set(tables) <= done
+            if complete and rec.state is EpochState.INJECTED:
+                _transition(cur, rec.epoch, EpochState.INJECTED, EpochState.COLLECTED)
+            if gap or not complete:
+                gap = True
+                continue
+            # Each ready epoch must follow the one before it: a gap would mean an epoch was lost
+            # without a recovery, and the committed cut would be inconsistent.
+            expected_prev = ready[-1].epoch if ready else committed
+            assert rec.prev == expected_prev or (not ready and committed is None), (
+                f"epoch {rec.epoch} follows {rec.prev}, expected {expected_prev}"
+            )
+            ready.append(rec)
+        # Barriers wait for the checkpoint after them; commit up to the last collected checkpoint.
+        last_checkpoint = max((i for i, r in enumerate(ready) if r.is_checkpoint), default=None)
+        if last_checkpoint is None:
+            return []
+        to_commit = ready[: last_checkpoint + 1]
+        now = time.time()
+        for rec in to_commit:
+            _transition(cur, rec.epoch, EpochState.COLLECTED, EpochState.COMMITTED, committed_at=now, owner_pid=None)
+        top = to_commit[-1].epoch
+        # Commit alignment: every table advances to the same epoch in the same transaction.
+        for table in tables:
+            cur.execute(
+                "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
+                "ON CONFLICT (table_name) DO UPDATE SET committed_epoch = excluded.committed_epoch",
+                [table, top],
+            )
+        return [r.epoch for r in to_commit]
 
     # ------------------------------------------------------------------ recovery
 

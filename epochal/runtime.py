@@ -135,7 +135,7 @@ class EpochRuntime:
             raise
 
     def _collect(self, epoch: int, collected: Collected, df: "DataFrame", garbage: list[str]) -> bool:
-        result = self.controller.collect(epoch, collected, schema_ddl=df.schema.simpleString())
+        result = self.controller.collect(epoch, collected, schema_ddl=df.schema.simpleString(), release=True)
         if not result.recorded:
             # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
             self.warehouse.delete(garbage)
@@ -152,8 +152,7 @@ class EpochRuntime:
         from pyspark.sql import functions as F
 
         started = time.time()
-        self.controller.claim(epoch, run_id)
-        ranges = self.controller.offsets(epoch, name)
+        ranges = self.controller.begin_step(epoch, run_id, source=name).offsets
         batch = self.connector(name).read(self.spark, ranges)
         location = self.warehouse.new_location(name, epoch)
         written: list[str] = [location]
@@ -181,7 +180,6 @@ class EpochRuntime:
             self.warehouse.delete(written)
             raise
         fault_point("source-written")
-        self.controller.release(epoch)
         return StepReport(
             name,
             epoch,
@@ -216,8 +214,7 @@ class EpochRuntime:
 
         started = time.time()
         view = self.pipeline.views[name]
-        self.controller.claim(epoch, run_id)
-        collected = self.controller.collected(epoch)
+        collected = self.controller.begin_step(epoch, run_id).collected
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
         # The view's operators are linear (filter, project, UNION ALL), so the change of the output
         # is the query over the inserted rows minus the query over the deleted rows.
@@ -244,7 +241,6 @@ class EpochRuntime:
         finally:
             for upstream in view.upstreams:
                 self.spark.catalog.dropTempView(upstream)
-        self.controller.release(epoch)
         return StepReport(
             name,
             epoch,
