@@ -82,6 +82,10 @@ class UnknownEpoch(EpochalError):
     pass
 
 
+class EpochOrderError(EpochalError):
+    """A step needs an earlier epoch that has not been processed yet."""
+
+
 class CommitAlignmentError(EpochalError):
     """Tables disagree on their committed epoch: reported, never guessed around."""
 
@@ -310,6 +314,31 @@ class CheckpointController:
             ).fetchall()
 
         return [tuple(r) for r in self.backend.transaction(read)]
+
+    def changes_upto(self, table: str, epoch: int, inclusive: bool) -> list[tuple[int, str]]:
+        """(epoch, location) of every epoch of ``table`` up to ``epoch``, committed or in flight.
+
+        This is the table's state as seen *inside* epoch ``epoch`` (a view reads its inputs at the
+        epoch it is computing, before anything commits). It needs every earlier epoch that was not
+        aborted: one the table has not written yet means epochs are being processed out of order,
+        and the state would silently miss it, so that is an error."""
+        comparison = "<=" if inclusive else "<"
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                "SELECT e.epoch, c.asset, c.location FROM epochs e "
+                "LEFT JOIN collected c ON c.epoch = e.epoch AND c.asset = ? "
+                f"WHERE e.state <> 'ABORTED' AND e.epoch {comparison} ? ORDER BY e.epoch",
+                [table, epoch],
+            ).fetchall()
+        )
+        missing = [e for e, asset, _ in rows if asset is None]
+        if missing:
+            raise EpochOrderError(
+                f"{table} has not written epoch(s) {missing[:5]} that come before {epoch}: a view that "
+                "recomputes needs its inputs' earlier epochs; run those epochs first (or run epoch_job "
+                "without a partition)"
+            )
+        return [(e, loc) for e, _, loc in rows if loc is not None]
 
     def committed_dead_letter_locations(self, source: str) -> list[str]:
         rows = self.backend.transaction(

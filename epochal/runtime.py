@@ -198,7 +198,60 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
+        if self.pipeline.views[name].refresh == "full":
+            return self._guard(epoch, lambda: self._run_view_full(epoch, name, run_id))
         return self._guard(epoch, lambda: self._run_view(epoch, name, run_id))
+
+    def _run_view_full(self, epoch: int, name: str, run_id: str | None) -> StepReport:
+        """refresh = 'full': recompute the view over its inputs' state at this epoch, and emit the
+        difference from its previous state as the epoch's change. Correct for any query; costs a
+        full recompute plus a diff, growing with the tables rather than with the change."""
+        from pyspark.sql import functions as F
+
+        started = time.time()
+        view = self.pipeline.views[name]
+        self.controller.begin_step(epoch, run_id)
+        rows_read = 0
+        for upstream in view.upstreams:
+            locations = [loc for _, loc in self.controller.changes_upto(upstream, epoch, inclusive=True)]
+            rows_read += sum(self.warehouse.row_count(loc) for loc in locations)
+            state = self._net_rows(self.warehouse.read(self.spark, locations))
+            state.createOrReplaceTempView(upstream)
+        try:
+            new = self.spark.sql(view.query).toDF(*view.columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
+        finally:
+            for upstream in view.upstreams:
+                self.spark.catalog.dropTempView(upstream)
+        previous = [loc for _, loc in self.controller.changes_upto(name, epoch, inclusive=False)]
+        weighted = new
+        if previous:
+            old = self.warehouse.read(self.spark, previous).select(*view.columns, (-F.col(WEIGHT)).alias(WEIGHT))
+            weighted = new.unionByName(old)
+        change = self._unit_changes(weighted)
+        location = self.warehouse.new_location(name, epoch)
+        try:
+            rows = self.warehouse.write(change, location)
+            recorded = self._collect(
+                epoch,
+                Collected(name, location, rows_read, rows, None, None, time.time() - started, run_id),
+                change,
+                [location],
+            )
+        except EpochAborted:
+            self.warehouse.delete([location])
+            raise
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "mode": "full",
+                "state_rows_read": rows_read,
+                "rows_changed": rows,
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
 
     def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
         entry = collected.get(upstream)
@@ -246,6 +299,7 @@ class EpochRuntime:
             epoch,
             {
                 "epoch": epoch,
+                "mode": "incremental",
                 "rows_in": rows_in,
                 "rows_out": rows,
                 "seconds": round(time.time() - started, 3),
@@ -363,12 +417,29 @@ class EpochRuntime:
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
-        from pyspark.sql import functions as F
-
         locations = [loc for _, loc in self.controller.committed_locations(table, upto=epoch)]
         if not locations:
             raise EpochalError(f"table {table} has no committed epoch yet: run epoch_job first")
-        changes = self.warehouse.read(self.spark, locations)
+        return self._net_rows(self.warehouse.read(self.spark, locations))
+
+    @staticmethod
+    def _net_rows(changes: "DataFrame") -> "DataFrame":
+        """The multiset a sequence of changes adds up to: each row as many times as its net weight."""
+        from pyspark.sql import functions as F
+
         columns = [c for c in changes.columns if c != WEIGHT]
         net = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias("_n")).where("_n > 0")
         return net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*columns)
+
+    @staticmethod
+    def _unit_changes(weighted: "DataFrame") -> "DataFrame":
+        """Net weights per row, as the one-row-per-unit (+1/-1) changes the storage layout keeps."""
+        from pyspark.sql import functions as F
+
+        columns = [c for c in weighted.columns if c != WEIGHT]
+        net = weighted.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+        return (
+            net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.abs(F.col(WEIGHT)))))
+            .withColumn(WEIGHT, F.signum(F.col(WEIGHT)).cast("bigint"))
+            .select(*columns, WEIGHT)
+        )

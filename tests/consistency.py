@@ -57,14 +57,22 @@ def assert_source_exact(runtime: EpochRuntime, source: str) -> int:
 
 
 def batch_view(runtime: EpochRuntime, query: str):  # noqa: ANN201
-    """The view's SQL run as an ordinary Spark batch query over the committed source rows."""
-    for source in runtime.pipeline.sources:
+    """The view's SQL run as an ordinary Spark batch query over the committed source rows.
+
+    Views it reads are computed the same way, from the sources up: nothing Epochal maintained is
+    read, so the oracle is independent of the machinery it checks."""
+    registered = list(runtime.pipeline.sources)
+    for source in registered:
         runtime.state(source).createOrReplaceTempView(source)
     try:
+        for view in runtime.pipeline.view_order():
+            definition = runtime.pipeline.views[view]
+            runtime.spark.sql(definition.query).toDF(*definition.columns).createOrReplaceTempView(view)
+            registered.append(view)
         return runtime.spark.sql(query).collect()
     finally:
-        for source in runtime.pipeline.sources:
-            runtime.spark.catalog.dropTempView(source)
+        for name in registered:
+            runtime.spark.catalog.dropTempView(name)
 
 
 def assert_view_matches_batch(runtime: EpochRuntime, view: str, query: str) -> int:

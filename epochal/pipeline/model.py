@@ -49,6 +49,8 @@ class ViewDef:
     columns: tuple[str, ...]
     options: Mapping[str, str]
     location: Location
+    #: 'incremental' (from the change of its inputs) or 'full' (recompute every epoch and diff)
+    refresh: str = "incremental"
 
 
 @dataclass(frozen=True)

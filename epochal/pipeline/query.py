@@ -104,8 +104,11 @@ def _describe_parse_error(error: ParseError) -> tuple[int | None, str]:
     return details.get("line"), f"{description}{near}"
 
 
-def analyze_query(view: str, query_text: str, query_line: int) -> QueryAnalysis:
-    """Parse ``query_text`` (Spark SQL) and check what can be checked without other tables' columns."""
+def analyze_query(view: str, query_text: str, query_line: int, full_refresh: bool = False) -> QueryAnalysis:
+    """Parse ``query_text`` (Spark SQL) and check what can be checked without other tables' columns.
+
+    ``full_refresh`` views are recomputed every epoch, so constructs that need state are fine for
+    them; non-deterministic ones never are (a replayed epoch must give the same rows)."""
     lines = _Lines(query_text, query_line)
     try:
         statements = sqlglot.parse(query_text, read=DIALECT)
@@ -129,6 +132,8 @@ def analyze_query(view: str, query_text: str, query_line: int) -> QueryAnalysis:
         message = f"view {view}: the query reads no source or view: add FROM a source or view"
         analysis.problems.append(Problem(query_line, message))
     for finding in refused_constructs(tree):
+        if full_refresh and finding.needs_state:
+            continue
         analysis.problems.append(
             Problem(
                 lines.of(finding.node, finding.anchor, finding.occurrence),

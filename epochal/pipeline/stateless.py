@@ -79,7 +79,16 @@ class Finding:
     occurrence: int = 0
 
     @property
+    def needs_state(self) -> bool:
+        return REFUSED[self.construct] == NEEDS_STATE
+
+    @property
     def message(self) -> str:
+        if self.needs_state:
+            return (
+                f"{self.label} {REFUSED[self.construct]}; views can {allowed_text()}, or add "
+                "WITH (refresh = 'full') to maintain it by recomputing every epoch (cost grows with the table)"
+            )
         return f"{self.label} {REFUSED[self.construct]}; views can {allowed_text()}"
 
 
