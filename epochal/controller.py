@@ -255,17 +255,17 @@ class CheckpointController:
     def in_flight(self) -> list[EpochRecord]:
         return self.backend.transaction(self._in_flight)
 
-    def epoch(self, epoch: int) -> EpochRecord:
-        def read(cur: Cursor) -> EpochRecord:
-            row = cur.execute(f"SELECT {self._EPOCH_COLS} FROM epochs WHERE epoch = ?", [epoch]).fetchone()
-            if row is None:
-                raise UnknownEpoch(
-                    f"epoch {epoch} was never injected by the checkpoint controller: run epoch_job "
-                    "without a partition (or let the barrier sensor run) to inject epochs"
-                )
-            return self._record(row)
+    def _epoch(self, cur: Cursor, epoch: int) -> EpochRecord:
+        row = cur.execute(f"SELECT {self._EPOCH_COLS} FROM epochs WHERE epoch = ?", [epoch]).fetchone()
+        if row is None:
+            raise UnknownEpoch(
+                f"epoch {epoch} was never injected by the checkpoint controller: run epoch_job "
+                "without a partition (or let the barrier sensor run) to inject epochs"
+            )
+        return self._record(row)
 
-        return self.backend.transaction(read)
+    def epoch(self, epoch: int) -> EpochRecord:
+        return self.backend.transaction(lambda cur: self._epoch(cur, epoch))
 
     def epochs(self, states: Iterable[EpochState] = tuple(EpochState)) -> list[EpochRecord]:
         names = [s.value for s in states]
@@ -279,25 +279,28 @@ class CheckpointController:
             ]
         )
 
-    def offsets(self, epoch: int, source: str) -> list[SplitRange]:
-        rows = self.backend.transaction(
-            lambda cur: cur.execute(
-                "SELECT split, start_offset, end_offset FROM epoch_offsets "
-                "WHERE epoch = ? AND source = ? ORDER BY split",
-                [epoch, source],
-            ).fetchall()
-        )
+    @staticmethod
+    def _offsets(cur: Cursor, epoch: int, source: str) -> list[SplitRange]:
+        rows = cur.execute(
+            "SELECT split, start_offset, end_offset FROM epoch_offsets WHERE epoch = ? AND source = ? ORDER BY split",
+            [epoch, source],
+        ).fetchall()
         return [SplitRange(split, start, end) for split, start, end in rows]
 
-    def collected(self, epoch: int) -> dict[str, Collected]:
-        rows = self.backend.transaction(
-            lambda cur: cur.execute(
-                "SELECT asset, location, rows_in, rows_out, dead_letters, dead_letter_location, seconds, run_id "
-                "FROM collected WHERE epoch = ?",
-                [epoch],
-            ).fetchall()
-        )
+    def offsets(self, epoch: int, source: str) -> list[SplitRange]:
+        return self.backend.transaction(lambda cur: self._offsets(cur, epoch, source))
+
+    @staticmethod
+    def _collected(cur: Cursor, epoch: int) -> dict[str, Collected]:
+        rows = cur.execute(
+            "SELECT asset, location, rows_in, rows_out, dead_letters, dead_letter_location, seconds, run_id "
+            "FROM collected WHERE epoch = ?",
+            [epoch],
+        ).fetchall()
         return {r[0]: Collected(*r) for r in rows}
+
+    def collected(self, epoch: int) -> dict[str, Collected]:
+        return self.backend.transaction(lambda cur: self._collected(cur, epoch))
 
     def committed_locations(self, table: str, upto: int | None = None) -> list[tuple[int, str]]:
         """(epoch, location) of every committed epoch of ``table`` up to ``upto`` (default: the committed epoch)."""
@@ -462,36 +465,14 @@ class CheckpointController:
         step needs, in one transaction: the epoch, a source's offsets, and what has been collected."""
 
         def begin(cur: Cursor) -> StepStart:
-            row = cur.execute(f"SELECT {self._EPOCH_COLS} FROM epochs WHERE epoch = ?", [epoch]).fetchone()
-            if row is None:
-                raise UnknownEpoch(
-                    f"epoch {epoch} was never injected by the checkpoint controller: run epoch_job "
-                    "without a partition (or let the barrier sensor run) to inject epochs"
-                )
+            record = self._epoch(cur, epoch)
             cur.execute(
                 "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
                 "WHERE epoch = ? AND state IN ('INJECTED', 'COLLECTED')",
                 [Owner.host, os.getpid(), run_id, time.time(), epoch],
             )
-            offsets = []
-            if source is not None:
-                offsets = [
-                    SplitRange(*r)
-                    for r in cur.execute(
-                        "SELECT split, start_offset, end_offset FROM epoch_offsets "
-                        "WHERE epoch = ? AND source = ? ORDER BY split",
-                        [epoch, source],
-                    ).fetchall()
-                ]
-            collected = {
-                r[0]: Collected(*r)
-                for r in cur.execute(
-                    "SELECT asset, location, rows_in, rows_out, dead_letters, dead_letter_location, seconds, run_id "
-                    "FROM collected WHERE epoch = ?",
-                    [epoch],
-                ).fetchall()
-            }
-            return StepStart(self._record(row), offsets, collected)
+            offsets = self._offsets(cur, epoch, source) if source is not None else []
+            return StepStart(record, offsets, self._collected(cur, epoch))
 
         return self.backend.transaction(begin)
 
