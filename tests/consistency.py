@@ -56,17 +56,25 @@ def assert_source_exact(runtime: EpochRuntime, source: str) -> int:
     return sum(state.values())
 
 
-def batch_view(runtime: EpochRuntime, query: str):  # noqa: ANN201
-    """The view's SQL run as an ordinary Spark batch query over the committed source rows.
+def batch_view(runtime: EpochRuntime, query: str, reads: list[str] | None = None):  # noqa: ANN201
+    """``query`` run as an ordinary Spark batch query over the committed source rows.
 
-    Views it reads are computed the same way, from the sources up: nothing Epochal maintained is
-    read, so the oracle is independent of the machinery it checks."""
-    registered = list(runtime.pipeline.sources)
+    Views it reads (``reads``; default every view) are computed the same way, from the sources up:
+    nothing Epochal maintained is read, so the oracle is independent of the machinery it checks."""
+    pipeline = runtime.pipeline
+    needed: set[str] = set()
+    pending = list(pipeline.views if reads is None else reads)
+    while pending:  # the views ``query`` depends on, transitively
+        name = pending.pop()
+        if name in pipeline.views and name not in needed:
+            needed.add(name)
+            pending.extend(pipeline.views[name].upstreams)
+    registered = list(pipeline.sources)
     for source in registered:
         runtime.state(source).createOrReplaceTempView(source)
     try:
-        for view in runtime.pipeline.view_order():
-            definition = runtime.pipeline.views[view]
+        for view in (v for v in pipeline.view_order() if v in needed):
+            definition = pipeline.views[view]
             runtime.spark.sql(definition.query).toDF(*definition.columns).createOrReplaceTempView(view)
             registered.append(view)
         return runtime.spark.sql(query).collect()
@@ -77,7 +85,7 @@ def batch_view(runtime: EpochRuntime, query: str):  # noqa: ANN201
 
 def assert_view_matches_batch(runtime: EpochRuntime, view: str, query: str) -> int:
     state = multiset(runtime.state(view).collect())
-    expected = multiset(batch_view(runtime, query))
+    expected = multiset(batch_view(runtime, query, reads=list(runtime.pipeline.views[view].upstreams)))
     assert state == expected, f"view {view} differs from the batch query: {len(state)} vs {len(expected)} distinct rows"
     return sum(state.values())
 
