@@ -149,15 +149,14 @@ class EpochRuntime:
         return self._guard(epoch, lambda: self._run_source(epoch, name, run_id))
 
     def _run_source(self, epoch: int, name: str, run_id: str | None) -> StepReport:
-        from pyspark.sql import functions as F
-
         started = time.time()
         ranges = self.controller.begin_step(epoch, run_id, source=name).offsets
         batch = self.connector(name).read(self.spark, ranges)
         location = self.warehouse.new_location(name, epoch)
         written: list[str] = [location]
+        change = self._source_change(epoch, name, batch.rows)
         try:
-            rows = self.warehouse.write(batch.rows.withColumn(WEIGHT, F.lit(1).cast("bigint")), location)
+            rows = self.warehouse.write(change, location)
             dead = 0
             dlq_location = None
             if batch.dead_letters is not None:
@@ -173,7 +172,7 @@ class EpochRuntime:
             recorded = self._collect(
                 epoch,
                 Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id),
-                batch.rows,
+                change,
                 written,
             )
         except EpochAborted:
@@ -194,6 +193,25 @@ class EpochRuntime:
                 "recorded": recorded,
             },
         )
+
+    def _source_change(self, epoch: int, name: str, records: "DataFrame") -> "DataFrame":
+        """The epoch's change of a source: its records as inserts, or, for a source with a PRIMARY
+        KEY, upserts and deletes resolved against the source's state before this epoch."""
+        from pyspark.sql import functions as F
+
+        source = self.pipeline.sources[name]
+        if not source.primary_key:
+            return records.withColumn(WEIGHT, F.lit(1).cast("bigint"))
+        from epochal.upsert import upsert_changes
+
+        columns = list(source.column_names)
+        earlier = [loc for _, loc in self.controller.changes_upto(name, epoch, inclusive=False)]
+        previous = (
+            self._net_rows(self.warehouse.read(self.spark, earlier))
+            if earlier
+            else self.spark.createDataFrame([], records.select(*columns).schema)
+        )
+        return upsert_changes(records, previous, source.primary_key, columns)
 
     # ------------------------------------------------------------------ views
 

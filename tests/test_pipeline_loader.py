@@ -21,6 +21,9 @@ from epochal.pipeline.statements import Statement, split_statements
 
 DEMO = Path(loader.__file__).resolve().parent.parent / "demo_pipeline"
 STATELESS_TAIL = "views can filter, project, compute expressions and UNION ALL"
+FULL_REFRESH_HINT = (
+    "or add WITH (refresh = 'full') to maintain it by recomputing every epoch (cost grows with the table)"
+)
 
 
 class FakeSpec:
@@ -315,7 +318,7 @@ def test_names_are_case_insensitive_and_unique_across_kinds(tmp_path: Path) -> N
     assert "rename or remove one" in found[1].message
 
 
-def test_source_primary_key_is_parsed_but_refused_for_now(tmp_path: Path, monkeypatch) -> None:
+def test_source_primary_key_is_kept_on_log_sources(tmp_path: Path, monkeypatch) -> None:
     files = {
         "s.sql": """\
         CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING)
@@ -325,14 +328,40 @@ def test_source_primary_key_is_parsed_but_refused_for_now(tmp_path: Path, monkey
         WITH (connector = 'log', path = 'data/lines');
         """
     }
+    pipeline = load(tmp_path, files)
+    assert pipeline.sources["orders"].primary_key == ("id",)
+    assert pipeline.sources["lines"].primary_key == ("order_id", "line")
+
+    monkeypatch.setattr(loader, "SOURCE_PRIMARY_KEY_SUPPORTED", False)  # the switch still refuses them all
     found = issues(tmp_path, files)
     assert [at(i) for i in found] == [("s.sql", 1), ("s.sql", 4)]
     assert all("PRIMARY KEY on a source is not supported yet" in i.message for i in found)
 
-    monkeypatch.setattr(loader, "SOURCE_PRIMARY_KEY_SUPPORTED", True)  # what the later issue flips
-    pipeline = load(tmp_path, files)
-    assert pipeline.sources["orders"].primary_key == ("id",)
-    assert pipeline.sources["lines"].primary_key == ("order_id", "line")
+
+def test_source_primary_key_problems_point_at_the_key(tmp_path: Path) -> None:
+    found = issues(
+        tmp_path,
+        {
+            "s.sql": BID_SOURCE.replace("auction BIGINT,", "auction BIGINT PRIMARY KEY,")
+            + """\
+            CREATE SOURCE orders (id BIGINT, _offset BIGINT,
+                PRIMARY KEY (id, id))
+            WITH (connector = 'log', path = 'data/orders');
+            CREATE SOURCE lines (order_id BIGINT, PRIMARY KEY (line))
+            WITH (connector = 'log', path = 'data/lines');
+            """,
+        },
+    )
+    assert [(at(i), i.message) for i in found] == [
+        (("s.sql", 1), "source bid: nexmark sources are append-only: remove PRIMARY KEY (only log sources take one)"),
+        (("s.sql", 5), "source orders: PRIMARY KEY names column 'id' twice: list it once"),
+        (
+            ("s.sql", 5),
+            "source orders: column '_offset' is reserved in a source with a PRIMARY KEY (it carries each "
+            "record's position): rename it",
+        ),
+        (("s.sql", 7), "source lines: PRIMARY KEY column 'line' is not a column (columns: order_id)"),
+    ]
 
 
 def test_primary_key_must_name_declared_columns() -> None:
@@ -528,7 +557,38 @@ def test_constructs_with_state_are_refused(tmp_path: Path, query: str, construct
     )
     assert at(issue) == ("a.sql", 6), issue
     assert issue.message.startswith(f"view v: {construct}")
-    assert issue.message.endswith(STATELESS_TAIL)
+    assert STATELESS_TAIL in issue.message
+    # Stateful constructs point at the full-refresh mode; non-deterministic ones are refused everywhere.
+    if "non-deterministic" in issue.message:
+        assert issue.message.endswith(STATELESS_TAIL)
+    else:
+        assert issue.message.endswith(FULL_REFRESH_HINT)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT auction, count(*) AS n, max(price) AS m FROM bid GROUP BY auction HAVING count(*) > 1",
+        "SELECT a.auction, b.bidder FROM bid a LEFT JOIN bid b ON a.auction = b.auction",
+        "SELECT auction FROM (SELECT auction, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price) AS rn "
+        "FROM bid) WHERE rn <= 3",
+        "SELECT DISTINCT channel FROM bid WHERE auction IN (SELECT auction FROM bid WHERE price > 10)",
+    ],
+)
+def test_full_refresh_views_accept_stateful_queries(tmp_path: Path, query: str) -> None:
+    pipeline = load(tmp_path, {"a.sql": BID_SOURCE + f"CREATE MATERIALIZED VIEW v WITH (refresh = 'full') AS {query};"})
+    assert pipeline.views["v"].refresh == "full"
+
+
+def test_full_refresh_still_refuses_non_deterministic_functions(tmp_path: Path) -> None:
+    issue = only_issue(
+        tmp_path,
+        {
+            "a.sql": BID_SOURCE
+            + "CREATE MATERIALIZED VIEW v WITH (refresh = 'full') AS\nSELECT auction, rand() AS r FROM bid;"
+        },
+    )
+    assert "rand() is non-deterministic" in issue.message
 
 
 @pytest.mark.parametrize(
@@ -722,20 +782,19 @@ def test_duplicate_output_columns_are_refused(tmp_path: Path) -> None:
     assert "view v: column 'auction' appears more than once in the output" in issue.message
 
 
-def test_view_options_are_unknown_for_now(tmp_path: Path) -> None:
-    issue = only_issue(
+def test_view_options_are_checked(tmp_path: Path) -> None:
+    found = issues(
         tmp_path,
         {
             "a.sql": BID_SOURCE
-            + "CREATE MATERIALIZED VIEW v\nWITH (retention = '1d') AS SELECT auction FROM bid;"
+            + "CREATE MATERIALIZED VIEW v\nWITH (refrsh = 'full') AS SELECT auction FROM bid;\n"
+            + "CREATE MATERIALIZED VIEW w\nWITH (refresh = 'sometimes') AS SELECT auction FROM bid;"
         },
     )
-    assert at(issue) == ("a.sql", 5)
-    assert issue.message == (
-        "view v: unknown materialized view option 'retention': materialized views take no options "
-        "yet; remove it"
-    )
-    assert loader.VIEW_OPTIONS == frozenset()
+    messages = [i.message for i in found]
+    assert any("unknown materialized view option 'refrsh': did you mean 'refresh'?" in m for m in messages)
+    assert any("refresh = 'sometimes' is not a refresh mode" in m for m in messages)
+    assert loader.VIEW_OPTIONS == frozenset({"refresh"})
 
 
 def test_cycles_among_views_are_named(tmp_path: Path) -> None:

@@ -41,7 +41,8 @@ DEAD_LETTER_SCHEMA = "split STRING, offset BIGINT, raw STRING, reason STRING"
 
 @dataclass
 class SourceBatch:
-    #: rows with exactly the source's declared columns, in declared order, with declared types
+    #: rows with the source's declared columns, in declared order, with declared types; a source
+    #: with a PRIMARY KEY adds ``_op``, ``_split`` and ``_offset`` after them (see epochal/upsert.py)
     rows: "DataFrame"
     #: rows that could not be read (DEAD_LETTER_SCHEMA), or None when the connector cannot produce any
     dead_letters: "DataFrame | None" = None

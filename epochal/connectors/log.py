@@ -4,6 +4,10 @@
 is its 0-based line number (blank lines count, and are skipped). Producers append whole lines under
 an exclusive ``flock`` (see ``append_records``); the planner only hands out complete lines, so a
 line that is still being written is picked up by a later epoch, never half-read.
+
+A source with a PRIMARY KEY reads records instead of rows: ``"_op"`` says whether a record upserts
+(absent, "insert", "upsert", "update") or deletes ("delete") the row with its key, and ``read``
+hands them on with their operation and position for ``epochal.upsert.upsert_changes`` to net.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from typing import TYPE_CHECKING
 from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
+from epochal.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from epochal.pipeline.model import Column, SourceDef
 
@@ -33,6 +38,8 @@ SUFFIX = ".jsonl"
 DEFAULT_SPLIT = "0"
 #: JSON key reserved for the change operation ("_op": "delete"); never a column
 OP_KEY = "_op"
+#: ``_op`` values (lower-cased) that make a record of a keyed source an upsert; absent is one too
+UPSERT_OPS = ("insert", "upsert", "update")
 
 # Split names end up in Spark paths, where Hadoop treats * ? [ ] { } as globs: keep them plain.
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
@@ -102,7 +109,11 @@ class LogConnectorSpec:
         config, _ = parse_log_options(source.options, home)
         if problems or config is None:
             raise EpochalError(f"source {source.name}: " + "; ".join(problems))
-        return LogSource(config, source.columns)
+        for key in source.primary_key:
+            if key not in source.column_names:
+                # the loader reports this with file and line; this guards direct construction
+                raise EpochalError(f"source {source.name}: PRIMARY KEY column '{key}' is not a column")
+        return LogSource(config, source.columns, source.primary_key)
 
 
 # --- planning (no Spark) --------------------------------------------------------------------------
@@ -118,9 +129,11 @@ class _Scanned:
 
 
 class LogSource:
-    def __init__(self, config: LogConfig, columns: "tuple[Column, ...]"):
+    def __init__(self, config: LogConfig, columns: "tuple[Column, ...]", primary_key: tuple[str, ...] = ()):
         self.config = config
         self.columns = columns
+        #: with a key, records upsert or delete rows (see ``read``); without one, they are appended
+        self.primary_key = primary_key
         self._scanned: dict[str, _Scanned] = {}
 
     def splits(self) -> list[str]:
@@ -206,17 +219,83 @@ class LogSource:
             )
         # blank lines keep their offset but are not records (what append_records skips, too)
         lines = reduce(lambda a, b: a.unionAll(b), frames).where(~F.col("raw").rlike(r"^\s*$"))
+        if self.primary_key:
+            return self._read_keyed(lines)
 
-        ddl = ", ".join(f"{_quote(c.name)} {c.type}" for c in self.columns)
-        schema = f"{ddl}, {_quote(_CORRUPT)} STRING" if ddl else f"{_quote(_CORRUPT)} STRING"
-        parsed = lines.withColumn(
-            "_parsed", F.from_json("raw", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
-        )
+        parsed = lines.withColumn("_parsed", _parse(F.col("raw"), self.columns))
         # from_json puts the whole line in the corrupt column for malformed JSON, non-objects and
         # values that do not convert to the declared type; it never returns NULL for a non-blank line
         good = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
         rows = parsed.where(good).select(*[F.col("_parsed").getField(c.name).alias(c.name) for c in self.columns])
         dead = parsed.where(~good).select("split", "offset", "raw", _reason(F.col("raw"), self.columns).alias("reason"))
+        return SourceBatch(rows=rows, dead_letters=dead)
+
+    def _read_keyed(self, lines: "DataFrame") -> SourceBatch:
+        """Records of a source with a primary key: the declared columns, then ``_op`` ('upsert' or
+        'delete'), ``_split`` and ``_offset`` (which order the records of one key; see
+        ``epochal.upsert``). A delete needs only its key: its other fields are ignored, so they
+        cannot make it a dead letter, and come out NULL."""
+        from pyspark.sql import functions as F
+
+        by_name = {c.name: c for c in self.columns}
+        keys = tuple(by_name[k] for k in self.primary_key)
+        raw = F.col("raw")
+        # Two parses: the key and _op alone decide what a record is (a delete is valid when they
+        # are), the full schema is only needed for upserts. _op is read as STRING, which takes any
+        # JSON value (5 comes back as "5"), so an odd _op is reported as such.
+        parsed = lines.withColumn("_parsed", _parse(raw, self.columns)).withColumn(
+            "_head", _parse(raw, (*keys, _Column(OP_KEY, "STRING")))
+        )
+        op_text = F.col("_head").getField(OP_KEY)
+        lowered = F.lower(op_text)
+        parsed = parsed.withColumn(
+            "_op_norm",
+            F.when(op_text.isNull() | lowered.isin(*UPSERT_OPS), F.lit(UPSERT)).when(
+                lowered == DELETE, F.lit(DELETE)
+            ),  # NULL: unknown
+        )
+        op = F.col("_op_norm")
+        is_delete = op == DELETE
+        head_fits = F.col("_head").isNotNull() & F.col("_head").getField(_CORRUPT).isNull()
+        row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
+        missing = [F.col("_head").getField(k.name).isNull() for k in keys]
+        key_missing = reduce(lambda a, b: a | b, missing)
+        good = head_fits & op.isNotNull() & ~key_missing & (is_delete | row_fits)
+
+        values = [
+            F.col("_head").getField(c.name).alias(c.name)
+            if c in keys
+            else F.when(~is_delete, F.col("_parsed").getField(c.name)).alias(c.name)
+            for c in self.columns
+        ]
+        rows = parsed.where(good).select(
+            *values,
+            op.alias(OP_COLUMN),
+            F.col("split").alias(SPLIT_COLUMN),
+            F.col("offset").cast("bigint").alias(OFFSET_COLUMN),
+        )
+
+        # only the fields a record needs can make it a misfit: the key for a delete, all for an upsert
+        # (a delete whose key does not fit is still known as one because from_json keeps the fields
+        # that did parse, spark.sql.json.enablePartialResults; without it the reason lists all fields)
+        misfit = F.when(is_delete, _reason(raw, keys)).otherwise(_reason(raw, self.columns))
+        unknown_op = F.concat(
+            F.lit(f'unknown {OP_KEY} "'), _shorten(op_text), F.lit('": use insert, update or delete')
+        )
+        absent = F.concat_ws(
+            "; ",
+            *[
+                F.when(m, F.lit(f"primary key column '{k.name}' is missing or null"))
+                for k, m in zip(keys, missing, strict=True)
+            ],
+        )
+        reason = (
+            F.when(~head_fits, misfit)  # malformed, not an object, or a key of the wrong type
+            .when(op.isNull(), unknown_op)
+            .when(key_missing, absent)
+            .otherwise(misfit)  # an upsert whose other fields do not fit
+        )
+        dead = parsed.where(~good).select("split", "offset", "raw", reason.alias("reason"))
         return SourceBatch(rows=rows, dead_letters=dead)
 
 
@@ -239,6 +318,31 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+@dataclass(frozen=True)
+class _Column:
+    """A field to parse that is no declared column (``_op``); shaped like ``model.Column``."""
+
+    name: str
+    type: str
+
+
+def _parse(raw: "SparkColumn", columns: "Iterable[Column | _Column]") -> "SparkColumn":
+    """``raw`` parsed as a struct of ``columns`` plus the corrupt-record field."""
+    from pyspark.sql import functions as F
+
+    fields = [f"{_quote(c.name)} {c.type}" for c in columns] + [f"{_quote(_CORRUPT)} STRING"]
+    return F.from_json(raw, ", ".join(fields), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+
+
+def _shorten(text: "SparkColumn") -> "SparkColumn":
+    """``text`` cut to what a reason shows."""
+    from pyspark.sql import functions as F
+
+    return F.when(
+        F.length(text) > _SHOWN_VALUE_CHARS, F.concat(F.substring(text, 1, _SHOWN_VALUE_CHARS), F.lit("..."))
+    ).otherwise(text)
+
+
 def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
     """Why ``raw`` was rejected, as a sentence: malformed JSON, not an object, or which fields do
     not fit their declared type and what they held instead. Only evaluated for rejected lines."""
@@ -258,11 +362,7 @@ def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
         typed = F.from_json(raw, f"{_quote(c.name)} {c.type}").getField(c.name)
         # VARIANT keeps the value as written, so the reason can quote it
         value = F.from_json(raw, f"{_quote(c.name)} VARIANT").getField(c.name)
-        shown = F.to_json(value)
-        shown = F.when(
-            F.length(shown) > _SHOWN_VALUE_CHARS,
-            F.concat(F.substring(shown, 1, _SHOWN_VALUE_CHARS), F.lit("...")),
-        ).otherwise(shown)
+        shown = _shorten(F.to_json(value))
         misfits.append(
             F.when(
                 typed.isNull() & value.isNotNull() & ~F.is_variant_null(value),

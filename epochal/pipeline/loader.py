@@ -28,9 +28,13 @@ if TYPE_CHECKING:
 
 PIPELINE_ENV = "EPOCHAL_PIPELINE"
 #: WITH (...) keys a materialized view accepts; none yet.
-VIEW_OPTIONS: frozenset[str] = frozenset()
-#: Source PRIMARY KEYs are parsed and kept on SourceDef, but refused until upsert sources exist.
-SOURCE_PRIMARY_KEY_SUPPORTED = False
+VIEW_OPTIONS: frozenset[str] = frozenset({"refresh"})
+#: How a view is maintained: from its inputs' changes, or by recomputing and diffing every epoch.
+REFRESH_MODES = ("incremental", "full")
+#: Source PRIMARY KEYs (upsert sources, see epochal/upsert.py); False refuses them all.
+SOURCE_PRIMARY_KEY_SUPPORTED = True
+#: Connectors whose records can update and delete by key; the others only append.
+SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log"})
 
 ConnectorLookup = Callable[[str], "ConnectorSpec | None"]
 _OPTION_IN_MESSAGE = re.compile(r"option '([^']+)'")
@@ -172,6 +176,9 @@ def _sources(
                 f"{prefix}: PRIMARY KEY on a source is not supported yet (sources are append-only "
                 "for now): remove it",
             )
+        elif parsed.primary_key:
+            for message in _source_key_problems(parsed, connector, lookup):
+                issues.add(where.file, parsed.primary_key_line, f"{prefix}: {message}")
         spec = lookup(connector) if connector else None
         if spec is None:
             supported = ", ".join(_connector_names(lookup)) or "none registered"
@@ -193,6 +200,30 @@ def _sources(
     return sources
 
 
+def _source_key_problems(parsed: ParsedSource, connector: str, lookup: ConnectorLookup) -> list[str]:
+    """What is wrong with a source's PRIMARY KEY. A key column that is not declared is reported by
+    the parser already (with the declared columns), so it is not repeated here."""
+    from epochal.upsert import OFFSET_COLUMN, SPLIT_COLUMN
+
+    problems = []
+    if connector and lookup(connector) is not None and connector not in SOURCE_PRIMARY_KEY_CONNECTORS:
+        # an unknown connector has its own error; a key means nothing without one
+        takers = ", ".join(sorted(SOURCE_PRIMARY_KEY_CONNECTORS))
+        problems.append(
+            f"{connector} sources are append-only: remove PRIMARY KEY (only {takers} sources take one)"
+        )
+    for key in sorted({k for k in parsed.primary_key if parsed.primary_key.count(k) > 1}):
+        problems.append(f"PRIMARY KEY names column '{key}' twice: list it once")
+    # read() adds these after the declared columns of a keyed source; a declared one would clash
+    for column in parsed.columns:
+        if column.name.lower() in (SPLIT_COLUMN, OFFSET_COLUMN):
+            problems.append(
+                f"column '{column.name}' is reserved in a source with a PRIMARY KEY (it carries each "
+                "record's position): rename it"
+            )
+    return problems
+
+
 def _views(
     named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues
 ) -> dict[str, ViewDef]:
@@ -208,8 +239,11 @@ def _views(
         assert isinstance(parsed, ParsedView)
         where = definition.location
         messages = _view_option_problems(parsed.options)
+        refresh = _refresh_mode(parsed.options)
+        if refresh not in REFRESH_MODES:
+            messages.append(f"refresh = '{refresh}' is not a refresh mode: use refresh = 'incremental' or 'full'")
         issues.options(where, parsed.options, messages, f"view {name}")
-        analysis = analyze_query(name, parsed.query_text, parsed.query_line)
+        analysis = analyze_query(name, parsed.query_text, parsed.query_line, full_refresh=refresh == "full")
         analyses[name] = analysis
         for problem in analysis.problems:
             issues.add(where.file, problem.line, problem.message)
@@ -257,8 +291,13 @@ def _views(
             columns=columns.get(name, ()),
             options=dict(parsed.options.values),
             location=definition.location,
+            refresh=_refresh_mode(parsed.options),
         )
     return views
+
+
+def _refresh_mode(options: Options) -> str:
+    return options.values.get("refresh", "incremental").strip().lower()
 
 
 def _view_option_problems(options: Options) -> list[str]:

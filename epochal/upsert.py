@@ -1,0 +1,121 @@
+"""Upsert sources: an epoch's keyed records, turned into the epoch's change.
+
+A source with a PRIMARY KEY does not receive rows but *records*: an upsert replaces the row with its
+key (or inserts it), a delete removes it. Tables in Epochal store changes (columns + ``_weight``),
+so a keyed source's epoch is the difference its records make to the source's state:
+
+* per key, only the last record of the epoch counts, ordered by ``(_split, _offset)``. Offsets only
+  order records within one split, so producers should send all records of one key to one split;
+  across splits the order is the split names' order, which is deterministic but says nothing about
+  when the records were written;
+* the previous row of every touched key is retracted (-1), and the last record's row is added (+1)
+  when it is an upsert;
+* what cancels out (an upsert of the row that is already there) is dropped.
+
+Pure Spark DataFrame code (no Dagster, no RDDs, no collects), so it runs the same on a local session,
+a cluster and Spark Connect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+from typing import TYPE_CHECKING
+
+from epochal.errors import EpochalError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+#: Columns a keyed source's records carry after the declared ones (see ``LogSource.read``).
+OP_COLUMN = "_op"
+SPLIT_COLUMN = "_split"
+OFFSET_COLUMN = "_offset"
+RECORD_COLUMNS = (OP_COLUMN, SPLIT_COLUMN, OFFSET_COLUMN)
+#: The values of ``_op``.
+UPSERT = "upsert"
+DELETE = "delete"
+
+# Internal column names: prefixed so they cannot meet a declared column.
+_RANK = "__epochal_rank"
+_PREV = "__epochal_prev_{}"
+_FOUND = "__epochal_found"
+
+
+def upsert_changes(
+    incoming: "DataFrame", previous: "DataFrame", key: Sequence[str], columns: Sequence[str]
+) -> "DataFrame":
+    """The change (``columns`` + ``_weight`` BIGINT, one row per unit) that ``incoming`` makes to
+    ``previous``.
+
+    ``incoming`` holds the epoch's records: ``columns`` plus ``_op`` ('upsert' or 'delete'),
+    ``_split`` and ``_offset``. ``previous`` is the state before the epoch: exactly ``columns``, at
+    most one row per key (it is the net of all earlier changes). Keys compare NULL-safely.
+
+    The result is lazy, and ``incoming`` is read once. ``previous`` is only read through a join with
+    the keys the epoch touches, so beyond scanning it, the work follows the change, not the table."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from epochal.storage.warehouse import WEIGHT
+
+    key, columns = list(key), list(columns)
+    _check_shapes(incoming, previous, key, columns)
+
+    # The last record of each key wins. partitionBy groups NULL keys together, which is the
+    # NULL-safe equality the join below uses too.
+    latest_first = Window.partitionBy(*[F.col(_quote(k)) for k in key]).orderBy(
+        F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc()
+    )
+    last = incoming.withColumn(_RANK, F.row_number().over(latest_first)).where(F.col(_RANK) == 1)
+
+    # previous's columns renamed, so both sides of the join can be named without ambiguity; the
+    # marker tells "no previous row" apart from a previous row whose columns are NULL
+    before = previous.select(
+        *[F.col(_quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)], F.lit(True).alias(_FOUND)
+    )
+    prev = {c: F.col(_PREV.format(i)) for i, c in enumerate(columns)}
+    same_key = _all([F.col(_quote(k)).eqNullSafe(prev[k]) for k in key])
+    joined = last.join(before, same_key, "left")
+
+    found = F.col(_FOUND).isNotNull()
+    upsert = F.col(OP_COLUMN) == UPSERT
+    # An upsert of the row that is already there changes nothing: its -1 and +1 would net to 0.
+    # Rows of different keys never meet, so this per-key check is all the netting there is.
+    unchanged = found & upsert & _all([F.col(_quote(c)).eqNullSafe(prev[c]) for c in columns])
+    retract = F.struct(*[prev[c].alias(c) for c in columns], F.lit(-1).cast("bigint").alias(WEIGHT))
+    add = F.struct(*[F.col(_quote(c)).alias(c) for c in columns], F.lit(1).cast("bigint").alias(WEIGHT))
+    # Every row carries a weight of exactly +1 or -1, so the result already has one row per unit:
+    # there is no |weight| > 1 to expand. Should ``previous`` break its contract and hold a row
+    # twice, the join meets each copy, and each is retracted (and replaced) as a unit of its own.
+    units = F.filter(
+        F.array(F.when(found & ~unchanged, retract), F.when(upsert & ~unchanged, add)),
+        lambda unit: unit.isNotNull(),
+    )
+    return joined.select(F.inline(units))
+
+
+def _all(conditions: "list[Column]") -> "Column":
+    return reduce(lambda a, b: a & b, conditions)
+
+
+def _check_shapes(incoming: "DataFrame", previous: "DataFrame", key: list[str], columns: list[str]) -> None:
+    """Schema-level checks (no Spark job): wrong shapes would otherwise fail deep inside a plan."""
+    if not key:
+        raise EpochalError("upsert_changes needs at least one key column")
+    stray = [k for k in key if k not in columns]
+    if stray:
+        raise EpochalError(f"key column(s) {', '.join(stray)} are not among the columns ({', '.join(columns)})")
+    for what, frame, needed in (
+        ("incoming", incoming, [*columns, *RECORD_COLUMNS]),
+        ("previous", previous, columns),
+    ):
+        missing = [c for c in needed if c not in frame.columns]
+        if missing:
+            raise EpochalError(
+                f"upsert_changes: {what} lacks column(s) {', '.join(missing)} (it has {', '.join(frame.columns)})"
+            )
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
