@@ -484,18 +484,21 @@ class CheckpointController:
             [time.time(), epoch, os.getpid(), Owner.host],
         )
 
-    def fail(self, epoch: int, error: str) -> None:
-        """A step failed on ``epoch``: record why, and ask for a recovery."""
+    def fail(self, epoch: int, error: str) -> bool:
+        """A step failed on ``epoch``: if the epoch is in flight, record why and ask for a recovery.
 
-        def mark(cur: Cursor) -> None:
-            cur.execute(
-                "UPDATE epochs SET failure = ?, owner_pid = NULL "
-                "WHERE epoch = ? AND state IN ('INJECTED', 'COLLECTED')",
-                [error[:2000], epoch],
-            )
+        A failed re-run of a committed (or aborted) epoch changes nothing: committed data stays,
+        and recovering would abort other runs' in-flight epochs for no reason. Returns whether a
+        recovery was requested."""
+
+        def mark(cur: Cursor) -> bool:
+            if not self._epoch(cur, epoch).state.in_flight:
+                return False
+            cur.execute("UPDATE epochs SET failure = ?, owner_pid = NULL WHERE epoch = ?", [error[:2000], epoch])
             self._set(cur, "recovery_requested", f"epoch {epoch} failed: {error.splitlines()[0][:300]}")
+            return True
 
-        self.backend.transaction(mark)
+        return self.backend.transaction(mark)
 
     def recovery_reason(self) -> str | None:
         """Why a recovery is needed before injecting more, or None."""

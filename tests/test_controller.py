@@ -190,6 +190,16 @@ def test_dead_owner_and_failure_trigger_recovery(tmp_path: Path, meta_url: str) 
         ctl.inject(plan_ten)
 
 
+def test_a_failed_rerun_of_a_committed_epoch_requests_no_recovery(tmp_path: Path, meta_url: str) -> None:
+    ctl = controller(tmp_path, meta_url)
+    start(ctl)
+    done = ctl.inject(plan_ten).epoch
+    collect_all(ctl, done)
+    ctl.inject(plan_ten)  # another run's epoch, in flight
+    assert ctl.fail(done, "SinkSchemaError: re-run failed") is False
+    assert ctl.recovery_reason() is None
+
+
 def test_pause_on_next_start_pauses_once(tmp_path: Path, meta_url: str) -> None:
     ctl = controller(tmp_path, meta_url)
     ctl.set_pause_on_next_start(True)
