@@ -29,7 +29,7 @@ def _epoch(context: AssetExecutionContext) -> int:
 def _source_asset(name: str, description: str) -> AssetsDefinition:
     @asset(name=name, partitions_def=EPOCHS, group_name="sources", kinds={"spark", "parquet"}, description=description)
     def _source(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
-        report = checkpoint.runtime.run_source(_epoch(context), name, context.run_id)
+        report = checkpoint.runtime.run_source(_epoch(context), name, context.run_id, release=True)
         return MaterializeResult(metadata=to_metadata(report))
 
     return _source
@@ -45,7 +45,7 @@ def _view_asset(name: str, upstreams: tuple[str, ...], description: str) -> Asse
         description=description,
     )
     def _view(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
-        report = checkpoint.runtime.run_view(_epoch(context), name, context.run_id)
+        report = checkpoint.runtime.run_view(_epoch(context), name, context.run_id, release=True)
         return MaterializeResult(metadata=to_metadata(report))
 
     return _view

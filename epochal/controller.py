@@ -476,6 +476,10 @@ class CheckpointController:
 
         return self.backend.transaction(begin)
 
+    def release(self, epoch: int) -> None:
+        """End the calling process's claim on ``epoch``."""
+        self.backend.transaction(lambda cur: self._release(cur, epoch))
+
     @staticmethod
     def _release(cur: Cursor, epoch: int) -> None:
         # The epoch now waits for other steps, bounded by the epoch timeout, not by this process.

@@ -108,7 +108,7 @@ class EpochRuntime:
                 epoch = int(partition)
             except ValueError:
                 raise EpochalError(f"partition key {partition!r} is not an epoch number") from None
-            record = self.controller.epoch(epoch)
+            record = self.controller.begin_step(epoch, run_id).record
             if record.state is EpochState.ABORTED:
                 raise EpochAborted(
                     f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
@@ -134,8 +134,10 @@ class EpochRuntime:
                 log.exception("could not record the failure of epoch %s", epoch)
             raise
 
-    def _collect(self, epoch: int, collected: Collected, df: "DataFrame", garbage: list[str]) -> bool:
-        result = self.controller.collect(epoch, collected, schema_ddl=df.schema.simpleString(), release=True)
+    def _collect(
+        self, epoch: int, collected: Collected, df: "DataFrame", garbage: list[str], release: bool
+    ) -> bool:
+        result = self.controller.collect(epoch, collected, schema_ddl=df.schema.simpleString(), release=release)
         if not result.recorded:
             # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
             self.warehouse.delete(garbage)
@@ -145,10 +147,12 @@ class EpochRuntime:
 
     # ------------------------------------------------------------------ sources
 
-    def run_source(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
-        return self._guard(epoch, lambda: self._run_source(epoch, name, run_id))
+    def run_source(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
+        """``release``: end this process's claim on the epoch when the step is done. A run that goes
+        on to the epoch's other steps keeps it, so its death between steps is noticed too."""
+        return self._guard(epoch, lambda: self._run_source(epoch, name, run_id, release))
 
-    def _run_source(self, epoch: int, name: str, run_id: str | None) -> StepReport:
+    def _run_source(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         started = time.time()
         ranges = self.controller.begin_step(epoch, run_id, source=name).offsets
         batch = self.connector(name).read(self.spark, ranges)
@@ -174,6 +178,7 @@ class EpochRuntime:
                 Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id),
                 change,
                 written,
+                release,
             )
         except EpochAborted:
             self.warehouse.delete(written)
@@ -215,12 +220,12 @@ class EpochRuntime:
 
     # ------------------------------------------------------------------ views
 
-    def run_view(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
+    def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         if self.pipeline.views[name].refresh == "full":
-            return self._guard(epoch, lambda: self._run_view_full(epoch, name, run_id))
-        return self._guard(epoch, lambda: self._run_view(epoch, name, run_id))
+            return self._guard(epoch, lambda: self._run_view_full(epoch, name, run_id, release))
+        return self._guard(epoch, lambda: self._run_view(epoch, name, run_id, release))
 
-    def _run_view_full(self, epoch: int, name: str, run_id: str | None) -> StepReport:
+    def _run_view_full(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         """refresh = 'full': recompute the view over its inputs' state at this epoch, and emit the
         difference from its previous state as the epoch's change. Correct for any query; costs a
         full recompute plus a diff, growing with the tables rather than with the change."""
@@ -254,6 +259,7 @@ class EpochRuntime:
                 Collected(name, location, rows_read, rows, None, None, time.time() - started, run_id),
                 change,
                 [location],
+                release,
             )
         except EpochAborted:
             self.warehouse.delete([location])
@@ -280,7 +286,7 @@ class EpochRuntime:
             )
         return self.warehouse.read(self.spark, [entry.location])
 
-    def _run_view(self, epoch: int, name: str, run_id: str | None) -> StepReport:
+    def _run_view(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         from pyspark.sql import functions as F
 
         started = time.time()
@@ -305,6 +311,7 @@ class EpochRuntime:
                 Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
                 change,
                 [location],
+                release,
             )
         except EpochAborted:
             self.warehouse.delete([location])
@@ -358,6 +365,9 @@ class EpochRuntime:
                     f"{COMMIT_WAIT_S:.0f}s; their runs may be stuck: see `epochal status`"
                 )
             time.sleep(0.2)  # an older epoch's run is finishing; ours commits right after it
+        # The run's work on the epoch is done: a barrier still waiting for its checkpoint is now
+        # bounded by the epoch timeout, not by this process staying alive.
+        self.controller.release(epoch)
         committed = self.controller.committed_epoch()
         in_flight = self.controller.in_flight()
         return StepReport(
