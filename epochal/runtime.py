@@ -251,19 +251,7 @@ class EpochRuntime:
             old = self.warehouse.read(self.spark, previous).select(*view.columns, (-F.col(WEIGHT)).alias(WEIGHT))
             weighted = new.unionByName(old)
         change = self._unit_changes(weighted)
-        location = self.warehouse.new_location(name, epoch)
-        try:
-            rows = self.warehouse.write(change, location)
-            recorded = self._collect(
-                epoch,
-                Collected(name, location, rows_read, rows, None, None, time.time() - started, run_id),
-                change,
-                [location],
-                release,
-            )
-        except EpochAborted:
-            self.warehouse.delete([location])
-            raise
+        rows, recorded = self._publish_view_change(epoch, name, change, rows_read, started, run_id, release)
         return StepReport(
             name,
             epoch,
@@ -297,28 +285,17 @@ class EpochRuntime:
         # is the query over the inserted rows minus the query over the deleted rows.
         signed = []
         for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-            for upstream, delta in deltas.items():
-                delta.where(keep).drop(WEIGHT).createOrReplaceTempView(upstream)
-            out = self.spark.sql(view.query).toDF(*view.columns)  # analyzed now, bound to these rows
+            try:
+                for upstream, delta in deltas.items():
+                    delta.where(keep).drop(WEIGHT).createOrReplaceTempView(upstream)
+                out = self.spark.sql(view.query).toDF(*view.columns)  # analyzed now, bound to these rows
+            finally:
+                for upstream in view.upstreams:
+                    self.spark.catalog.dropTempView(upstream)
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
-        location = self.warehouse.new_location(name, epoch)
-        try:
-            rows = self.warehouse.write(change, location)
-            rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
-            recorded = self._collect(
-                epoch,
-                Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
-                change,
-                [location],
-                release,
-            )
-        except EpochAborted:
-            self.warehouse.delete([location])
-            raise
-        finally:
-            for upstream in view.upstreams:
-                self.spark.catalog.dropTempView(upstream)
+        rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
+        rows, recorded = self._publish_view_change(epoch, name, change, rows_in, started, run_id, release)
         return StepReport(
             name,
             epoch,
@@ -331,6 +308,26 @@ class EpochRuntime:
                 "recorded": recorded,
             },
         )
+
+    def _publish_view_change(
+        self, epoch: int, name: str, change: "DataFrame", rows_in: int, started: float, run_id: str | None,
+        release: bool,
+    ) -> tuple[int, bool]:
+        """Write a view's change for the epoch and collect it; returns (rows written, recorded)."""
+        location = self.warehouse.new_location(name, epoch)
+        try:
+            rows = self.warehouse.write(change, location)
+            recorded = self._collect(
+                epoch,
+                Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
+                change,
+                [location],
+                release,
+            )
+        except EpochAborted:
+            self.warehouse.delete([location])
+            raise
+        return rows, recorded
 
     # ------------------------------------------------------------------ commit
 
