@@ -220,9 +220,6 @@ class CheckpointController:
     def set_pause_on_next_start(self, value: bool) -> None:
         self._flag("pause_on_next_start", value)
 
-    def request_recovery(self, reason: str) -> None:
-        self.backend.transaction(lambda cur: self._set(cur, "recovery_requested", reason))
-
     # ------------------------------------------------------------------ reading
 
     @staticmethod
@@ -352,12 +349,6 @@ class CheckpointController:
             ).fetchall()
         )
         return [r[0] for r in rows]
-
-    def table_schema(self, table: str) -> str | None:
-        row = self.backend.transaction(
-            lambda cur: cur.execute("SELECT schema_ddl FROM table_epochs WHERE table_name = ?", [table]).fetchone()
-        )
-        return row[0] if row else None
 
     # ------------------------------------------------------------------ injection
 
@@ -531,9 +522,7 @@ class CheckpointController:
 
     # ------------------------------------------------------------------ collect & commit
 
-    def collect(
-        self, epoch: int, collected: Collected, schema_ddl: str | None = None, release: bool = False
-    ) -> CollectResult:
+    def collect(self, epoch: int, collected: Collected, release: bool = False) -> CollectResult:
         """Record that ``collected.asset`` has written its output for ``epoch`` and commit what is ready,
         in one transaction; ``release`` also ends this process's claim on the epoch."""
 
@@ -566,16 +555,6 @@ class CheckpointController:
                 ],
             )
             cur.execute("UPDATE epochs SET heartbeat_at = ? WHERE epoch = ?", [time.time(), epoch])
-            if schema_ddl is not None:
-                known = cur.execute(
-                    "SELECT schema_ddl FROM table_epochs WHERE table_name = ?", [collected.asset]
-                ).fetchone()
-                if known is None:
-                    cur.execute("INSERT INTO table_epochs VALUES (?, NULL, ?)", [collected.asset, schema_ddl])
-                elif known[0] != schema_ddl:
-                    cur.execute(
-                        "UPDATE table_epochs SET schema_ddl = ? WHERE table_name = ?", [schema_ddl, collected.asset]
-                    )
             return True
 
         def record_and_commit(cur: Cursor) -> CollectResult:
@@ -788,14 +767,6 @@ class CheckpointController:
                 cur.execute("INSERT INTO sink_epochs VALUES (?, ?, ?, ?, ?)", [sink, epoch, state, rows, time.time()]),
             )
         )
-
-    def sink_delivered(self, sink: str) -> int | None:
-        row = self.backend.transaction(
-            lambda cur: cur.execute(
-                "SELECT max(epoch) FROM sink_epochs WHERE sink = ? AND state = 'COMMITTED'", [sink]
-            ).fetchone()
-        )
-        return row[0] if row else None
 
     # ------------------------------------------------------------------ status
 

@@ -134,10 +134,8 @@ class EpochRuntime:
                 log.exception("could not record the failure of epoch %s", epoch)
             raise
 
-    def _collect(
-        self, epoch: int, collected: Collected, df: "DataFrame", garbage: list[str], release: bool
-    ) -> bool:
-        result = self.controller.collect(epoch, collected, schema_ddl=df.schema.simpleString(), release=release)
+    def _collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:
+        result = self.controller.collect(epoch, collected, release=release)
         if not result.recorded:
             # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
             self.warehouse.delete(garbage)
@@ -176,7 +174,6 @@ class EpochRuntime:
             recorded = self._collect(
                 epoch,
                 Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id),
-                change,
                 written,
                 release,
             )
@@ -310,7 +307,13 @@ class EpochRuntime:
         )
 
     def _publish_view_change(
-        self, epoch: int, name: str, change: "DataFrame", rows_in: int, started: float, run_id: str | None,
+        self,
+        epoch: int,
+        name: str,
+        change: "DataFrame",
+        rows_in: int,
+        started: float,
+        run_id: str | None,
         release: bool,
     ) -> tuple[int, bool]:
         """Write a view's change for the epoch and collect it; returns (rows written, recorded)."""
@@ -320,7 +323,6 @@ class EpochRuntime:
             recorded = self._collect(
                 epoch,
                 Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
-                change,
                 [location],
                 release,
             )

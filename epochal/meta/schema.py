@@ -42,8 +42,7 @@ DDL = (
     )""",
     """CREATE TABLE IF NOT EXISTS table_epochs (
         table_name VARCHAR PRIMARY KEY,
-        committed_epoch BIGINT,
-        schema_ddl VARCHAR
+        committed_epoch BIGINT
     )""",
     """CREATE TABLE IF NOT EXISTS controller (
         key VARCHAR PRIMARY KEY,
