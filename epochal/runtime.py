@@ -207,12 +207,9 @@ class EpochRuntime:
         from epochal.upsert import upsert_changes
 
         columns = list(source.column_names)
-        earlier = [loc for _, loc in self.controller.changes_upto(name, epoch, inclusive=False)]
-        previous = (
-            self._net_rows(self.warehouse.read(self.spark, earlier))
-            if earlier
-            else self.spark.createDataFrame([], records.select(*columns).schema)
-        )
+        previous, _ = self.read_state(name, epoch, inclusive=False)
+        if previous is None:
+            previous = self.spark.createDataFrame([], records.select(*columns).schema)
         return upsert_changes(records, previous, source.primary_key, columns)
 
     # ------------------------------------------------------------------ views
@@ -233,9 +230,9 @@ class EpochRuntime:
         self.controller.begin_step(epoch, run_id)
         rows_read = 0
         for upstream in view.upstreams:
-            locations = [loc for _, loc in self.controller.changes_upto(upstream, epoch, inclusive=True)]
-            rows_read += sum(self.warehouse.row_count(loc) for loc in locations)
-            state = self._net_rows(self.warehouse.read(self.spark, locations))
+            state, read = self.read_state(upstream, epoch, inclusive=True)
+            rows_read += read
+            assert state is not None, "an upstream collected this epoch, so it has at least one epoch"
             state.createOrReplaceTempView(upstream)
         try:
             new = self.spark.sql(view.query).toDF(*view.columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
@@ -441,6 +438,18 @@ class EpochRuntime:
         )
 
     # ------------------------------------------------------------------ reading state
+
+    def read_state(self, table: str, epoch: int, inclusive: bool) -> tuple["DataFrame | None", int]:
+        """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
+        and how many stored rows were read to get them; ``None`` when the table has no epoch yet.
+
+        Views and keyed sources read their inputs through this one function, so how state is
+        stored (change files, snapshots) is decided here and nowhere else."""
+        locations = [loc for _, loc in self.controller.changes_upto(table, epoch, inclusive=inclusive)]
+        if not locations:
+            return None, 0
+        rows_read = sum(self.warehouse.row_count(loc) for loc in locations)
+        return self._net_rows(self.warehouse.read(self.spark, locations)), rows_read
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
