@@ -90,6 +90,42 @@ class CommitAlignmentError(EpochalError):
     """Tables disagree on their committed epoch: reported, never guessed around."""
 
 
+class StateCompacted(EpochalError):
+    """The change files a read needs were compacted into a snapshot and deleted."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A READY snapshot: ``table``'s net rows over every committed epoch <= ``epoch``."""
+
+    table: str
+    epoch: int
+    location: str
+    #: the columns its vnodes hash; () = all columns (see epochal/storage/vnode.py)
+    distribution_key: tuple[str, ...]
+    #: Spark's JSON of the rows' schema, so an empty snapshot (no files) still reads with its columns
+    spark_schema: str
+    rows: int
+    files: int
+
+
+@dataclass(frozen=True)
+class StateParts:
+    """What a table's state at an epoch is made of: a snapshot (or none) plus the changes after it."""
+
+    snapshot: Snapshot | None
+    changes: list[tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    #: False when a snapshot at this or a later epoch was published first: the caller's files are garbage
+    recorded: bool
+    #: locations retention released (old snapshots, change files every reader is past): delete them
+    garbage: list[str] = field(default_factory=list)
+    changes_dropped_upto: int | None = None
+
+
 @dataclass(frozen=True)
 class EpochRecord:
     epoch: int
@@ -299,38 +335,52 @@ class CheckpointController:
     def collected(self, epoch: int) -> dict[str, Collected]:
         return self.backend.transaction(lambda cur: self._collected(cur, epoch))
 
-    def committed_locations(self, table: str, upto: int | None = None) -> list[tuple[int, str]]:
-        """(epoch, location) of every committed epoch of ``table`` up to ``upto`` (default: the committed epoch)."""
+    @staticmethod
+    def _dropped_upto(cur: Cursor, table: str) -> int | None:
+        row = cur.execute("SELECT changes_dropped_upto FROM table_retention WHERE table_name = ?", [table]).fetchone()
+        return row[0] if row else None
+
+    def _check_not_compacted(self, cur: Cursor, table: str, after: int | None, what: str) -> None:
+        dropped = self._dropped_upto(cur, table)
+        if dropped is not None and (after is None or after < dropped):
+            raise StateCompacted(
+                f"{what}: the change files of {table} up to epoch {dropped} were compacted into a snapshot "
+                f"and deleted, and this read needs them (from epoch {after if after is not None else 'the first'} "
+                "on). Read state through EpochRuntime.read_state; a sink or view added to a running pipeline "
+                "needs a backfill"
+            )
+
+    def committed_locations(
+        self, table: str, upto: int | None = None, after: int | None = None
+    ) -> list[tuple[int, str]]:
+        """(epoch, location) of every committed epoch of ``table`` in (``after``, ``upto``] (default:
+        from the first epoch to the committed epoch). Raises StateCompacted when compaction deleted
+        change files in that range: a location that was deleted is never returned."""
 
         def read(cur: Cursor) -> list[tuple[int, str]]:
+            self._check_not_compacted(cur, table, after, "committed changes")
             limit = upto if upto is not None else self._committed_epoch(cur)
             if limit is None:
                 return []
             return cur.execute(
                 "SELECT c.epoch, c.location FROM collected c JOIN epochs e ON e.epoch = c.epoch "
-                "WHERE c.asset = ? AND e.state = 'COMMITTED' AND c.epoch <= ? AND c.location IS NOT NULL "
-                "ORDER BY c.epoch",
-                [table, limit],
+                "WHERE c.asset = ? AND e.state = 'COMMITTED' AND c.epoch <= ? AND c.epoch > ? "
+                "AND c.location IS NOT NULL ORDER BY c.epoch",
+                [table, limit, after if after is not None else -1],
             ).fetchall()
 
         return [tuple(r) for r in self.backend.transaction(read)]
 
-    def changes_upto(self, table: str, epoch: int, inclusive: bool) -> list[tuple[int, str]]:
-        """(epoch, location) of every epoch of ``table`` up to ``epoch``, committed or in flight.
-
-        This is the table's state as seen *inside* epoch ``epoch`` (a view reads its inputs at the
-        epoch it is computing, before anything commits). It needs every earlier epoch that was not
-        aborted: one the table has not written yet means epochs are being processed out of order,
-        and the state would silently miss it, so that is an error."""
+    def _changes(
+        self, cur: Cursor, table: str, epoch: int, inclusive: bool, after: int | None
+    ) -> list[tuple[int, str]]:
         comparison = "<=" if inclusive else "<"
-        rows = self.backend.transaction(
-            lambda cur: cur.execute(
-                "SELECT e.epoch, c.asset, c.location FROM epochs e "
-                "LEFT JOIN collected c ON c.epoch = e.epoch AND c.asset = ? "
-                f"WHERE e.state <> 'ABORTED' AND e.epoch {comparison} ? ORDER BY e.epoch",
-                [table, epoch],
-            ).fetchall()
-        )
+        rows = cur.execute(
+            "SELECT e.epoch, c.asset, c.location FROM epochs e "
+            "LEFT JOIN collected c ON c.epoch = e.epoch AND c.asset = ? "
+            f"WHERE e.state <> 'ABORTED' AND e.epoch {comparison} ? AND e.epoch > ? ORDER BY e.epoch",
+            [table, epoch, after if after is not None else -1],
+        ).fetchall()
         missing = [e for e, asset, _ in rows if asset is None]
         if missing:
             raise EpochOrderError(
@@ -339,6 +389,185 @@ class CheckpointController:
                 "without a partition)"
             )
         return [(e, loc) for e, _, loc in rows if loc is not None]
+
+    def changes_upto(
+        self, table: str, epoch: int, inclusive: bool, after: int | None = None
+    ) -> list[tuple[int, str]]:
+        """(epoch, location) of every epoch of ``table`` in (``after``, ``epoch``], committed or in flight.
+
+        This is the table's state as seen *inside* epoch ``epoch`` (a view reads its inputs at the
+        epoch it is computing, before anything commits). It needs every earlier epoch that was not
+        aborted: one the table has not written yet means epochs are being processed out of order,
+        and the state would silently miss it, so that is an error. So is asking for change files
+        that compaction deleted (StateCompacted): use ``state_parts``."""
+
+        def read(cur: Cursor) -> list[tuple[int, str]]:
+            self._check_not_compacted(cur, table, after, f"changes up to epoch {epoch}")
+            return self._changes(cur, table, epoch, inclusive, after)
+
+        return self.backend.transaction(read)
+
+    _SNAPSHOT_COLS = "table_name, epoch, location, distribution_key, spark_schema, rows_out, files_out"
+
+    @staticmethod
+    def _snapshot(row: tuple) -> Snapshot:
+        return Snapshot(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], row[5] or 0, row[6] or 0)
+
+    def state_parts(self, table: str, epoch: int, inclusive: bool) -> StateParts:
+        """``table``'s state inside ``epoch`` (with that epoch's change when ``inclusive``): the newest
+        snapshot at or before it, plus the changes after the snapshot, committed or in flight, with
+        ``changes_upto``'s ordering rule. Never older change files: they may be gone."""
+
+        def read(cur: Cursor) -> StateParts:
+            comparison = "<=" if inclusive else "<"
+            row = cur.execute(
+                f"SELECT {self._SNAPSHOT_COLS} FROM snapshots WHERE table_name = ? AND state = 'READY' "
+                f"AND epoch {comparison} ? ORDER BY epoch DESC LIMIT 1",
+                [table, epoch],
+            ).fetchone()
+            snapshot = self._snapshot(row) if row else None
+            after = snapshot.epoch if snapshot else None
+            self._check_not_compacted(cur, table, after, f"state at epoch {epoch}")
+            return StateParts(snapshot, self._changes(cur, table, epoch, inclusive, after))
+
+        return self.backend.transaction(read)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshots(self, table: str) -> list[Snapshot]:
+        """``table``'s READY snapshots, oldest first."""
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                f"SELECT {self._SNAPSHOT_COLS} FROM snapshots WHERE table_name = ? AND state = 'READY' ORDER BY epoch",
+                [table],
+            ).fetchall()
+        )
+        return [self._snapshot(r) for r in rows]
+
+    def change_epochs_since_snapshot(self, table: str) -> tuple[int | None, int, int | None]:
+        """(newest snapshot epoch, committed epochs with change files after it, committed epoch)."""
+
+        def read(cur: Cursor) -> tuple[int | None, int, int | None]:
+            latest = cur.execute(
+                "SELECT max(epoch) FROM snapshots WHERE table_name = ? AND state = 'READY'", [table]
+            ).fetchone()[0]
+            count = cur.execute(
+                "SELECT count(*) FROM collected c JOIN epochs e ON e.epoch = c.epoch WHERE c.asset = ? "
+                "AND e.state = 'COMMITTED' AND c.location IS NOT NULL AND c.epoch > ?",
+                [table, latest if latest is not None else -1],
+            ).fetchone()[0]
+            return latest, count, self._committed_epoch(cur)
+
+        return self.backend.transaction(read)
+
+    def begin_snapshot(
+        self, table: str, epoch: int, location: str, distribution_key: tuple[str, ...], schema: str
+    ) -> None:
+        """Announce a snapshot about to be written to ``location``, owned by this process: recovery
+        keeps its files while the process lives, and deletes them once it is dead."""
+
+        def begin(cur: Cursor) -> None:
+            if self._epoch(cur, epoch).state is not EpochState.COMMITTED:
+                raise EpochalError(f"cannot snapshot {table} at epoch {epoch}: only committed epochs are snapshotted")
+            cur.execute(
+                "INSERT INTO snapshots (location, table_name, epoch, state, distribution_key, spark_schema, "
+                "owner_host, owner_pid, started_at) VALUES (?, ?, ?, 'WRITING', ?, ?, ?, ?, ?)",
+                [location, table, epoch, json.dumps(list(distribution_key)), schema]
+                + [Owner.host, os.getpid(), time.time()],
+            )
+
+        self.backend.transaction(begin)
+
+    def abandon_snapshot(self, location: str) -> None:
+        """Forget an unpublished snapshot (its files are deleted by the caller, or by recovery)."""
+        self.backend.transaction(
+            lambda cur: cur.execute("DELETE FROM snapshots WHERE location = ? AND state = 'WRITING'", [location])
+        )
+
+    def publish_snapshot(
+        self, location: str, rows: int, files: int, sinks: Iterable[str] = (), keep: int = 2
+    ) -> PublishResult:
+        """Make a fully written snapshot visible, and apply retention, in one transaction.
+
+        Loses (records nothing) when a snapshot of the table at the same or a later epoch is READY:
+        racing compactions are harmless, the loser deletes its files. Retention keeps the newest
+        ``keep`` snapshots, and the change files after the oldest of them; older change files are
+        released only once every sink in ``sinks`` (those reading the table) has delivered them."""
+
+        def publish(cur: Cursor) -> PublishResult:
+            row = cur.execute("SELECT table_name, epoch FROM snapshots WHERE location = ?", [location]).fetchone()
+            if row is None:
+                raise EpochalError(f"snapshot {location} was never begun, or recovery removed it as abandoned")
+            table, epoch = row
+            newer = cur.execute(
+                "SELECT count(*) FROM snapshots WHERE table_name = ? AND state = 'READY' AND epoch >= ?", [table, epoch]
+            ).fetchone()[0]
+            if newer:
+                cur.execute("DELETE FROM snapshots WHERE location = ?", [location])
+                return PublishResult(recorded=False)
+            cur.execute(
+                "UPDATE snapshots SET state = 'READY', rows_out = ?, files_out = ?, finished_at = ?, owner_pid = NULL "
+                "WHERE location = ?",
+                [rows, files, time.time(), location],
+            )
+            ready = cur.execute(
+                "SELECT epoch, location FROM snapshots WHERE table_name = ? AND state = 'READY' ORDER BY epoch DESC",
+                [table],
+            ).fetchall()
+            garbage = [loc for _, loc in ready[keep:]]
+            for loc in garbage:
+                cur.execute("DELETE FROM snapshots WHERE location = ?", [loc])
+            kept = ready[:keep]
+            if len(kept) < 2:
+                # The first snapshot: keep every change file, a reader of any epoch may still need them.
+                return PublishResult(recorded=True, garbage=garbage)
+            horizon = kept[-1][0]
+            for sink in sinks:
+                delivered = cur.execute(
+                    "SELECT max(epoch) FROM sink_epochs WHERE sink = ? AND state = 'COMMITTED'", [sink]
+                ).fetchone()[0]
+                horizon = min(horizon, delivered if delivered is not None else -1)
+            dropped = self._dropped_upto(cur, table)
+            if horizon < 0 or (dropped is not None and horizon <= dropped):
+                return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=dropped)
+            changes = cur.execute(
+                "SELECT epoch, location FROM collected WHERE asset = ? AND epoch <= ? AND location IS NOT NULL",
+                [table, horizon],
+            ).fetchall()
+            # The locations go in the same transaction that records the snapshot, so a deleted file
+            # is never listed again; a crash before the files are deleted leaves garbage recovery sweeps.
+            cur.execute(
+                "UPDATE collected SET location = NULL WHERE asset = ? AND epoch <= ? AND location IS NOT NULL",
+                [table, horizon],
+            )
+            cur.execute(
+                "INSERT INTO table_retention (table_name, changes_dropped_upto) VALUES (?, ?) "
+                "ON CONFLICT (table_name) DO UPDATE SET changes_dropped_upto = excluded.changes_dropped_upto",
+                [table, horizon],
+            )
+            garbage += [loc for _, loc in changes]
+            return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=horizon)
+
+        return self.backend.transaction(publish)
+
+    def _reap_abandoned_snapshots(self, cur: Cursor) -> list[str]:
+        """Forget WRITING snapshots whose compaction died (or hung past the epoch timeout); their
+        locations are returned for deletion (recovery's sweep deletes them anyway)."""
+        now = time.time()
+        dead = [
+            loc
+            for loc, host, pid, started in cur.execute(
+                "SELECT location, owner_host, owner_pid, started_at FROM snapshots WHERE state = 'WRITING'"
+            ).fetchall()
+            if (host == Owner.host and pid is not None and not Owner.pid_alive(pid))
+            or now - started > self.settings.epoch_timeout_s
+        ]
+        for loc in dead:
+            cur.execute("DELETE FROM snapshots WHERE location = ?", [loc])
+        return dead
+
+    def reap_abandoned_snapshots(self) -> list[str]:
+        return self.backend.transaction(self._reap_abandoned_snapshots)
 
     def committed_dead_letter_locations(self, source: str) -> list[str]:
         rows = self.backend.transaction(
@@ -715,6 +944,8 @@ class CheckpointController:
             marks = ", ".join("?" for _ in aborted)
             cur.execute(f"DELETE FROM collected WHERE epoch IN ({marks})", aborted)
         cur.execute("DELETE FROM sink_epochs WHERE state = 'PENDING' AND epoch > ?", [committed or 0])
+        # A compaction that died left an unpublished snapshot: forgotten here, its files swept below.
+        self._reap_abandoned_snapshots(cur)
         paused = bool(self._get(cur, "paused"))
         if self._get(cur, "pause_on_next_start"):
             log.warning(
@@ -730,14 +961,18 @@ class CheckpointController:
         return aborted, locations, committed, paused, latest
 
     def _live_locations(self) -> set[str]:
-        """Every location an epoch that is not aborted references: what a sweep must keep."""
-        rows = self.backend.transaction(
-            lambda cur: cur.execute(
+        """Every location an epoch that is not aborted references, and every snapshot that is
+        recorded or being written by a live compaction: what a sweep must keep."""
+
+        def read(cur: Cursor) -> set[str]:
+            rows = cur.execute(
                 "SELECT c.asset, c.location, c.dead_letter_location FROM collected c "
                 "JOIN epochs e ON e.epoch = c.epoch WHERE e.state <> 'ABORTED'"
             ).fetchall()
-        )
-        return {x for _, loc, dlq in rows for x in (loc, dlq) if x}
+            snapshots = cur.execute("SELECT location FROM snapshots").fetchall()
+            return {x for _, loc, dlq in rows for x in (loc, dlq) if x} | {loc for (loc,) in snapshots}
+
+        return self.backend.transaction(read)
 
     def _finish_recovery(self, cur: Cursor, rid: int, committed: int | None, aborted: list[int], attempts: int) -> None:
         cur.execute(
@@ -800,6 +1035,13 @@ class CheckpointController:
                 ).fetchall()
             )
             counts = dict(cur.execute("SELECT state, count(*) FROM epochs GROUP BY state").fetchall())
+            snapshots: dict[str, dict[str, Any]] = {}
+            for table, epoch, rows_out, files_out, finished in cur.execute(
+                "SELECT table_name, epoch, rows_out, files_out, finished_at FROM snapshots WHERE state = 'READY' "
+                "ORDER BY epoch"
+            ).fetchall():
+                snapshots[table] = {"epoch": epoch, "rows": rows_out, "files": files_out, "at": finished}
+            retention = dict(cur.execute("SELECT table_name, changes_dropped_upto FROM table_retention").fetchall())
             return {
                 "committed_epoch": committed,
                 "tables": {t: table_epochs.get(t) for t in self.tables},
@@ -808,6 +1050,11 @@ class CheckpointController:
                 "pause_on_next_start": bool(self._get(cur, "pause_on_next_start")),
                 "recovery_requested": self._get(cur, "recovery_requested"),
                 "sinks": {s: sinks.get(s) for s in self.sinks},
+                # newest snapshot per table, and the epoch up to which its change files were deleted
+                "snapshots": {
+                    t: {**snapshots[t], "changes_dropped_upto": retention.get(t)} if t in snapshots else None
+                    for t in self.tables
+                },
                 "epoch_counts": {s.value: counts.get(s.value, 0) for s in EpochState},
                 "last_recovery": None
                 if last is None

@@ -56,6 +56,11 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "600",
         "An in-flight epoch whose run shows no sign of life this long is failed and recovered.",
     ),
+    SettingSpec(
+        "EPOCHAL_COMPACT_EVERY",
+        "16",
+        "Snapshot a table once this many committed epochs of changes follow its last snapshot.",
+    ),
     SettingSpec("EPOCHAL_SPARK_MASTER", "local[*]", "Spark master URL: local[*], spark://host:7077, yarn, k8s://..."),
     SettingSpec("EPOCHAL_SPARK_REMOTE", "", "Spark Connect server (sc://host:15002); wins over EPOCHAL_SPARK_MASTER."),
     SettingSpec("EPOCHAL_SPARK_CONF", "", "Extra Spark conf as JSON object or key=value pairs separated by commas."),
@@ -111,6 +116,7 @@ class Settings:
     max_in_flight: int = 4
     partition_window: int = 10_000
     epoch_timeout_s: int = 600
+    compact_every: int = 16
     spark_master: str = "local[*]"
     spark_remote: str = ""
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -144,6 +150,7 @@ class Settings:
             max_in_flight=max_in_flight,
             partition_window=_int(env, "EPOCHAL_PARTITION_WINDOW", 10_000, 1),
             epoch_timeout_s=_int(env, "EPOCHAL_EPOCH_TIMEOUT_S", 600, 1),
+            compact_every=_int(env, "EPOCHAL_COMPACT_EVERY", 16, 1),
             spark_master=env.get("EPOCHAL_SPARK_MASTER") or "local[*]",
             spark_remote=env.get("EPOCHAL_SPARK_REMOTE", ""),
             spark_conf=parse_spark_conf(env.get("EPOCHAL_SPARK_CONF", "")),

@@ -68,4 +68,29 @@ DDL = (
         updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (sink, epoch)
     )""",
+    # Snapshots of a table's state at a committed epoch (epochal/storage/compaction.py). A row is
+    # inserted as WRITING (owner may still be writing the files: recovery keeps them while the owner
+    # lives) and turned READY in the one transaction that publishes it; readers only use READY rows,
+    # and only one READY row per (table, epoch) ever exists. Added after version 1 with IF NOT
+    # EXISTS, so older stores gain it without a version bump.
+    """CREATE TABLE IF NOT EXISTS snapshots (
+        location VARCHAR PRIMARY KEY,
+        table_name VARCHAR NOT NULL,
+        epoch BIGINT NOT NULL,
+        state VARCHAR NOT NULL,
+        distribution_key VARCHAR NOT NULL,
+        spark_schema VARCHAR NOT NULL,
+        rows_out BIGINT,
+        files_out BIGINT,
+        owner_host VARCHAR,
+        owner_pid INTEGER,
+        started_at DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION
+    )""",
+    # Per table, the newest epoch whose change files compaction deleted (their ``collected.location``
+    # is set to NULL in the same transaction): state at or before it can only be read from a snapshot.
+    """CREATE TABLE IF NOT EXISTS table_retention (
+        table_name VARCHAR PRIMARY KEY,
+        changes_dropped_upto BIGINT NOT NULL
+    )""",
 )

@@ -1,6 +1,7 @@
 """Where table data lives, and how it is laid out.
 
     {warehouse}/{table}/epoch={E}/{attempt}/part-*.parquet
+    {warehouse}/{table}/snapshot={S}/{attempt}/_vnode={V}/part-*.parquet
 
 Every epoch of every table is a directory of Parquet files holding that epoch's *change*: the
 table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). Every write
@@ -8,8 +9,11 @@ goes to a fresh ``attempt`` directory, so two runs racing on one epoch never wri
 the meta store records which attempt was collected, and only recorded, committed attempts are ever
 read. Anything else is garbage that recovery deletes.
 
-The state of a table at epoch C is the sum of its changes over all committed epochs <= C. Spark
-writes; Spark and DuckDB both read (DuckDB via explicit file lists, never by globbing a table).
+The state of a table at epoch C is the sum of its changes over all committed epochs <= C. A
+*snapshot* at committed epoch S holds that sum for C = S, netted (one row per unit, no ``_weight``)
+and spread over vnode directories (``epochal/storage/vnode.py``), so the state at C >= S is the
+snapshot plus the changes after S (``epochal/storage/compaction.py``). Spark writes; Spark and
+DuckDB both read (DuckDB via explicit file lists, never by globbing a table).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from epochal.storage.vnode import VNODE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +59,9 @@ class Warehouse:
     def new_location(self, table: str, epoch: int) -> str:
         return f"{self.table_root(table)}/epoch={epoch}/{uuid.uuid4().hex[:12]}"
 
+    def new_snapshot_location(self, table: str, epoch: int) -> str:
+        return f"{self.table_root(table)}/snapshot={epoch}/{uuid.uuid4().hex[:12]}"
+
     def _path(self, location: str) -> str:
         return _filesystem(location)[1]
 
@@ -82,21 +91,61 @@ class Warehouse:
         )
 
     def row_count(self, location: str) -> int:
+        return self.files_row_count(self.parquet_files(location))
+
+    def files_row_count(self, files: Iterable[str]) -> int:
         # Parquet footers hold the counts: no second Spark job to count what was just written.
         total = 0
-        for path in self.parquet_files(location):
+        for path in files:
             with self.fs.open_input_file(self._path(path)) as fh:
                 total += pq.ParquetFile(fh).metadata.num_rows
         return total
 
+    # ------------------------------------------------------------------ snapshots (one directory per vnode)
+
+    def vnode_dirs(self, location: str) -> dict[int, str]:
+        """The ``_vnode=N`` directories a snapshot has, by vnode (a vnode without rows has none)."""
+        path = self._path(location)
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"snapshot {location} is missing from the warehouse")
+        prefix = f"{VNODE}="
+        return {
+            int(info.base_name[len(prefix) :]): f"{location}/{info.base_name}"
+            for info in self.fs.get_file_info(pafs.FileSelector(path))
+            if info.type == pafs.FileType.Directory and info.base_name.startswith(prefix)
+        }
+
+    def snapshot_files(self, location: str, vnodes: Iterable[int] | None = None) -> list[str]:
+        """The Parquet files of a snapshot, or of only the given vnodes of it."""
+        dirs = self.vnode_dirs(location)
+        chosen = dirs.values() if vnodes is None else [dirs[v] for v in sorted(set(vnodes)) if v in dirs]
+        return [f for d in chosen for f in self.parquet_files(d)]
+
+    def table_file_count(self, table: str) -> int:
+        """Parquet files under ``table``'s directory, snapshots and changes alike."""
+        root = self._path(self.table_root(table))
+        if self.fs.get_file_info(root).type == pafs.FileType.NotFound:
+            return 0
+        infos = self.fs.get_file_info(pafs.FileSelector(root, recursive=True))
+        return sum(1 for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
+
     # ------------------------------------------------------------------ cleanup
 
-    def delete(self, locations: Iterable[str]) -> None:
+    def delete(self, locations: Iterable[str], prune_parents: bool = False) -> None:
+        """Delete attempt directories; ``prune_parents`` also removes an ``epoch=``/``snapshot=``
+        directory left empty, so compaction does not leave a trail of empty directories behind."""
         for location in locations:
             path = self._path(location)
             if self.fs.get_file_info(path).type != pafs.FileType.NotFound:
                 self.fs.delete_dir(path)
                 log.info("deleted %s", location)
+            if prune_parents:
+                parent = path.rsplit("/", 1)[0]
+                try:
+                    if not self.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
+                        self.fs.delete_dir(parent)
+                except OSError:  # a writer created an attempt there meanwhile: it stays
+                    pass
 
     def sweep(self, tables: Iterable[str], keep: set[str], upto: int | None) -> list[str]:
         """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep`` does not hold.
@@ -110,9 +159,16 @@ class Warehouse:
                 continue
             kept = {self._path(loc) for loc in keep}
             for epoch_dir in self.fs.get_file_info(pafs.FileSelector(root)):
-                if epoch_dir.type != pafs.FileType.Directory or not epoch_dir.base_name.startswith("epoch="):
+                if epoch_dir.type != pafs.FileType.Directory:
                     continue
-                if upto is None or int(epoch_dir.base_name[len("epoch=") :]) > upto:
+                if epoch_dir.base_name.startswith("snapshot="):
+                    # Snapshots are only ever taken of committed epochs, so ``upto`` does not protect
+                    # one being written; ``keep`` does: it holds every recorded snapshot, and those
+                    # a live compaction has announced. Anything else was left by a dead compaction.
+                    pass
+                elif not epoch_dir.base_name.startswith("epoch="):
+                    continue
+                elif upto is None or int(epoch_dir.base_name[len("epoch=") :]) > upto:
                     continue
                 for attempt in self.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
                     if attempt.type == pafs.FileType.Directory and attempt.path not in kept:
