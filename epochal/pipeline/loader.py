@@ -11,9 +11,9 @@ import difflib
 import re
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from epochal.errors import PipelineError, PipelineIssue
 from epochal.options import unknown_option_problems
@@ -284,7 +284,7 @@ def _views(
     for name, definition in parsed_views.items():
         parsed = definition.parsed
         assert isinstance(parsed, ParsedView)
-        views[name] = ViewDef(
+        view = ViewDef(
             name=name,
             query=parsed.query_text.strip(),
             upstreams=tuple(upstreams[name]),
@@ -293,7 +293,47 @@ def _views(
             location=definition.location,
             refresh=_refresh_mode(parsed.options),
         )
+        tree = analyses[name].tree
+        if view.refresh == "incremental" and tree is not None and name in columns:
+            planned = _planned_views(view, tree, parsed, schema, issues)
+            views.update(planned)
+        else:
+            views[name] = view
     return views
+
+
+def _planned_views(
+    view: ViewDef, tree: Any, parsed: ParsedView, schema: dict[str, tuple[str, ...]], issues: _Issues
+) -> dict[str, ViewDef]:
+    """``view`` with its incremental plan, preceded by the internal stages the planner split off."""
+    import sqlglot
+
+    from epochal.incremental.planner import Unmaintainable, plan_query
+    from epochal.pipeline.query import DIALECT, problem_at, qualify_query
+
+    try:
+        planned = plan_query(view.name, qualify_query(tree, schema), schema)
+    except Unmaintainable as refusal:
+        problem = problem_at(view.name, parsed.query_text, parsed.query_line, refusal.node, refusal.message)
+        issues.add(view.location.file, problem.line, problem.message)
+        return {view.name: view}
+    result: dict[str, ViewDef] = {}
+    for stage in planned.stages:
+        schema[stage.name] = stage.columns
+        stage_view = ViewDef(
+            name=stage.name,
+            query=stage.query,
+            upstreams=stage.upstreams,
+            columns=stage.columns,
+            options={},
+            location=view.location,
+            internal_of=view.name,
+        )
+        # A stage is a view of its own: planned (and possibly split) the same way.
+        result.update(_planned_views(stage_view, sqlglot.parse_one(stage.query, read=DIALECT), parsed, schema, issues))
+    upstreams = tuple(dict.fromkeys(u for leaf in planned.plan.leaves for u in leaf.upstreams)) or view.upstreams
+    result[view.name] = replace(view, upstreams=upstreams, plan=planned.plan)
+    return result
 
 
 def _refresh_mode(options: Options) -> str:

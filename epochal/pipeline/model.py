@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from epochal.incremental.planner import Plan
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ class ViewDef:
     location: Location
     #: 'incremental' (from the change of its inputs) or 'full' (recompute every epoch and diff)
     refresh: str = "incremental"
+    #: how an incremental view is maintained (:mod:`epochal.incremental.planner`); None for full
+    plan: Plan | None = None
+    #: for an internal stage the planner split off a view: that view's name
+    internal_of: str | None = None
 
 
 @dataclass(frozen=True)

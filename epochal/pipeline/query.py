@@ -45,6 +45,8 @@ class QueryAnalysis:
     #: tables read, in first-mention order, without duplicates and without CTE names
     tables: list[TableRef] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    #: the query has operators that keep state (planned once its columns are known)
+    stateful: bool = False
 
 
 class _Lines:
@@ -132,7 +134,9 @@ def analyze_query(view: str, query_text: str, query_line: int, full_refresh: boo
         message = f"view {view}: the query reads no source or view: add FROM a source or view"
         analysis.problems.append(Problem(query_line, message))
     for finding in refused_constructs(tree):
-        if full_refresh and finding.needs_state:
+        if finding.needs_state:
+            # full views recompute; for incremental ones the planner decides, once columns are known
+            analysis.stateful = True
             continue
         analysis.problems.append(
             Problem(
@@ -212,6 +216,46 @@ class Resolution:
     problems: list[Problem] = field(default_factory=list)
 
 
+def problem_at(view: str, query_text: str, query_line: int, node: exp.Expression | None, message: str) -> Problem:
+    """A problem of ``view`` located at ``node`` (a node of the parsed query or a copy of it)."""
+    lines = _Lines(query_text, query_line)
+    return Problem(lines.of(node) if node is not None else query_line, f"view {view}: {message}")
+
+
+def inline_ctes(tree: exp.Expression) -> exp.Expression:
+    """``WITH x AS (q) ... FROM x`` as ``... FROM (q) AS x``: every reference a subquery of its own.
+
+    The incremental planner plans subqueries; a CTE read twice becomes two subqueries, which is
+    what a CTE means (it is not materialized)."""
+    tree = tree.copy()
+    for with_ in list(tree.find_all(exp.With)):
+        definitions = [(cte.alias_or_name.lower(), cte.this) for cte in with_.expressions]
+        owner = with_.parent
+        with_.pop()
+        for position, (name, query) in enumerate(definitions):
+            # a CTE may read the ones defined before it
+            for scope in [owner, *(later for _, later in definitions[position + 1 :])]:
+                for table in list(scope.find_all(exp.Table)):
+                    if not table.args.get("db") and table.name.lower() == name:
+                        alias = exp.TableAlias(this=exp.to_identifier(table.alias or table.name))
+                        table.replace(exp.Subquery(this=query.copy(), alias=alias))
+    return tree
+
+
+def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> exp.Expression:
+    """``tree`` with CTEs inlined, stars expanded and every column qualified by its table alias."""
+    mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
+    return qualify(
+        inline_ctes(tree),
+        schema=MappingSchema(mapping, dialect=DIALECT),
+        dialect=DIALECT,
+        validate_qualify_columns=False,
+        allow_partial_qualification=True,
+        quote_identifiers=False,
+        identify=False,
+    )
+
+
 def resolve_columns(
     view: str,
     tree: exp.Expression,
@@ -287,6 +331,11 @@ def _unknown_column(
         if isinstance(source, exp.Table) and _table_name(source) not in schema:
             return None  # an unknown or broken upstream, reported on its own
     if column.table and column.table not in sources:
+        outer = scope.parent
+        while outer is not None:  # a correlated subquery reads the enclosing query's tables
+            if column.table in outer.sources:
+                return None
+            outer = outer.parent
         known = ", ".join(sorted(sources)) or "none"
         return (
             f"view {view}: unknown table or alias '{column.table}' in {column.sql(dialect=DIALECT)}: "

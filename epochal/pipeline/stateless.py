@@ -1,13 +1,15 @@
-"""What a materialized view's query may contain in this version: only operators without state.
+"""Which constructs of a view's query need state, and which no view may use.
 
-A view is recomputed epoch by epoch from the rows that epoch added, so an operator is allowed
-only if its output for those rows depends on nothing else (no state carried between epochs) and
-is the same every time the epoch is replayed (deterministic).
+Two answers, one detection pass:
 
-This module is the ONE place that decides it: ``ALLOWED`` says what views can do (the wording
-of every refusal ends with it) and ``REFUSED`` lists what they cannot yet. Supporting a
-stateful operator later means moving its entry from ``REFUSED`` to ``ALLOWED``; the detection
-below keeps working.
+* operators that keep state between epochs (GROUP BY, joins, DISTINCT, window functions,
+  subqueries, LIMIT...) are allowed in views: ``WITH (refresh = 'full')`` views recompute, and
+  incremental views are planned by :mod:`epochal.incremental.planner`, which refuses what it
+  cannot maintain with a rewrite to suggest. ``Finding.needs_state`` marks them;
+* non-deterministic functions are refused in every view, because replaying an epoch after a
+  recovery must give the same rows.
+
+``REFUSED`` is the one list of constructs detected and why each matters.
 """
 
 from __future__ import annotations
@@ -16,10 +18,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-#: What views can do, as the refusal messages say it.
-ALLOWED = ("filter", "project", "compute expressions", "UNION ALL")
-
-NEEDS_STATE = "needs state, which Epochal does not maintain incrementally yet"
+NEEDS_STATE = "needs state"
 NOT_REPEATABLE = "is non-deterministic, so replaying an epoch would not give the same rows"
 
 #: Construct -> why a view may not use it yet.
@@ -84,16 +83,10 @@ class Finding:
 
     @property
     def message(self) -> str:
-        if self.needs_state:
-            return (
-                f"{self.label} {REFUSED[self.construct]}; views can {allowed_text()}, or add "
-                "WITH (refresh = 'full') to maintain it by recomputing every epoch (cost grows with the table)"
-            )
-        return f"{self.label} {REFUSED[self.construct]}; views can {allowed_text()}"
-
-
-def allowed_text() -> str:
-    return ", ".join(ALLOWED[:-1]) + " and " + ALLOWED[-1] if len(ALLOWED) > 1 else ALLOWED[0]
+        return (
+            f"{self.label} {REFUSED[self.construct]}: remove it, or compute the value before it reaches "
+            "Epochal (in the producer of the source)"
+        )
 
 
 def _key(node: exp.Func) -> str:

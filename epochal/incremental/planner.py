@@ -1,0 +1,765 @@
+"""How a view is maintained from its inputs' changes: the incremental planner.
+
+Every stateful operator Epochal supports (GROUP BY and aggregates, DISTINCT, equi-joins of every
+kind, IN/EXISTS, set operations, window functions such as top-N) has one property in common: it
+*partitions* by a key. The rows of its output that carry key value ``k`` depend only on the input
+rows that carry ``k``. So when an epoch changes the inputs at keys ``K``, the view changes only at
+``K``, and its change is
+
+    Q(inputs after the epoch, restricted to K)  -  Q(inputs before the epoch, restricted to K)
+
+computed by Spark with the view's own SQL over the two restricted states. This is the
+"affected-key recompute" RisingWave uses for operators that are not invertible, applied to a whole
+query at once: it is exact for every aggregate (MIN/MAX when the extreme is deleted included), every
+join type and NULL keys (restriction is null-safe), and it reads only the state at the touched keys.
+
+The planner's job is to find that key. It builds equivalence classes of columns from the equi-join
+conditions (``a.x = b.y`` puts both in one class) and keeps a class when every input of the query has
+a member in it and every grouping, DISTINCT, window partition and nested subquery partitions by it.
+The inputs the restriction is applied to are the query's *leaves*: upstream tables, or subqueries
+that only filter and project (``window()`` assignment included). Whatever a leaf computes, its key
+is an expression over the leaf's output, evaluated on the epoch's delta to find ``K``.
+
+When one query level cannot be partitioned by one key (a join on ``a.id`` grouped by ``b.region``,
+or joins on two different keys), the planner splits it into stages: the part below the conflict
+becomes an internal view, a table of its own with state and change log, and the rest reads it. Each
+stage then has a key of its own. RisingWave builds the same shape: one state table per stateful
+operator.
+
+Queries with no operator that needs state are *linear*: their change is the query over the delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS
+
+DIALECT = "spark"
+#: Temp views the rewritten query reads instead of its leaves (one per leaf, per run).
+LEAF_PREFIX = "__epochal_leaf_"
+#: Internal stage views are named ``{view}{STAGE_SEPARATOR}{n}``.
+STAGE_SEPARATOR = "__stage"
+
+
+class Unmaintainable(Exception):
+    """The planner cannot maintain this query incrementally."""
+
+    def __init__(self, construct: str, why: str, rewrite: str = "", node: exp.Expression | None = None):
+        self.construct = construct
+        self.why = why
+        self.rewrite = rewrite
+        self.node = node
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        text = f"{self.construct} cannot be maintained incrementally: {self.why}"
+        if self.rewrite:
+            text += f"; {self.rewrite}"
+        return text + ", or add WITH (refresh = 'full') to recompute the view every epoch (cost grows with the table)"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A linear relation of the query's upstream tables, restricted to the affected keys."""
+
+    #: temp view the rewritten query reads in the leaf's place
+    name: str
+    #: SELECT over upstream tables that produces the leaf's rows
+    sql: str
+    upstreams: tuple[str, ...]
+    #: one SQL expression over the leaf's output columns per key class
+    key: tuple[str, ...]
+    #: the upstream table, when the leaf is the whole table and every key expression is one of its
+    #: columns: then the restriction is applied where the state is read (vnode pruning)
+    table: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one view (or internal stage) is maintained."""
+
+    #: 'linear' (the query over the delta) or 'keyed' (recompute at the affected keys)
+    kind: str
+    #: keyed: the view's query with each leaf replaced by its temp view
+    query: str = ""
+    leaves: tuple[Leaf, ...] = ()
+    #: keyed: what each key class is, for people ("a.id = b.auction")
+    key_classes: tuple[str, ...] = ()
+    #: operators, outermost first, each with the state it reads
+    operators: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "linear":
+            return "linear: the change is the query applied to the inputs' change; no state"
+        lines = []
+        if self.key_classes:
+            lines.append("keyed by " + ", ".join(f"({k})" for k in self.key_classes))
+        else:
+            lines.append("one partition: the whole input is recomputed when it changes")
+        lines += [f"- {op}" for op in self.operators]
+        lines += [
+            f"- state read: {leaf.table or 'subquery over ' + ', '.join(leaf.upstreams)}"
+            + (f" at {', '.join(leaf.key)} in the affected keys" if leaf.key else " (all of it)")
+            for leaf in self.leaves
+        ]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """An internal view the planner split off a view, planned like any view."""
+
+    name: str
+    query: str
+    columns: tuple[str, ...]
+    upstreams: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlannedView:
+    plan: Plan
+    #: internal stages this view reads, upstream-most first; each is planned separately
+    stages: tuple[Stage, ...] = ()
+    #: the view's query after stages were split off (reads the stages by name)
+    query: str = ""
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def is_stateful(node: exp.Expression) -> bool:
+    """True when ``node`` (a query) has an operator that needs state, anywhere inside."""
+    for sub in node.walk():
+        if isinstance(sub, (exp.Join, exp.Group, exp.Distinct, exp.Window, exp.Exists, exp.Intersect, exp.Except)):
+            return True
+        if isinstance(sub, exp.Union) and sub.args.get("distinct"):
+            return True
+        if isinstance(sub, exp.In) and sub.args.get("query") is not None:
+            return True
+        if isinstance(sub, (exp.Any, exp.All)) and isinstance(sub.this, (exp.Subquery, exp.Query)):
+            return True
+        if isinstance(sub, exp.Subquery) and not isinstance(sub.parent, (exp.From, exp.Join, exp.SetOperation)):
+            return True  # a subquery in an expression reads its table whole, not the epoch's change
+        if isinstance(sub, (exp.Limit, exp.Offset, exp.Fetch, exp.Having)):
+            return True
+        if isinstance(sub, exp.Func) and _is_aggregate(sub):
+            return True
+    return False
+
+
+def _is_aggregate(node: exp.Func) -> bool:
+    if isinstance(node.parent, exp.Window) and node.parent.this is node:
+        return False  # a window aggregate: reported as the window
+    name = node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
+    return isinstance(node, exp.AggFunc) or name in AGGREGATE_FUNCTIONS
+
+
+def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    if node is None:
+        return []
+    if isinstance(node, exp.Where):
+        node = node.this
+    node = node.unnest() if isinstance(node, exp.Paren) else node
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _column_path(node: exp.Expression) -> list[str] | None:
+    """``a.w.start`` -> ['a', 'w', 'start'] for a (qualified) column or a struct field of one."""
+    if isinstance(node, exp.Column):
+        return [p.name for p in node.parts]
+    if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Identifier):
+        base = _column_path(node.this)
+        return None if base is None else [*base, node.expression.name]
+    return None
+
+
+class _Classes:
+    """Union-find over members: (item id, expression over the item's columns)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[tuple[int, str], tuple[int, str]] = {}
+
+    def find(self, member: tuple[int, str]) -> tuple[int, str]:
+        self.parent.setdefault(member, member)
+        while self.parent[member] != member:
+            self.parent[member] = self.parent[self.parent[member]]
+            member = self.parent[member]
+        return member
+
+    def union(self, a: tuple[int, str], b: tuple[int, str]) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+    def members(self, root: tuple[int, str]) -> list[tuple[int, str]]:
+        return [m for m in list(self.parent) if self.find(m) == root]
+
+
+# ---------------------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class _Item:
+    """One input of a query level: a leaf (table or linear subquery) or a stateful subquery."""
+
+    id: int
+    alias: str
+    node: exp.Expression  # the Table or Subquery node in the tree
+    columns: tuple[str, ...]
+    leaf: int | None = None  # index into the analyzer's leaves
+    child: _Level | None = None
+
+
+@dataclass
+class _Level:
+    """What a stateful query level partitions by.
+
+    ``keys``: output column -> restriction of every leaf below, as (leaf index, expression)."""
+
+    keys: dict[str, list[tuple[int, str]]]
+    #: key classes of the level as a whole: class description -> restrictions
+    classes: list[tuple[str, list[tuple[int, str]]]]
+    operators: list[str]
+    #: when the level cannot be partitioned: why, and the subquery items a split could materialize
+    conflict: Unmaintainable | None = None
+    splittable: list[exp.Subquery] = field(default_factory=list)
+
+
+@dataclass
+class _LeafSpec:
+    node: exp.Expression
+    sql: str
+    upstreams: tuple[str, ...]
+    table: str | None
+
+
+class _Analyzer:
+    def __init__(self, schema: Mapping[str, Sequence[str]]):
+        self.schema = schema
+        self.leaves: list[_LeafSpec] = []
+        self._ids = 0
+        #: IN/EXISTS nodes planned as semi/anti joins (by id: sqlglot nodes take no attributes)
+        self.handled: set[int] = set()
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    # -------------------------------------------------------------- items
+
+    def _item(self, node: exp.Expression) -> _Item:
+        alias = node.alias_or_name
+        if isinstance(node, exp.Table):
+            table = node.name.lower()
+            columns = tuple(self.schema.get(table, ()))
+            self.leaves.append(_LeafSpec(node, f"SELECT * FROM {table}", (table,), table))
+            return _Item(self._next_id(), alias, node, columns, leaf=len(self.leaves) - 1)
+        if isinstance(node, exp.Subquery):
+            query = node.this
+            columns = tuple(query.named_selects)
+            if not is_stateful(query):
+                tables = tuple(dict.fromkeys(t.name.lower() for t in query.find_all(exp.Table)))
+                self.leaves.append(_LeafSpec(node, query.sql(dialect=DIALECT), tables, None))
+                return _Item(self._next_id(), alias, node, columns, leaf=len(self.leaves) - 1)
+            return _Item(self._next_id(), alias, node, columns, child=self.level(query))
+        raise Unmaintainable(
+            f"FROM {node.sql(dialect=DIALECT)[:60]}", "only tables, views and subqueries can be read", node=node
+        )
+
+    # -------------------------------------------------------------- levels
+
+    def level(self, query: exp.Expression) -> _Level:
+        if isinstance(query, exp.SetOperation):
+            return self._set_operation(query)
+        if isinstance(query, exp.Select):
+            return self._select(query)
+        raise Unmaintainable(type(query).__name__, "is not a query Epochal can plan", node=query)
+
+    def _set_operation(self, query: exp.SetOperation) -> _Level:
+        kind = type(query).__name__.upper()
+        if isinstance(query, exp.Union) and not query.args.get("distinct"):
+            kind = "UNION ALL"
+        names = list(query.named_selects)
+        branches = []
+        for branch in (query.left, query.right):
+            branch = branch.unnest() if isinstance(branch, exp.Paren) else branch
+            if is_stateful(branch):
+                branches.append(("child", self.level(branch), list(branch.named_selects)))
+            else:
+                tables = tuple(dict.fromkeys(t.name.lower() for t in branch.find_all(exp.Table)))
+                self.leaves.append(_LeafSpec(branch, branch.sql(dialect=DIALECT), tables, None))
+                branches.append(("leaf", len(self.leaves) - 1, list(branch.named_selects)))
+        keys: dict[str, list[tuple[int, str]]] = {}
+        for position, name in enumerate(names):
+            restrictions: list[tuple[int, str]] = []
+            for kind_, what, branch_names in branches:
+                column = branch_names[position]
+                if kind_ == "leaf":
+                    restrictions.append((what, _quote(column)))
+                elif column in what.keys:
+                    restrictions += what.keys[column]
+                else:
+                    break
+            else:
+                keys[name] = restrictions
+        operators = [f"{kind}: partitioned by its output columns"]
+        for kind_, what, _ in branches:
+            if kind_ == "child":
+                operators += what.operators
+        conflict = None
+        if not keys:
+            conflict = Unmaintainable(kind, "its branches share no column they are partitioned by", node=query)
+        return _Level(keys, [(n, r) for n, r in keys.items()], operators, conflict)
+
+    def _select(self, select: exp.Select) -> _Level:
+        items: list[_Item] = []
+        by_alias: dict[str, _Item] = {}
+        operators: list[str] = []
+        classes = _Classes()
+
+        def add(item: _Item) -> None:
+            items.append(item)
+            by_alias[item.alias] = item
+
+        source = select.args.get("from_")
+        if source is None:
+            raise Unmaintainable("a query without FROM", "reads no table", node=select)
+        add(self._item(source.this))
+        for join in select.args.get("joins") or []:
+            add(self._item(join.this))
+            side = (join.side or "").upper()
+            kind = (join.kind or "").upper()
+            label = " ".join(w for w in (side, kind if kind != "OUTER" else "OUTER", "JOIN") if w)
+            on = join.args.get("on")
+            if on is None and not join.args.get("using"):
+                if side or kind not in ("", "INNER", "CROSS"):
+                    raise Unmaintainable(label, "has no ON condition", node=join)
+            equalities = self._equalities(on, by_alias, classes)
+            operators.append(
+                f"{label} {join.this.alias_or_name}" + (f" on {', '.join(equalities)}" if equalities else "")
+            )
+
+        for conjunct in _conjuncts(select.args.get("where")):
+            self._where_conjunct(conjunct, by_alias, classes, add, operators)
+        for node in select.find_all(exp.In, exp.Exists):
+            if node.parent_select is select and id(node) not in self.handled:
+                raise Unmaintainable(
+                    "IN/EXISTS (subquery)",
+                    "is only maintained as a condition of WHERE joined by AND",
+                    "move it to the top level of WHERE, or turn it into a JOIN",
+                    node,
+                )
+        for node in select.find_all(exp.Any, exp.All):
+            if node.parent_select is select and isinstance(node.this, (exp.Subquery, exp.Query)):
+                raise Unmaintainable(
+                    "ANY/SOME/ALL (subquery)",
+                    "it compares every row with a whole table",
+                    "write EXISTS / NOT EXISTS with an equality to the outer row instead",
+                    node,
+                )
+        for node in select.find_all(exp.Subquery):
+            if node.parent_select is select and not isinstance(
+                node.parent, (exp.From, exp.Join, exp.In, exp.Exists, exp.Any, exp.All)
+            ):
+                raise Unmaintainable(
+                    "a subquery inside an expression",
+                    "a scalar subquery reads a whole table for every row",
+                    "join with the subquery in FROM instead",
+                    node,
+                )
+
+        # What must partition by the key, besides the joins.
+        required: list[tuple[str, list[exp.Expression]]] = []
+        group = select.args.get("group")
+        aggregates = [f for e in select.expressions for f in e.find_all(exp.Func) if _is_aggregate(f)] + [
+            f for f in (select.args.get("having") or exp.Null()).find_all(exp.Func) if _is_aggregate(f)
+        ]
+        if group is not None:
+            required.append(("GROUP BY", list(group.expressions)))
+            names = sorted({f.sql_name().lower() if not isinstance(f, exp.Anonymous) else f.name for f in aggregates})
+            operators.insert(
+                0,
+                "GROUP BY "
+                + ", ".join(g.sql(dialect=DIALECT) for g in group.expressions)
+                + (f" with {', '.join(names)}" if names else ""),
+            )
+        elif aggregates:
+            required.append(("an aggregate without GROUP BY", []))
+            operators.insert(0, "aggregate over all rows")
+        if select.args.get("distinct"):
+            required.append(("DISTINCT", [e.unalias() for e in select.expressions]))
+            operators.insert(0, "DISTINCT")
+        for window in select.find_all(exp.Window):
+            if window.parent_select is not select:
+                continue
+            partition = list(window.args.get("partition_by") or [])
+            what = window.this.sql(dialect=DIALECT)
+            required.append((f"{what} OVER (...)", partition))
+            shown = ", ".join(p.sql(dialect=DIALECT) for p in partition)
+            operators.insert(0, f"{what} OVER (PARTITION BY {shown})" if shown else f"{what} OVER (all rows)")
+        if select.args.get("limit") or select.args.get("offset"):
+            required.append(("LIMIT", []))
+            operators.insert(0, "LIMIT over all rows")
+
+        # A member is an expression over one item's columns: a column, a struct field of one, or
+        # (for grouping) any expression that reads one item only, e.g. date_trunc('hour', b.ts).
+        def member(node: exp.Expression) -> tuple[int, str] | None:
+            found = self._member_of(node, by_alias)
+            if found is not None:
+                return found
+            owners = {c.table for c in node.find_all(exp.Column)}
+            if len(owners) != 1 or next(iter(owners)) not in by_alias or node.find(exp.Subquery):
+                return None
+            local = node.copy()
+            for column in local.find_all(exp.Column):
+                column.set("table", None)
+            return by_alias[next(iter(owners))].id, local.sql(dialect=DIALECT)
+
+        for node in self._required_nodes(required):
+            if (m := member(node)) is not None:
+                classes.find(m)
+        for item in items:  # a stateful subquery offers the keys it is partitioned by
+            for name in item.child.keys if item.child is not None else ():
+                classes.find((item.id, _quote(name)))
+
+        def satisfies(root: tuple[int, str]) -> bool:
+            if not self._spans(classes.members(root), items):
+                return False
+            return all(
+                any((m := member(node)) is not None and classes.find(m) == root for node in nodes)
+                for _, nodes in required
+            )
+
+        valid = [root for root in {classes.find(m) for m in list(classes.parent)} if satisfies(root)]
+        valid.sort(key=lambda root: self._describe(classes.members(root), items))
+
+        level_classes = []
+        for root in valid:
+            restrictions = self._restrictions(classes.members(root), items)
+            level_classes.append((self._describe(classes.members(root), items), restrictions))
+
+        keys: dict[str, list[tuple[int, str]]] = {}
+        for projection in select.expressions:
+            m = member(projection.unalias())
+            if m and classes.find(m) in valid:
+                keys[projection.alias_or_name] = self._restrictions(classes.members(classes.find(m)), items)
+
+        for item in items:
+            if item.child is not None:
+                operators += item.child.operators
+        conflict = None
+        if not valid and (len(items) > 1 or any(nodes for _, nodes in required) or any(i.child for i in items)):
+            conflict = self._conflict(select, items, required)
+        return _Level(keys, level_classes, operators, conflict, [i.node for i in items if i.child is not None])
+
+    @staticmethod
+    def _required_nodes(required: list[tuple[str, list[exp.Expression]]]) -> Iterator[exp.Expression]:
+        for _, nodes in required:
+            yield from nodes
+
+    def _conflict(self, select: exp.Select, items: list[_Item], required) -> Unmaintainable:
+        for join in select.args.get("joins") or []:
+            if join.args.get("on") is None and not join.args.get("using"):
+                return Unmaintainable(
+                    "a comma join (FROM a, b) or CROSS JOIN",
+                    "without an equality between its inputs every row meets every row of the other side",
+                    "join them ON an equality (a.key = b.key), in ON or in WHERE",
+                    join,
+                )
+        if len(items) > 1 and not any(nodes for _, nodes in required):
+            return Unmaintainable(
+                "JOIN",
+                "its inputs are not all joined on one key (every join must share an equality with the others)",
+                "join the inputs that share a key in a subquery in FROM, then join that subquery",
+                select,
+            )
+        what = ", ".join(name for name, _ in required) or "the query"
+        return Unmaintainable(
+            what,
+            "its partitioning does not include the join key, so one change can move rows across groups",
+            "",
+            select,
+        )
+
+    @staticmethod
+    def _spans(members: list[tuple[int, str]], items: list[_Item]) -> bool:
+        for item in items:
+            offered = [expr for item_id, expr in members if item_id == item.id]
+            if not offered:
+                return False
+            if item.child is not None and not any(_unquote(e) in item.child.keys for e in offered):
+                return False
+        return True
+
+    @staticmethod
+    def _restrictions(members: list[tuple[int, str]], items: list[_Item]) -> list[tuple[int, str]]:
+        restrictions: list[tuple[int, str]] = []
+        for item in items:
+            offered = [expr for item_id, expr in members if item_id == item.id]
+            if item.leaf is not None:
+                restrictions.append((item.leaf, offered[0]))
+            else:
+                assert item.child is not None
+                column = next(_unquote(e) for e in offered if _unquote(e) in item.child.keys)
+                restrictions += item.child.keys[column]
+        return restrictions
+
+    @staticmethod
+    def _describe(members: list[tuple[int, str]], items: list[_Item]) -> str:
+        alias = {item.id: item.alias for item in items}
+        return " = ".join(sorted({f"{alias[i]}.{_unquote(e)}" for i, e in members}))
+
+    def _equalities(self, condition: exp.Expression | None, by_alias, classes: _Classes) -> list[str]:
+        found = []
+        for conjunct in _conjuncts(condition):
+            if isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+                left, right = self._member_of(conjunct.this, by_alias), self._member_of(conjunct.expression, by_alias)
+                if left and right:
+                    classes.union(left, right)
+                    found.append(conjunct.sql(dialect=DIALECT))
+        return found
+
+    @staticmethod
+    def _member_of(node: exp.Expression, by_alias) -> tuple[int, str] | None:
+        path = _column_path(node)
+        if not path or len(path) < 2 or path[0] not in by_alias:
+            return None
+        return by_alias[path[0]].id, ".".join(_quote(p) for p in path[1:])
+
+    def _where_conjunct(self, conjunct, by_alias, classes: _Classes, add, operators: list[str]) -> None:
+        negated = isinstance(conjunct, exp.Not)
+        inner = conjunct.this if negated else conjunct
+        inner = inner.unnest() if isinstance(inner, exp.Paren) else inner
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+            self.handled.add(id(inner))
+            if negated:
+                raise Unmaintainable(
+                    "NOT IN (subquery)",
+                    "one NULL in the subquery makes it false for every row, so no key partitions it",
+                    "write NOT EXISTS (SELECT ... WHERE inner.col = outer.col) instead",
+                    conjunct,
+                )
+            subquery = inner.args["query"]
+            query = subquery.this if isinstance(subquery, exp.Subquery) else subquery
+            if len(query.named_selects) != 1:
+                raise Unmaintainable("IN (subquery)", "the subquery must return one column", node=inner)
+            if not isinstance(subquery, exp.Subquery):
+                subquery = exp.Subquery(this=query.copy())
+                inner.set("query", subquery)
+            item = self._item(subquery)
+            item.alias = f"__in{item.id}"
+            add(item)
+            outer = self._member_of(inner.this, by_alias)
+            if outer is not None:
+                classes.union(outer, (item.id, _quote(query.named_selects[0])))
+            operators.append(f"semi join on {inner.this.sql(dialect=DIALECT)} IN (subquery)")
+            return
+        if isinstance(inner, exp.Exists):
+            self.handled.add(id(inner))
+            query = inner.this
+            if not isinstance(query, exp.Select) or query.args.get("joins") or is_stateful_outside_where(query):
+                raise Unmaintainable(
+                    "EXISTS (subquery)",
+                    "only EXISTS over one table or view with equality conditions is maintained",
+                    "move joins and grouping of the subquery into a view and test EXISTS on that view",
+                    inner,
+                )
+            item = self._item(query.args["from_"].this)
+            add(item)
+            local = {**by_alias, item.alias: item}
+            correlated = []
+            for c in _conjuncts(query.args.get("where")):
+                if isinstance(c, (exp.EQ, exp.NullSafeEQ)):
+                    left, right = self._member_of(c.this, local), self._member_of(c.expression, local)
+                    if left and right and (left[0] == item.id) != (right[0] == item.id):
+                        classes.union(left, right)
+                        correlated.append(c.sql(dialect=DIALECT))
+            if not correlated:
+                raise Unmaintainable(
+                    "EXISTS (subquery)",
+                    "it is not tied to the outer row by an equality, so its answer depends on the whole table",
+                    "correlate it: EXISTS (SELECT ... FROM t WHERE t.key = outer.key)",
+                    inner,
+                )
+            operators.append(f"{'anti' if negated else 'semi'} join on {', '.join(correlated)} (EXISTS)")
+            return
+        if isinstance(inner, (exp.EQ, exp.NullSafeEQ)) and not negated:
+            self._equalities(inner, by_alias, classes)
+
+
+def is_stateful_outside_where(select: exp.Select) -> bool:
+    """EXISTS subqueries may filter; anything else stateful in them is not maintained."""
+    return any(select.args.get(arg) for arg in ("group", "distinct", "having", "limit", "order", "qualify")) or any(
+        isinstance(n, exp.Window) for n in select.find_all(exp.Window)
+    )
+
+
+def _quote(name: str) -> str:
+    return name if name.isidentifier() else f"`{name}`"
+
+
+def _unquote(expr: str) -> str:
+    return expr[1:-1] if expr.startswith("`") and expr.endswith("`") else expr
+
+
+# ---------------------------------------------------------------------------------------- planning
+
+
+def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> PlannedView:
+    """Plan ``tree``, a *qualified* query (see :func:`epochal.pipeline.query.qualify_query`).
+
+    Raises :class:`Unmaintainable` with the construct and a suggested rewrite when no plan exists."""
+    tree = tree.copy()
+    if not is_stateful(tree):
+        # query "": the view's own text is run, as written
+        return PlannedView(Plan("linear", operators=("filter, project, UNION ALL",)))
+    stages: list[Stage] = []
+    schema = dict(schema)
+    while True:
+        analyzer = _Analyzer(schema)
+        level = analyzer.level(tree)
+        if level.conflict is None:
+            break
+        if not level.splittable:
+            if isinstance(tree, exp.Select) and _split_joins(view, tree, schema, stages):
+                continue
+            raise level.conflict
+        # Materialize the stateful subqueries of the root as stages: each is then a table with a
+        # key of its own, and the root is planned again over them.
+        for subquery in level.splittable:
+            name = f"{view}{STAGE_SEPARATOR}{len(stages) + 1}"
+            query = subquery.this
+            columns = tuple(query.named_selects)
+            upstreams = tuple(dict.fromkeys(t.name.lower() for t in query.find_all(exp.Table)))
+            stages.append(Stage(name, query.sql(dialect=DIALECT), columns, upstreams))
+            schema[name] = columns
+            subquery.replace(
+                exp.Table(this=exp.to_identifier(name), alias=exp.TableAlias(this=subquery.args["alias"].this))
+            )
+    if not is_stateful(tree):  # what needed state went into the stages
+        plan = Plan("linear", query=tree.sql(dialect=DIALECT), operators=("filter, project, UNION ALL",))
+        return PlannedView(plan, tuple(stages), query=plan.query)
+    leaves = []
+    for index, spec in enumerate(analyzer.leaves):
+        key = tuple(expr for _, restrictions in level.classes for leaf, expr in restrictions if leaf == index)
+        plain = spec.table is not None and all(_unquote(k) in schema.get(spec.table, ()) for k in key)
+        leaves.append(Leaf(f"{LEAF_PREFIX}{index}", spec.sql, spec.upstreams, key, spec.table if plain else None))
+    for index, spec in enumerate(analyzer.leaves):
+        node = spec.node
+        replacement = exp.Table(this=exp.to_identifier(f"{LEAF_PREFIX}{index}"))
+        alias = node.args.get("alias")
+        if alias is not None:
+            replacement.set("alias", alias.copy())
+        elif isinstance(node, exp.Table):
+            replacement.set("alias", exp.TableAlias(this=exp.to_identifier(node.name)))
+        if isinstance(node.parent, exp.In):  # x IN (leaf): the leaf has the subquery's one column
+            node.replace(exp.Subquery(this=exp.select("*").from_(replacement)))
+        elif isinstance(node, (exp.Subquery, exp.Table)):
+            node.replace(replacement)
+        else:  # a set-operation branch: a SELECT over the leaf keeps the branch's columns
+            node.replace(exp.select("*").from_(replacement))
+    plan = Plan(
+        "keyed",
+        query=tree.sql(dialect=DIALECT),
+        leaves=tuple(leaves),
+        key_classes=tuple(name for name, _ in level.classes),
+        operators=tuple(level.operators),
+    )
+    return PlannedView(plan, tuple(stages), query=tree.sql(dialect=DIALECT))
+
+
+def _split_joins(view: str, select: exp.Select, schema: dict[str, Sequence[str]], stages: list[Stage]) -> bool:
+    """Move the longest prefix of ``select``'s joins that one key partitions into a stage.
+
+    ``FROM a JOIN b ON a.id = b.a_id JOIN c ON c.id = b.c_id`` becomes a stage joining a and b
+    (keyed by a.id) that the rest joins with c (keyed by c.id). When all of the joins fit, WHERE
+    goes into the stage too, and what is left groups, deduplicates or ranks the stage's rows by a
+    key of its own. Columns keep their meaning across the cut: ``b.x`` becomes ``stage.b__x``."""
+    joins = list(select.args.get("joins") or [])
+    if not joins:
+        return False
+    items = [select.args["from_"].this, *(j.this for j in joins)]
+    for size in range(len(items), 1, -1):
+        aliases = {item.alias_or_name for item in items[:size]}
+        with_where = size == len(items)
+        outside: list[exp.Expression] = [*select.expressions, *joins[size - 1 :]]
+        outside += [select.args[a] for a in ("group", "having", "order", "qualify") if select.args.get(a)]
+        if not with_where and select.args.get("where"):
+            outside.append(select.args["where"])
+        references = _references(outside, aliases, select)
+        names = list(dict.fromkeys((path[0], path[1]) for _, path in references))
+        if not names:  # e.g. SELECT count(*): the stage still needs a column to have rows
+            first = items[0]
+            names = [(first.alias_or_name, _item_columns(first, schema)[0])]
+        stage_select = exp.select(
+            *(exp.alias_(exp.column(column, table=alias), f"{alias}__{column}") for alias, column in names)
+        ).from_(items[0].copy())
+        for join in joins[: size - 1]:
+            stage_select.append("joins", join.copy())
+        if with_where and select.args.get("where"):
+            stage_select.set("where", select.args["where"].copy())
+        if _Analyzer(schema).level(stage_select).conflict is not None:
+            continue
+        name = f"{view}{STAGE_SEPARATOR}{len(stages) + 1}"
+        columns = tuple(f"{alias}__{column}" for alias, column in names)
+        upstreams = tuple(dict.fromkeys(t.name.lower() for t in stage_select.find_all(exp.Table)))
+        stages.append(Stage(name, stage_select.sql(dialect=DIALECT), columns, upstreams))
+        schema[name] = columns
+        stage_alias = f"_s{len(stages)}"
+        for node, path in references:
+            renamed = exp.column(f"{path[0]}__{path[1]}", table=stage_alias)
+            for field_name in path[2:]:
+                renamed = exp.Dot(this=renamed, expression=exp.to_identifier(field_name))
+            node.replace(renamed)
+        select.set(
+            "from_",
+            exp.From(
+                this=exp.Table(this=exp.to_identifier(name), alias=exp.TableAlias(this=exp.to_identifier(stage_alias)))
+            ),
+        )
+        select.set("joins", [j for j in joins[size - 1 :]] or None)
+        if with_where:
+            select.set("where", None)
+        return True
+    return False
+
+
+def _item_columns(item: exp.Expression, schema: Mapping[str, Sequence[str]]) -> list[str]:
+    if isinstance(item, exp.Table):
+        return list(schema.get(item.name.lower(), ()))
+    return list(item.this.named_selects) if isinstance(item, exp.Subquery) else []
+
+
+def _references(
+    nodes: list[exp.Expression], aliases: set[str], level: exp.Select
+) -> list[tuple[exp.Expression, list[str]]]:
+    """Column references (node, path) in ``nodes`` to ``aliases`` of ``level``, outermost node of a
+    struct-field chain only, skipping subqueries that define an alias of the same name."""
+    found = []
+    for root in nodes:
+        for column in root.find_all(exp.Column):
+            parts = [p.name for p in column.parts]
+            if len(parts) < 2 or parts[0] not in aliases or _shadowed(column, parts[0], level):
+                continue
+            node: exp.Expression = column
+            while isinstance(node.parent, exp.Dot) and node.parent.this is node:
+                node = node.parent
+                parts.append(node.expression.name)
+            found.append((node, parts))
+    return found
+
+
+def _shadowed(column: exp.Expression, alias: str, level: exp.Select) -> bool:
+    select = column.parent_select
+    while select is not None and select is not level:
+        defined = [select.args["from_"].this] if select.args.get("from_") else []
+        defined += [j.this for j in select.args.get("joins") or []]
+        if any(d.alias_or_name == alias for d in defined):
+            return True
+        select = select.parent_select
+    return False
