@@ -6,3 +6,14 @@ WITH (
     table = 'big_bids',
     type = 'append-only'
 );
+
+-- Auction statistics, kept current in DuckDB: an upsert sink applies each epoch's retractions and
+-- insertions by auction.
+CREATE SINK auction_stats_out FROM auction_stats
+WITH (
+    connector = 'duckdb',
+    database = 'out/sink.duckdb',
+    table = 'auction_stats',
+    type = 'upsert',
+    primary_key = 'auction'
+);

@@ -1,5 +1,5 @@
 -- The Nexmark benchmark queries, as RisingWave writes them (e2e_test/streaming/nexmark/views/qN.slt.part
--- in risingwavelabs/risingwave), translated to Spark SQL. Every view is WITH (refresh = 'full'):
+-- in risingwavelabs/risingwave), translated to Spark SQL. Every view is:
 -- joins, aggregates, windows and top-N need state, which only recompute-and-diff maintains for now.
 --
 -- Translation rules that apply to every view below:
@@ -16,12 +16,12 @@
 --   oracle always pick the same rows (every bid has its own date_time: one event per 10 ms).
 
 -- q0 (pass-through): every bid, as is.
-CREATE MATERIALIZED VIEW nexmark_q0 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q0 AS
 SELECT auction, bidder, price, date_time
 FROM bid;
 
 -- q1 (currency conversion): every bid with its price converted from dollars to euros.
-CREATE MATERIALIZED VIEW nexmark_q1 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q1 AS
 SELECT
     auction,
     bidder,
@@ -31,7 +31,7 @@ FROM bid;
 
 -- q2 (selection): the bids on five given auctions. Ids 2001, 2019 and 2087 only exist after
 -- ~50,000 events, so on small runs only 1007 and 1020 match.
-CREATE MATERIALIZED VIEW nexmark_q2 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q2 AS
 SELECT auction, price
 FROM bid
 WHERE auction = 1007 OR auction = 1020 OR auction = 2001 OR auction = 2019 OR auction = 2087;
@@ -39,7 +39,7 @@ WHERE auction = 1007 OR auction = 1020 OR auction = 2001 OR auction = 2019 OR au
 -- q3 (local item suggestion): sellers in Oregon, Idaho or California with an auction in category 10.
 -- Deviation: states in upper case ('OR', not 'or'); our generator, like Beam's and Flink's, emits
 -- upper-case state codes (RisingWave's own generator emits lower case).
-CREATE MATERIALIZED VIEW nexmark_q3 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q3 AS
 SELECT
     P.name, P.city, P.state, A.id
 FROM
@@ -48,7 +48,7 @@ WHERE
     A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA');
 
 -- q4 (average price per category): the average winning (highest in-time) bid of each category.
-CREATE MATERIALIZED VIEW nexmark_q4 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q4 AS
 SELECT
     Q.category,
     AVG(Q.final) AS avg
@@ -68,7 +68,7 @@ GROUP BY
     Q.category;
 
 -- q5 (hot items): per 10-second window sliding by 2 seconds, the auction(s) with the most bids.
-CREATE MATERIALIZED VIEW nexmark_q5 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q5 AS
 SELECT
     AuctionBids.auction, AuctionBids.num
 FROM (
@@ -104,7 +104,7 @@ ON
     AuctionBids.num >= MaxBids.maxn;
 
 -- q7 (highest bid): the bid(s) with the highest price in each 10-second tumbling window.
-CREATE MATERIALIZED VIEW nexmark_q7 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q7 AS
 SELECT
     B.auction,
     B.price,
@@ -125,7 +125,7 @@ WHERE
     B.date_time BETWEEN B1.date_time - INTERVAL '10' SECOND AND B1.date_time;
 
 -- q8 (monitor new users): people who created an auction in the same 10-second window they joined in.
-CREATE MATERIALIZED VIEW nexmark_q8 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q8 AS
 SELECT
     P.id,
     P.name,
@@ -158,7 +158,7 @@ JOIN (
     AND P.endtime = A.endtime;
 
 -- q9 (winning bids): each auction with its winning bid, the highest (earliest on a tie) in time.
-CREATE MATERIALIZED VIEW nexmark_q9 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q9 AS
 SELECT
     id, item_name, description, initial_bid, reserve, date_time, expires, seller, category,
     auction, bidder, price, bid_date_time
@@ -174,7 +174,7 @@ WHERE rownum <= 1;
 -- class and the number of 'c's in extra.
 -- Deviation: the count_char UDF is written as length(extra) - length(replace(extra, 'c', '')),
 -- which counts the same for the single character 'c' with no UDF.
-CREATE MATERIALIZED VIEW nexmark_q14 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q14 AS
 SELECT
     auction,
     bidder,
@@ -196,7 +196,7 @@ FROM bid
 WHERE 0.908 * price > 1000000 AND 0.908 * price < 50000000;
 
 -- q15 (bidding statistics report): per day, bids, bidders and auctions, in total and per price rank.
-CREATE MATERIALIZED VIEW nexmark_q15 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q15 AS
 SELECT
     date_format(date_time, 'yyyy-MM-dd') AS day,
     count(*) AS total_bids,
@@ -217,7 +217,7 @@ GROUP BY date_format(date_time, 'yyyy-MM-dd');
 -- q16 (channel statistics report): q15 per channel and day, with the day's latest bid minute.
 -- Deviation: the minute is date_format(date_time, 'HH:mm'), hour and minute as Flink's original
 -- DATE_FORMAT means it (RisingWave's to_char 'HH:mm' reads as 12-hour clock and month).
-CREATE MATERIALIZED VIEW nexmark_q16 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q16 AS
 SELECT
     channel,
     date_format(date_time, 'yyyy-MM-dd') AS day,
@@ -238,7 +238,7 @@ FROM bid
 GROUP BY channel, date_format(date_time, 'yyyy-MM-dd');
 
 -- q17 (auction statistics report): per auction and day, bids per price rank and price statistics.
-CREATE MATERIALIZED VIEW nexmark_q17 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q17 AS
 SELECT
     auction,
     date_format(date_time, 'yyyy-MM-dd') AS day,
@@ -255,7 +255,7 @@ GROUP BY auction, date_format(date_time, 'yyyy-MM-dd');
 
 -- q18 (last bid): each bidder's latest bid on each auction.
 -- (RisingWave's e2e version: extra breaks date_time ties and is kept in the output.)
-CREATE MATERIALIZED VIEW nexmark_q18 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q18 AS
 SELECT auction, bidder, price, channel, url, date_time, extra
 FROM (
     SELECT *,
@@ -270,7 +270,7 @@ WHERE rank_number <= 1;
 -- q19 (auction top-10 price): the ten highest bids of each auction.
 -- Deviation: date_time breaks price ties (ROW_NUMBER over a tie would pick arbitrary rows, and
 -- cheap prices do tie); the columns of SELECT * are listed.
-CREATE MATERIALIZED VIEW nexmark_q19 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q19 AS
 SELECT auction, bidder, price, channel, url, date_time, extra, rank_number
 FROM (
     SELECT *,
@@ -280,7 +280,7 @@ FROM (
 WHERE rank_number <= 10;
 
 -- q20 (expand bid with auction): every bid on a category-10 auction, with the auction's details.
-CREATE MATERIALIZED VIEW nexmark_q20 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q20 AS
 SELECT
     auction, bidder, price, channel, url, B.date_time AS bid_date_time,
     item_name, description, initial_bid, reserve, A.date_time AS auction_date_time, expires, seller,
@@ -292,7 +292,7 @@ WHERE A.category = 10;
 -- q21 (add channel id): bids from a known channel, or whose url carries a channel_id, with that id.
 -- Deviation: Spark's regexp_extract returns '' (not NULL) when nothing matches, so "has a
 -- channel_id" is tested with RLIKE on the same pattern, which is exactly "regexp_match is not null".
-CREATE MATERIALIZED VIEW nexmark_q21 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q21 AS
 SELECT
     auction, bidder, price, channel,
     CASE
@@ -308,7 +308,7 @@ WHERE
     url RLIKE '(&|^)channel_id=' OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu');
 
 -- q22 (get url directories): each bid with the first three directories of its url.
-CREATE MATERIALIZED VIEW nexmark_q22 WITH (refresh = 'full') AS
+CREATE MATERIALIZED VIEW nexmark_q22 AS
 SELECT
     auction, bidder, price, channel,
     split_part(url, '/', 4) AS dir1,
