@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING
 
@@ -32,8 +32,14 @@ StateReader = Callable[[str, bool, "tuple[tuple[str, ...], DataFrame] | None"], 
 class KeyedChange:
     #: the view's change: its columns plus _weight (+1/-1 per row, not yet netted)
     weighted: DataFrame
-    #: stored rows read from the inputs' state, before and after the epoch
+    #: stored rows read from the inputs' state
     state_rows_read: int
+    #: frames cached for the write of ``weighted``: unpersist them once it is written
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
 
 
 @contextmanager
@@ -85,30 +91,50 @@ def keyed_change(
     deltas: Mapping[str, DataFrame],
     read_state: StateReader,
 ) -> KeyedChange:
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    from epochal.runtime import EpochRuntime
+
+    cached: list[DataFrame] = []
+
+    def cache(frame: DataFrame) -> DataFrame:
+        # used by both sides of the diff: computed once (spills to disk rather than grow memory)
+        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return cached[-1]
+
     keys = affected_keys(spark, plan, deltas)
+    if keys is not None:
+        keys = cache(keys)
     empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
     rows_read = 0
-    sides = []
-    for inclusive, sign in ((False, -1), (True, 1)):
-        leaves: dict[str, DataFrame] = {}
-        for leaf in plan.leaves:
-            if leaf.table is not None and keys is not None:
-                columns_ = tuple(k.strip("`") for k in leaf.key)
-                restriction = (columns_, keys.toDF(*columns_))
-                state, read = read_state(leaf.table, inclusive, restriction)
-                rows_read += read
-                leaves[leaf.name] = state if state is not None else empty[leaf.table]
-                continue
+    before: dict[str, DataFrame] = {}
+    after: dict[str, DataFrame] = {}
+    for leaf in plan.leaves:
+        if leaf.table is not None and keys is not None:
+            # A whole table restricted by its own columns: read its state before the epoch once,
+            # at the keys' vnodes, and add the epoch's (restricted) change for the state after it.
+            columns_ = tuple(k.strip("`") for k in leaf.key)
+            state, read = read_state(leaf.table, False, (columns_, keys.toDF(*columns_)))
+            rows_read += read
+            old = cache(state) if state is not None else empty[leaf.table]
+            change = _restrict(deltas[leaf.table], leaf, keys)
+            before[leaf.name] = old
+            after[leaf.name] = EpochRuntime._net_rows(
+                old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change)
+            )
+            continue
+        for inclusive, side in ((False, before), (True, after)):
             upstream_states = {}
             for upstream in leaf.upstreams:
                 state, read = read_state(upstream, inclusive, None)
                 rows_read += read
                 upstream_states[upstream] = state if state is not None else empty[upstream]
             with _bound(spark, upstream_states):
-                leaves[leaf.name] = _restrict(spark.sql(leaf.sql), leaf, keys)
+                side[leaf.name] = _restrict(spark.sql(leaf.sql), leaf, keys)
+    sides = []
+    for leaves, sign in ((before, -1), (after, 1)):
         with _bound(spark, leaves):
             out = spark.sql(plan.query).toDF(*columns)
         sides.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
-    return KeyedChange(sides[1].unionByName(sides[0]), rows_read)
+    return KeyedChange(sides[1].unionByName(sides[0]), rows_read, cached)

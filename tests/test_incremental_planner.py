@@ -1,0 +1,164 @@
+"""The incremental planner on its own (no Spark): which key each query is maintained by, which
+leaves read which state, where it splits into stages, and what it refuses and suggests instead."""
+
+from __future__ import annotations
+
+import pytest
+import sqlglot
+
+from epochal.incremental.planner import LEAF_PREFIX, Unmaintainable, plan_query
+from epochal.pipeline.query import qualify_query
+
+SCHEMA = {
+    "bid": ["auction", "bidder", "price", "ts"],
+    "auction": ["id", "seller", "category", "ts"],
+    "person": ["id", "name", "state"],
+}
+
+
+def plan(query: str, schema: dict | None = None):
+    schema = dict(schema or SCHEMA)
+    return plan_query("v", qualify_query(sqlglot.parse_one(query, read="spark"), schema), schema)
+
+
+@pytest.mark.parametrize(
+    ("query", "classes", "leaf_keys"),
+    [
+        ("SELECT auction, count(*) AS n, min(price) AS lo FROM bid GROUP BY auction", ("bid.auction",), [("auction",)]),
+        ("SELECT DISTINCT bidder FROM bid", ("bid.bidder",), [("bidder",)]),
+        (
+            "SELECT a.id, b.price FROM auction a LEFT JOIN bid b ON a.id = b.auction",
+            ("a.id = b.auction",),
+            [("id",), ("auction",)],
+        ),
+        (
+            "SELECT x.bidder, y.bidder AS other FROM bid x JOIN bid y ON x.auction = y.auction AND x.bidder < y.bidder",
+            ("x.auction = y.auction",),
+            [("auction",), ("auction",)],
+        ),
+        (
+            "SELECT auction, price FROM (SELECT auction, price, row_number() OVER (PARTITION BY auction "
+            "ORDER BY price DESC) AS rn FROM bid) WHERE rn <= 3",
+            ("_0.auction",),
+            [("auction",)],
+        ),
+        (
+            "SELECT * FROM auction a WHERE NOT EXISTS (SELECT 1 FROM bid b WHERE b.auction = a.id)",
+            ("a.id = b.auction",),
+            [("id",), ("auction",)],
+        ),
+        (
+            "SELECT w.start AS ws, count(*) AS n FROM (SELECT window(ts, '10 seconds', '5 seconds') AS w FROM bid) "
+            "GROUP BY w.start",
+            ("_0.w.start",),
+            [("w.start",)],
+        ),
+        (
+            "SELECT auction, count(*) AS n FROM bid GROUP BY auction, bidder",
+            ("bid.auction", "bid.bidder"),
+            [("auction", "bidder")],
+        ),
+    ],
+)
+def test_each_operator_is_keyed_by_what_it_partitions_by(query: str, classes: tuple, leaf_keys: list) -> None:
+    planned = plan(query)
+    assert planned.plan.kind == "keyed"
+    assert planned.plan.key_classes == classes
+    assert [leaf.key for leaf in planned.plan.leaves] == leaf_keys
+    assert not planned.stages
+    # the rewritten query reads the leaves, never an upstream table directly
+    tables = {t.name for t in sqlglot.parse_one(planned.plan.query, read="spark").find_all(sqlglot.exp.Table)}
+    assert tables == {leaf.name for leaf in planned.plan.leaves}
+    assert all(name.startswith(LEAF_PREFIX) for name in tables)
+    for leaf in planned.plan.leaves:
+        assert leaf.name in planned.plan.query
+
+
+def test_whole_table_leaves_are_read_restricted_at_storage() -> None:
+    planned = plan("SELECT a.id, count(*) AS n FROM auction a JOIN bid b ON a.id = b.auction GROUP BY a.id")
+    assert [(leaf.table, leaf.key) for leaf in planned.plan.leaves] == [("auction", ("id",)), ("bid", ("auction",))]
+    derived = plan("SELECT k, count(*) AS n FROM (SELECT auction + 1 AS k FROM bid) GROUP BY k")
+    assert derived.plan.leaves[0].table is None  # a computed key: restricted after the leaf is evaluated
+
+
+def test_a_join_grouped_by_another_key_is_split_into_a_stage() -> None:
+    planned = plan("SELECT a.category, count(*) AS n FROM auction a JOIN bid b ON a.id = b.auction GROUP BY a.category")
+    (stage,) = planned.stages
+    assert stage.name == "v__stage1"
+    assert stage.columns == ("a__category",)
+    assert stage.upstreams == ("auction", "bid")
+    assert planned.plan.key_classes == ("_s1.a__category",)
+    assert planned.plan.leaves[0].table == "v__stage1"
+    staged = plan(stage.query, {**SCHEMA})
+    assert staged.plan.key_classes == ("a.id = b.auction",)
+
+
+def test_joins_on_two_keys_split_at_the_longest_prefix_one_key_partitions() -> None:
+    planned = plan(
+        "SELECT b.price, p.name FROM bid b JOIN auction a ON a.id = b.auction JOIN person p ON p.id = a.seller"
+    )
+    (stage,) = planned.stages
+    assert set(stage.columns) == {"b__price", "a__seller"}
+    assert planned.plan.key_classes == ("_s1.a__seller = p.id",)
+
+
+def test_a_subquery_grouped_by_another_key_becomes_a_stage() -> None:
+    planned = plan(
+        "SELECT q.category, avg(q.top) AS a FROM (SELECT a.category, max(b.price) AS top FROM auction a "
+        "JOIN bid b ON a.id = b.auction GROUP BY a.id, a.category) q GROUP BY q.category"
+    )
+    assert [s.name for s in planned.stages] == ["v__stage1"]
+    assert planned.plan.key_classes == ("q.category",)
+
+
+def test_ctes_are_planned_as_the_subqueries_they_stand_for() -> None:
+    planned = plan(
+        "WITH m AS (SELECT auction, max(price) AS mp FROM bid GROUP BY auction) "
+        "SELECT b.auction, b.bidder FROM bid b JOIN m ON m.auction = b.auction AND b.price = m.mp"
+    )
+    assert planned.plan.key_classes == ("b.auction = m.auction",)
+    assert not planned.stages
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT auction, price * 2 AS p FROM bid WHERE price > 10",
+        "SELECT auction FROM bid UNION ALL SELECT id AS auction FROM auction",
+    ],
+)
+def test_queries_without_state_are_linear(query: str) -> None:
+    assert plan(query).plan.kind == "linear"
+
+
+def test_aggregates_over_all_rows_are_one_partition() -> None:
+    planned = plan("SELECT count(*) AS n FROM bid")
+    assert planned.plan.kind == "keyed" and planned.plan.key_classes == ()
+    assert "one partition" in planned.plan.describe()
+
+
+@pytest.mark.parametrize(
+    ("query", "construct", "rewrite"),
+    [
+        ("SELECT b.auction FROM bid b CROSS JOIN auction a", "CROSS JOIN", "ON an equality"),
+        ("SELECT * FROM auction WHERE id NOT IN (SELECT auction FROM bid)", "NOT IN", "NOT EXISTS"),
+        ("SELECT * FROM auction a WHERE EXISTS (SELECT 1 FROM bid b WHERE b.price > 5)", "EXISTS", "correlate"),
+        ("SELECT auction, (SELECT max(price) FROM bid) AS top FROM bid", "subquery inside an expression", "FROM"),
+    ],
+)
+def test_unmaintainable_queries_name_the_construct_and_a_rewrite(query: str, construct: str, rewrite: str) -> None:
+    with pytest.raises(Unmaintainable) as refused:
+        plan(query)
+    assert construct in refused.value.construct
+    assert rewrite in refused.value.message
+    assert refused.value.message.endswith("(cost grows with the table)")
+
+
+def test_the_plan_says_which_operator_reads_which_state() -> None:
+    text = plan(
+        "SELECT a.id, count(*) AS n FROM auction a JOIN bid b ON a.id = b.auction GROUP BY a.id"
+    ).plan.describe()
+    assert text.splitlines()[0] == "keyed by (a.id = b.auction)"
+    assert "GROUP BY a.id with count" in text
+    assert "state read: auction at id in the affected keys" in text
+    assert "state read: bid at auction in the affected keys" in text
