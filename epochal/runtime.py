@@ -21,6 +21,8 @@ from epochal.controller import (
     EpochRecord,
     EpochState,
     RecoveryReport,
+    Snapshot,
+    StateParts,
 )
 from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
@@ -207,7 +209,10 @@ class EpochRuntime:
         from epochal.upsert import upsert_changes
 
         columns = list(source.column_names)
-        previous, _ = self.read_state(name, epoch, inclusive=False)
+        # Only the previous rows of the keys this epoch touches matter, and the primary key is the
+        # source's distribution key: the read opens just those keys' vnodes of the snapshot.
+        touched = records.select(*_quoted(source.primary_key))
+        previous, _ = self.read_state(name, epoch, inclusive=False, restrict=(tuple(source.primary_key), touched))
         if previous is None:
             previous = self.spark.createDataFrame([], records.select(*columns).schema)
         return upsert_changes(records, previous, source.primary_key, columns)
@@ -239,11 +244,14 @@ class EpochRuntime:
         finally:
             for upstream in view.upstreams:
                 self.spark.catalog.dropTempView(upstream)
-        previous = [loc for _, loc in self.controller.changes_upto(name, epoch, inclusive=False)]
+        # The view's own previous state, negated: _unit_changes nets it with the new rows anyway,
+        # so it is read un-netted (snapshot + later changes) and aggregated only once.
+        previous, own_read = self._read_weighted(self.controller.state_parts(name, epoch, inclusive=False), None)
+        rows_read += own_read
         weighted = new
-        if previous:
-            old = self.warehouse.read(self.spark, previous).select(*view.columns, (-F.col(WEIGHT)).alias(WEIGHT))
-            weighted = new.unionByName(old)
+        if previous is not None:
+            negated = -F.col(WEIGHT) if WEIGHT in previous.columns else F.lit(-1).cast("bigint")
+            weighted = new.unionByName(previous.select(*_quoted(view.columns), negated.alias(WEIGHT)))
         change = self._unit_changes(weighted)
         rows, recorded = self._publish_view_change(epoch, name, change, rows_read, started, run_id, release)
         return StepReport(
@@ -410,7 +418,9 @@ class EpochRuntime:
                 self.controller.mark_sink(name, pending, "COMMITTED")
         inserted = deleted = epochs = 0
         if target is not None:
-            for e, location in self.controller.committed_locations(upstream, upto=target):
+            # ``after``: change files compaction deleted are never needed (retention waits for the
+            # sink), unless the sink lost its progress, which is then an error, not a silent gap.
+            for e, location in self.controller.committed_locations(upstream, upto=target, after=delivered_before):
                 if delivered_before is not None and e <= delivered_before:
                     continue
                 self.controller.mark_sink(name, e, "PENDING")
@@ -439,24 +449,110 @@ class EpochRuntime:
 
     # ------------------------------------------------------------------ reading state
 
-    def read_state(self, table: str, epoch: int, inclusive: bool) -> tuple["DataFrame | None", int]:
+    def distribution_key(self, table: str) -> tuple[str, ...]:
+        """The columns whose hash places ``table``'s rows in snapshot vnodes: a source's PRIMARY KEY,
+        else () meaning every column. A read restricted by exactly these columns opens only the
+        restriction keys' vnodes (``read_state``)."""
+        source = self.pipeline.sources.get(table)
+        return tuple(source.primary_key) if source is not None else ()
+
+    def read_state(
+        self,
+        table: str,
+        epoch: int,
+        inclusive: bool,
+        restrict: "tuple[tuple[str, ...], DataFrame] | None" = None,
+    ) -> tuple["DataFrame | None", int]:
         """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
         and how many stored rows were read to get them; ``None`` when the table has no epoch yet.
 
+        The rows are the newest snapshot at or before the epoch plus the change files after it
+        (committed or in flight, ``controller.state_parts``), never older change files.
+        ``restrict = (columns, keys)`` keeps only rows whose ``columns`` equal (null-safe) a row of
+        the small DataFrame ``keys``; it is applied before netting, and when ``columns`` is the
+        snapshot's distribution key only the keys' vnode directories of the snapshot are read.
+
         Views and keyed sources read their inputs through this one function, so how state is
         stored (change files, snapshots) is decided here and nowhere else."""
-        locations = [loc for _, loc in self.controller.changes_upto(table, epoch, inclusive=inclusive)]
-        if not locations:
-            return None, 0
-        rows_read = sum(self.warehouse.row_count(loc) for loc in locations)
-        return self._net_rows(self.warehouse.read(self.spark, locations)), rows_read
+        weighted, rows_read = self._read_weighted(self.controller.state_parts(table, epoch, inclusive), restrict)
+        if weighted is None or WEIGHT not in weighted.columns:
+            return weighted, rows_read  # a snapshot alone is already net: no aggregation
+        return self._net_rows(weighted), rows_read
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
-        locations = [loc for _, loc in self.controller.committed_locations(table, upto=epoch)]
-        if not locations:
+        committed = self.controller.committed_epoch()
+        limit = committed if epoch is None or committed is None else min(epoch, committed)
+        rows = None if limit is None else self.read_state(table, limit, inclusive=True)[0]
+        if rows is None:
             raise EpochalError(f"table {table} has no committed epoch yet: run epoch_job first")
-        return self._net_rows(self.warehouse.read(self.spark, locations))
+        return rows
+
+    def _read_weighted(
+        self, parts: StateParts, restrict: "tuple[tuple[str, ...], DataFrame] | None"
+    ) -> tuple["DataFrame | None", int]:
+        """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
+        the snapshot as it is (no ``_weight`` column: every row counts once); otherwise the snapshot
+        rows with weight +1 followed by the changes."""
+        from pyspark.sql import functions as F
+
+        if parts.snapshot is None and not parts.changes:
+            return None, 0
+        base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict)
+        if not parts.changes:
+            return base, rows_read
+        locations = [loc for _, loc in parts.changes]
+        rows_read += sum(self.warehouse.row_count(loc) for loc in locations)
+        changes = self.warehouse.read(self.spark, locations)
+        if restrict is not None:
+            changes = _semi_join(changes, restrict)
+        if base is not None:
+            changes = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
+        return changes, rows_read
+
+    def _read_snapshot(
+        self, snapshot: Snapshot, restrict: "tuple[tuple[str, ...], DataFrame] | None"
+    ) -> tuple["DataFrame", int]:
+        import json
+
+        from pyspark.sql.types import StructType
+
+        from epochal.storage.vnode import vnode_column
+
+        schema = StructType.fromJson(json.loads(snapshot.spark_schema))
+        if snapshot.rows == 0:
+            return self.spark.createDataFrame([], schema), 0
+        if restrict is None:
+            # Reading the snapshot's root discovers _vnode as a partition column; only the data is wanted.
+            rows = self.spark.read.schema(schema).parquet(snapshot.location).select(*_quoted(schema.fieldNames()))
+            return rows, snapshot.rows
+        columns, keys = restrict
+        _check_restriction(snapshot.table, schema, columns, keys)
+        key = snapshot.distribution_key or tuple(schema.fieldNames())
+        if tuple(columns) == tuple(key):
+            # At most 256 small ints come to the driver: which vnode directories hold the keys.
+            typed = _typed_keys(schema, columns, keys, names=list(columns))
+            vnodes = [r[0] for r in typed.select(vnode_column(schema, snapshot.distribution_key)).distinct().collect()]
+            dirs = self.warehouse.vnode_dirs(snapshot.location)
+            chosen = [dirs[v] for v in sorted(vnodes) if v in dirs]
+            if not chosen:
+                return self.spark.createDataFrame([], schema), 0
+            rows_read = self.warehouse.files_row_count(f for d in chosen for f in self.warehouse.parquet_files(d))
+            rows = self.spark.read.schema(schema).parquet(*chosen)
+        else:
+            rows_read = snapshot.rows
+            rows = self.spark.read.schema(schema).parquet(snapshot.location).select(*_quoted(schema.fieldNames()))
+        return _semi_join(rows, restrict), rows_read
+
+    def compact(
+        self, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None
+    ) -> StepReport:
+        """Snapshot the tables that need it (``epochal/storage/compaction.py``); never raises for a
+        table's failure, which is logged and reported in the metadata: the epoch is committed."""
+        from epochal.storage.compaction import compact_tables
+
+        report = compact_tables(self, tables=tables, every=self.settings.compact_every if every is None else every)
+        return StepReport("compaction", epoch if epoch is not None else (report.committed_epoch or 0), report.metadata)
 
     @staticmethod
     def _net_rows(changes: "DataFrame") -> "DataFrame":
@@ -479,3 +575,43 @@ class EpochRuntime:
             .withColumn(WEIGHT, F.signum(F.col(WEIGHT)).cast("bigint"))
             .select(*columns, WEIGHT)
         )
+
+
+def _quoted(names: "list[str] | tuple[str, ...]") -> list[str]:
+    return [f"`{n}`" for n in names]
+
+
+def _check_restriction(table: str, schema: Any, columns: tuple[str, ...], keys: "DataFrame") -> None:
+    unknown = [c for c in columns if c not in schema.fieldNames()]
+    if not columns or unknown:
+        raise EpochalError(f"cannot restrict {table} by columns {list(columns)}: {unknown or 'none given'}")
+    missing = [c for c in columns if c not in keys.columns]
+    if missing:
+        raise EpochalError(f"the restriction keys of {table} lack column(s) {missing}")
+
+
+def _typed_keys(schema: Any, columns: tuple[str, ...], keys: "DataFrame", names: list[str]) -> "DataFrame":
+    """``keys`` cast to the table's column types: the vnode hash and the null-safe comparison
+    must see the same values as when the rows were written."""
+    from pyspark.sql import functions as F
+
+    types = {f.name: f.dataType for f in schema.fields}
+    return keys.select(*[F.col(f"`{c}`").cast(types[c]).alias(n) for c, n in zip(columns, names, strict=True)])
+
+
+def _semi_join(rows: "DataFrame", restrict: "tuple[tuple[str, ...], DataFrame]") -> "DataFrame":
+    """The rows whose restriction columns equal (null-safe) some row of the keys: a left-semi join
+    against the broadcast keys, so the state is filtered where it is scanned, without a shuffle."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    columns, keys = restrict
+    _check_restriction("the table", rows.schema, tuple(columns), keys)
+    names = [f"__epochal_key_{i}" for i in range(len(columns))]
+    typed = _typed_keys(rows.schema, tuple(columns), keys, names)
+    condition = reduce(
+        lambda a, b: a & b,
+        [rows[f"`{c}`"].eqNullSafe(typed[n]) for c, n in zip(columns, names, strict=True)],
+    )
+    return rows.join(F.broadcast(typed), condition, "left_semi")
