@@ -1,4 +1,4 @@
-"""The `epochal` command: status, query, produce, recover, pause, resume, settings, validate.
+"""The `epochal` command: status, query, produce, recover, compact, pause, resume, settings, validate.
 
 Every command exits non-zero with one clear line on bad input; tracebacks are for bugs only.
 """
@@ -63,9 +63,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  {e['epoch']} {e['kind']:<10} {e['state']:<9} collected: {', '.join(e['collected']) or '-'}"
             + (f"  FAILED: {e['failure']}" if e["failure"] else "")
         )
-    print("tables          :")
+    print("tables          : committed epoch, newest snapshot")
     for table, epoch in status["tables"].items():
-        print(f"  {table:<28} {epoch}")
+        snap = status["snapshots"].get(table)
+        shown = "no snapshot"
+        if snap is not None:
+            shown = f"snapshot @ {snap['epoch']} ({snap['rows']} rows, {snap['files']} files)"
+        print(f"  {table:<28} {epoch}  {shown}")
     if status["sinks"]:
         print("sinks (delivered epoch):")
         for sink, epoch in status["sinks"].items():
@@ -144,6 +148,24 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    runtime = _runtime()
+    tables = None
+    if args.table:
+        if args.table not in runtime.pipeline.tables:
+            raise EpochalError(f"{args.table} is not a table of this pipeline ({', '.join(runtime.pipeline.tables)})")
+        tables = [args.table]
+    # Asked for explicitly: every table with any committed change after its snapshot, not only those
+    # past EPOCHAL_COMPACT_EVERY.
+    report = runtime.compact(tables=tables, every=1)
+    for key, value in report.metadata.items():
+        print(f"{key:<28} {value}")
+    failures = report.metadata["failures"]
+    if failures != "none":
+        raise EpochalError(f"compaction failed: {failures}")
+    return 0
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     controller = _runtime().controller
     if args.on_next_start:
@@ -205,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_produce)
     p = sub.add_parser("recover", help="ad-hoc recovery: abort in-flight epochs, back to the committed epoch")
     p.set_defaults(fn=cmd_recover)
+    p = sub.add_parser("compact", help="snapshot tables' committed state now and delete change files no one needs")
+    p.add_argument("--table", help="only this table (default: every table with changes after its snapshot)")
+    p.set_defaults(fn=cmd_compact)
     p = sub.add_parser("pause", help="stop injecting new epochs")
     p.add_argument("--on-next-start", action="store_true", help="pause when the next recovery (start) happens")
     p.set_defaults(fn=cmd_pause)

@@ -1,9 +1,9 @@
 """`epochal query`: read-only SQL, in DuckDB, over the committed state of every table at one epoch.
 
-Every source and view becomes a DuckDB view over the Parquet files of its committed epochs, netted
-by ``_weight``; each source's dead letters are ``<source>__dead_letters``. The committed epoch is
-read once and every table is cut at it, so a query joining two tables never mixes epochs even
-while new epochs commit underneath.
+Every source and view becomes a DuckDB view over its newest snapshot at the epoch plus the change
+files after it, netted by ``_weight`` (a snapshot alone is read as it is); each source's dead
+letters are ``<source>__dead_letters``. The committed epoch is read once and every table is cut at
+it, so a query joining two tables never mixes epochs even while new epochs commit underneath.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ def _files_sql(files: list[str]) -> str:
     return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
 
 
+def _read(files: list[str]) -> str:
+    # Explicit files; a snapshot's lie under _vnode=N/ directories, which are layout, not columns.
+    return f"read_parquet({_files_sql(files)}, hive_partitioning = false)"
+
+
 def _empty_view(columns: list[tuple[str, str]]) -> str:
     cols = ", ".join(f"NULL::{_SPARK_TO_DUCKDB.get(t.lower(), 'VARCHAR')} AS {_quote(n)}" for n, t in columns)
     return f"SELECT {cols} WHERE false"
@@ -64,18 +69,25 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
     con = duckdb.connect()
     for table in runtime.pipeline.tables:
         columns = _columns_of(runtime, table)
-        files = [
-            f for _, loc in controller.committed_locations(table, upto=epoch) for f in warehouse.parquet_files(loc)
-        ]
-        if not files:
-            con.execute(f"CREATE VIEW {_quote(table)} AS {_empty_view(columns)}")
-            continue
         cols = ", ".join(_quote(n) for n, _ in columns)
-        con.execute(
-            f"CREATE VIEW {_quote(table)} AS WITH net AS (SELECT {cols}, sum({WEIGHT})::BIGINT AS _n "
-            f"FROM read_parquet({_files_sql(files)}) GROUP BY ALL HAVING sum({WEIGHT}) > 0) "
-            f"SELECT {cols} FROM (SELECT {cols}, unnest(range(_n)) FROM net)"
-        )
+        # The newest snapshot at the epoch plus the change files after it, as the Spark readers do.
+        parts = controller.state_parts(table, epoch, inclusive=True) if epoch is not None else None
+        snapshot = [] if parts is None or parts.snapshot is None else warehouse.snapshot_files(parts.snapshot.location)
+        changes = [] if parts is None else [f for _, loc in parts.changes for f in warehouse.parquet_files(loc)]
+        if not snapshot and not changes:
+            con.execute(f"CREATE VIEW {_quote(table)} AS {_empty_view(columns)}")
+        elif not changes:
+            # A snapshot alone is already net, one row per unit: no aggregation.
+            con.execute(f"CREATE VIEW {_quote(table)} AS SELECT {cols} FROM {_read(snapshot)}")
+        else:
+            weighted = f"SELECT {cols}, {WEIGHT} FROM {_read(changes)}"
+            if snapshot:
+                weighted = f"SELECT {cols}, 1::BIGINT AS {WEIGHT} FROM {_read(snapshot)} UNION ALL {weighted}"
+            con.execute(
+                f"CREATE VIEW {_quote(table)} AS WITH net AS (SELECT {cols}, sum({WEIGHT})::BIGINT AS _n "
+                f"FROM ({weighted}) GROUP BY ALL HAVING sum({WEIGHT}) > 0) "
+                f"SELECT {cols} FROM (SELECT {cols}, unnest(range(_n)) FROM net)"
+            )
     for source in runtime.pipeline.sources:
         dlq = [f for loc in controller.committed_dead_letter_locations(source) for f in warehouse.parquet_files(loc)]
         body = (
