@@ -15,11 +15,12 @@ from dagster import (
 )
 
 from assets.materialization import to_metadata
-from epochal.pipeline.model import Pipeline
+from epochal.pipeline.model import Pipeline, ViewDef
 from resources.checkpoint import EPOCHS_PARTITIONS, CheckpointControllerResource
 
 EPOCHS = DynamicPartitionsDefinition(name=EPOCHS_PARTITIONS)
 COMMIT_ASSET = "epoch_commit"
+COMPACTION_ASSET = "compaction"
 
 
 def _epoch(context: AssetExecutionContext) -> int:
@@ -68,6 +69,25 @@ def _commit_asset(tables: list[str]) -> AssetsDefinition:
     return _commit
 
 
+def _compaction_asset() -> AssetsDefinition:
+    @asset(
+        name=COMPACTION_ASSET,
+        deps=[COMMIT_ASSET],
+        partitions_def=EPOCHS,
+        group_name="checkpoint",
+        description="After the epoch commits: snapshots every table with EPOCHAL_COMPACT_EVERY committed epochs "
+        "of changes since its last snapshot, and deletes change files no reader or sink needs. Never changes "
+        "what a reader sees; a failure is reported here and does not fail the epoch.",
+    )
+    def _compaction(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
+        report = checkpoint.runtime.compact(_epoch(context))
+        if report.metadata["failures"] != "none":
+            context.log.warning(f"compaction failed (the epoch is committed): {report.metadata['failures']}")
+        return MaterializeResult(metadata=to_metadata(report))
+
+    return _compaction
+
+
 def _sink_asset(name: str, upstream: str, description: str) -> AssetsDefinition:
     @asset(
         name=name,
@@ -102,15 +122,9 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
         )
     for name in pipeline.view_order():
         view = pipeline.views[name]
-        assets.append(
-            _view_asset(
-                name,
-                view.upstreams,
-                f"Materialized view `{name}` ({view.location}), "
-                "maintained from its upstreams' changes:\n\n" + _fenced(view.query),
-            )
-        )
+        assets.append(_view_asset(name, view.upstreams, _view_description(view)))
     assets.append(_commit_asset(pipeline.tables))
+    assets.append(_compaction_asset())
     for name, sink in pipeline.sinks.items():
         options = ", ".join(f"{k} = '{v}'" for k, v in sink.options.items())
         assets.append(
@@ -123,3 +137,18 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
             )
         )
     return assets
+
+
+def _view_description(view: ViewDef) -> str:
+    """The view's SQL and how it is maintained: which operator keeps which state."""
+    if view.internal_of:
+        head = f"Internal stage of view `{view.internal_of}` ({view.location}): the planner keeps it as a table"
+    else:
+        head = f"Materialized view `{view.name}` ({view.location})"
+    if view.refresh == "full":
+        how = "Maintained by recomputing it over its inputs every epoch and diffing (`refresh = 'full'`)."
+    elif view.plan is None:
+        how = "Maintained from its upstreams' changes."
+    else:
+        how = "Incremental plan:\n\n" + _fenced(view.plan.describe())
+    return f"{head}.\n\n" + _fenced(view.query) + "\n\n" + how

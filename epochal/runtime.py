@@ -220,9 +220,55 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
-        if self.pipeline.views[name].refresh == "full":
+        view = self.pipeline.views[name]
+        if view.refresh == "full":
             return self._guard(epoch, lambda: self._run_view_full(epoch, name, run_id, release))
+        if view.plan is not None and view.plan.kind == "keyed":
+            return self._guard(epoch, lambda: self._run_view_keyed(epoch, name, run_id, release))
         return self._guard(epoch, lambda: self._run_view(epoch, name, run_id, release))
+
+    def _run_view_keyed(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+        """A view with state: its change is recomputed at the keys the epoch touched, reading only
+        the state at those keys (:mod:`epochal.incremental.keyed`)."""
+        from epochal.incremental.keyed import keyed_change
+
+        started = time.time()
+        view = self.pipeline.views[name]
+        assert view.plan is not None
+        collected = self.controller.begin_step(epoch, run_id).collected
+        deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
+        rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
+
+        def read(table: str, inclusive: bool, restrict):
+            return self.read_state(table, epoch, inclusive, restrict)
+
+        if rows_in == 0:
+            # Nothing changed upstream, so neither does the view: run the plan over empty state,
+            # which reads nothing and yields the (empty) change with the view's schema.
+            change = keyed_change(self.spark, view.plan, view.columns, deltas, lambda *_: (None, 0))
+        else:
+            changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
+            change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed)
+        try:
+            rows, recorded = self._publish_view_change(
+                epoch, name, self._unit_changes(change.weighted), rows_in, started, run_id, release
+            )
+        finally:
+            change.release()
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "mode": "incremental",
+                "plan": f"{view.plan.rule} keyed by {', '.join(view.plan.key_classes) or 'nothing (one partition)'}",
+                "rows_in": rows_in,
+                "rows_changed": rows,
+                "state_rows_read": change.state_rows_read,
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
 
     def _run_view_full(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         """refresh = 'full': recompute the view over its inputs' state at this epoch, and emit the
@@ -450,11 +496,20 @@ class EpochRuntime:
     # ------------------------------------------------------------------ reading state
 
     def distribution_key(self, table: str) -> tuple[str, ...]:
-        """The columns whose hash places ``table``'s rows in snapshot vnodes: a source's PRIMARY KEY,
-        else () meaning every column. A read restricted by exactly these columns opens only the
-        restriction keys' vnodes (``read_state``)."""
+        """The columns whose hash places ``table``'s rows in snapshot vnodes. A read restricted by
+        exactly these columns opens only the restriction keys' vnodes (``read_state``), so they are
+        the columns the table is most often read by: a source's PRIMARY KEY (every epoch of a keyed
+        source looks up its previous rows by it), else the key the first incremental view that
+        reads the whole table restricts it by, else () meaning every column."""
         source = self.pipeline.sources.get(table)
-        return tuple(source.primary_key) if source is not None else ()
+        if source is not None and source.primary_key:
+            return tuple(source.primary_key)
+        for name in self.pipeline.view_order():
+            plan = self.pipeline.views[name].plan
+            for leaf in plan.leaves if plan is not None else ():
+                if leaf.table == table and leaf.key:
+                    return tuple(k.strip("`") for k in leaf.key)
+        return ()
 
     def read_state(
         self,

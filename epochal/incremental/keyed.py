@@ -2,10 +2,14 @@
 
     K      = the keys of every leaf, evaluated over the inputs' change (inserts and deletes alike)
     before = the view's query over each leaf's state before the epoch, restricted to K
-    after  = the same over the state after the epoch
+    after  = the same over the state after the epoch (the state before plus the restricted change)
     change = after - before, as unit changes
 
-Nothing is collected to the driver: K stays a (small, broadcast) Spark DataFrame, and the
+A plan of inner joins only uses the delta rule instead: the sum over the leaves that changed of the
+query with that leaf replaced by its change and the others by their state at K.
+
+Nothing is collected to the driver: K stays a Spark DataFrame (cached; Spark broadcasts it when it is
+small, which is the common case, and shuffles when a huge epoch makes it large), and the
 restriction is a left-semi join with it, applied where the state is read when the leaf is a
 whole table, so that snapshots laid out by vnode are read only at the vnodes of K.
 """
@@ -81,7 +85,9 @@ def _restrict(state: DataFrame, leaf: Leaf, keys: DataFrame | None) -> DataFrame
     condition = reduce(
         lambda a, b: a & b, [F.expr(expr).eqNullSafe(keys[name]) for expr, name in zip(leaf.key, names, strict=True)]
     )
-    return state.join(F.broadcast(keys), on=condition, how="left_semi")
+    # No broadcast hint: Spark broadcasts K when its (cached, known) size is small and falls back
+    # to a shuffle join when an epoch touches so many keys that broadcasting would strain memory.
+    return state.join(keys, on=condition, how="left_semi")
 
 
 def keyed_change(
@@ -90,16 +96,21 @@ def keyed_change(
     columns: tuple[str, ...],
     deltas: Mapping[str, DataFrame],
     read_state: StateReader,
+    changed: frozenset[str] | None = None,
 ) -> KeyedChange:
+    """The view's change for the epoch. ``changed``: the upstreams whose change is not empty
+    (default: all); the delta rule skips the terms of the others, and never reads their state."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from epochal.runtime import EpochRuntime
 
     cached: list[DataFrame] = []
+    rows_read = 0
+    changed = frozenset(deltas) if changed is None else changed
 
     def cache(frame: DataFrame) -> DataFrame:
-        # used by both sides of the diff: computed once (spills to disk rather than grow memory)
+        # read by more than one query of the step: computed once (spills to disk rather than grow memory)
         cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return cached[-1]
 
@@ -107,34 +118,60 @@ def keyed_change(
     if keys is not None:
         keys = cache(keys)
     empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
-    rows_read = 0
-    before: dict[str, DataFrame] = {}
-    after: dict[str, DataFrame] = {}
-    for leaf in plan.leaves:
+    states: dict[str, tuple[DataFrame, DataFrame]] = {}
+
+    def state_of(leaf: Leaf) -> tuple[DataFrame, DataFrame]:
+        """The leaf's rows at the affected keys, before and after the epoch (read on first use)."""
+        nonlocal rows_read
+        if leaf.name in states:
+            return states[leaf.name]
         if leaf.table is not None and keys is not None:
-            # A whole table restricted by its own columns: read its state before the epoch once,
-            # at the keys' vnodes, and add the epoch's (restricted) change for the state after it.
-            columns_ = tuple(k.strip("`") for k in leaf.key)
-            state, read = read_state(leaf.table, False, (columns_, keys.toDF(*columns_)))
+            # A whole table restricted by its own columns: read its state before the epoch once, at
+            # the keys' vnodes, and add the epoch's (restricted) change for the state after it.
+            names = tuple(k.strip("`") for k in leaf.key)
+            state, read = read_state(leaf.table, False, (names, keys.toDF(*names)))
             rows_read += read
             old = cache(state) if state is not None else empty[leaf.table]
             change = _restrict(deltas[leaf.table], leaf, keys)
-            before[leaf.name] = old
-            after[leaf.name] = EpochRuntime._net_rows(
-                old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change)
-            )
-            continue
-        for inclusive, side in ((False, before), (True, after)):
+            new = EpochRuntime._net_rows(old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change))
+            states[leaf.name] = (old, new)
+            return states[leaf.name]
+        sides = []
+        for inclusive in (False, True):
             upstream_states = {}
             for upstream in leaf.upstreams:
                 state, read = read_state(upstream, inclusive, None)
                 rows_read += read
                 upstream_states[upstream] = state if state is not None else empty[upstream]
             with _bound(spark, upstream_states):
-                side[leaf.name] = _restrict(spark.sql(leaf.sql), leaf, keys)
-    sides = []
-    for leaves, sign in ((before, -1), (after, 1)):
-        with _bound(spark, leaves):
+                sides.append(_restrict(spark.sql(leaf.sql), leaf, keys))
+        states[leaf.name] = (sides[0], sides[1])
+        return states[leaf.name]
+
+    def run(bindings: Mapping[str, DataFrame], sign: int) -> DataFrame:
+        with _bound(spark, bindings):
             out = spark.sql(plan.query).toDF(*columns)
-        sides.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
-    return KeyedChange(sides[1].unionByName(sides[0]), rows_read, cached)
+        return out.withColumn(WEIGHT, F.lit(sign).cast("bigint"))
+
+    outputs: list[DataFrame] = []
+    if plan.rule == "delta join":
+        # Inner joins are bilinear: the change of L1 ⋈ ... ⋈ Ln is the sum over i of the join with
+        # Li replaced by its change, the leaves before it at their new state and those after at
+        # their old one. A term whose leaf did not change is zero: its inputs' state is never read.
+        for i, leaf in enumerate(plan.leaves):
+            if not changed.intersection(leaf.upstreams):
+                continue
+            others = {other.name: state_of(other)[1 if j < i else 0] for j, other in enumerate(plan.leaves) if j != i}
+            for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
+                with _bound(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
+                    part = spark.sql(leaf.sql)
+                outputs.append(run({**others, leaf.name: part}, sign))
+    else:
+        before = {leaf.name: state_of(leaf)[0] for leaf in plan.leaves}
+        after = {leaf.name: state_of(leaf)[1] for leaf in plan.leaves}
+        outputs += [run(before, -1), run(after, 1)]
+    if not outputs:  # no input changed: the (empty) change, with the view's columns
+        with _bound(spark, empty):
+            nothing = {leaf.name: spark.sql(leaf.sql) for leaf in plan.leaves}
+        outputs.append(run(nothing, 1))
+    return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)

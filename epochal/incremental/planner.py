@@ -92,6 +92,9 @@ class Plan:
     key_classes: tuple[str, ...] = ()
     #: operators, outermost first, each with the state it reads
     operators: tuple[str, ...] = ()
+    #: keyed: 'recompute' (the query at the affected keys, before and after) or 'delta join'
+    #: (inner joins only: each input's change joined with the others' state)
+    rule: str = "recompute"
 
     def describe(self) -> str:
         if self.kind == "linear":
@@ -99,6 +102,8 @@ class Plan:
         lines = []
         if self.key_classes:
             lines.append("keyed by " + ", ".join(f"({k})" for k in self.key_classes))
+            if self.rule == "delta join":
+                lines.append("delta rule: each input's change joined with the other inputs' state at its keys")
         else:
             lines.append("one partition: the whole input is recomputed when it changes")
         lines += [f"- {op}" for op in self.operators]
@@ -665,12 +670,33 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
             node.replace(exp.select("*").from_(replacement))
     plan = Plan(
         "keyed",
+        rule="delta join" if _inner_joins_only(tree) and level.classes else "recompute",
         query=tree.sql(dialect=DIALECT),
         leaves=tuple(leaves),
         key_classes=tuple(name for name, _ in level.classes),
         operators=tuple(level.operators),
     )
     return PlannedView(plan, tuple(stages), query=tree.sql(dialect=DIALECT))
+
+
+def _inner_joins_only(tree: exp.Expression) -> bool:
+    """A select-project-join query of inner joins over leaves: its change follows the delta rule."""
+    if not isinstance(tree, exp.Select) or not tree.args.get("joins"):
+        return False
+    if any(tree.args.get(a) for a in ("group", "having", "distinct", "limit", "offset", "qualify")):
+        return False
+    for join in tree.args["joins"]:
+        if join.side or (join.kind or "INNER").upper() != "INNER" or join.args.get("on") is None:
+            return False
+    items = [tree.args["from_"].this, *(j.this for j in tree.args["joins"])]
+    if any(isinstance(i, exp.Subquery) and is_stateful(i.this) for i in items):
+        return False
+    level = tree.copy()
+    for join in level.args["joins"]:
+        join.set("on", None)  # the join itself is what the rule handles; look for anything else
+    level.set("joins", None)
+    level.set("from_", exp.From(this=exp.Table(this=exp.to_identifier("x"))))
+    return not is_stateful(level)
 
 
 def _split_joins(view: str, select: exp.Select, schema: dict[str, Sequence[str]], stages: list[Stage]) -> bool:
