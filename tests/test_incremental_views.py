@@ -8,10 +8,8 @@ import json
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from epochal.connectors.log import append_records
-from epochal.errors import PipelineError
 from epochal.pipeline.loader import load_pipeline
 from tests.consistency import assert_view_matches_batch
 from tests.epochal_harness import make_harness
