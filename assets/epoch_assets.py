@@ -20,7 +20,7 @@ from resources.checkpoint import EPOCHS_PARTITIONS, CheckpointControllerResource
 
 EPOCHS = DynamicPartitionsDefinition(name=EPOCHS_PARTITIONS)
 COMMIT_ASSET = "epoch_commit"
-COMPACTION_ASSET = "compaction"
+COMPACTION_ASSET = "epoch_compaction"
 
 
 def _epoch(context: AssetExecutionContext) -> int:

@@ -18,7 +18,8 @@ def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
     defs = make_harness(tmp_path).definitions()
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"bid", "orders", "big_bids", "big_orders", "epoch_commit", "big_bids_out", "orders_out"}
+    assert keys == {
+        "bid", "orders", "big_bids", "big_orders", "epoch_commit", "epoch_compaction", "big_bids_out", "orders_out"}
     for key in keys:
         assert graph.get(dg.AssetKey(key)).partitions_def == dg.DynamicPartitionsDefinition(name="epochs")
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("big_bids")).parent_keys} == {"bid"}
