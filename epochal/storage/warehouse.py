@@ -148,10 +148,12 @@ class Warehouse:
                     pass
 
     def sweep(self, tables: Iterable[str], keep: set[str], upto: int | None) -> list[str]:
-        """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep`` does not hold.
+        """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep`` does not hold,
+        and snapshot attempts ``keep`` does not hold, whatever their epoch.
 
-        They are what a run wrote before it died, and before it could record the write. Newer
-        epochs may be being written right now by a live run, so they are never touched."""
+        They are what a run (or a compaction) wrote before it died, and before it could record the
+        write. Newer epochs may be being written right now by a live run, so they are never touched;
+        a live compaction's snapshot is in ``keep`` from before its first file is written."""
         removed: list[str] = []
         for table in tables:
             root = self._path(self.table_root(table))
