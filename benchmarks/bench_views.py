@@ -232,7 +232,7 @@ class EpochalPipeline:
         )
         self.runtime = EpochRuntime(settings, load_pipeline(pipeline_dir), lambda: spark)
 
-    def epoch(self) -> dict[str, float]:
+    def epoch(self, initial: bool = False) -> dict[str, float]:
         rt = self.runtime
         times: dict[str, float] = {}
         started = time.perf_counter()
@@ -252,6 +252,13 @@ class EpochalPipeline:
         times["commit"] = time.perf_counter() - t
         times["epoch"] = time.perf_counter() - started
         assert rt.controller.committed_epoch() == record.epoch
+        if hasattr(rt, "compact"):
+            # What epoch_job runs after the commit (off the epoch's path, beside the sinks): a
+            # snapshot when EPOCHAL_COMPACT_EVERY epochs piled up. After the initial load, one
+            # snapshot right away (every=1): the steady state of a table with history.
+            t = time.perf_counter()
+            rt.compact(record.epoch, every=1 if initial else None)
+            times["compaction"] = time.perf_counter() - t
         return times
 
 
@@ -328,9 +335,10 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
     series = {key: ViewSeries(*key) for key in pipes}
     for key, pipe in pipes.items():
         log(f"  initial load into Epochal {key[0]} ({key[1]}): {args.rows:,} rows of t")
-        series[key].initial = pipe.epoch()
-        log(f"    {fmt_s(series[key].initial['epoch'])} (source {fmt_s(series[key].initial['sources'])}, "
-            f"view {fmt_s(series[key].initial['view'])})")
+        series[key].initial = pipe.epoch(initial=True)
+        init = series[key].initial
+        log(f"    {fmt_s(init['epoch'])} (source {fmt_s(init['sources'])}, view {fmt_s(init['view'])}); "
+            f"compaction after it {fmt_s(init.get('compaction'))}")
     out = root / "recompute"
     n = 0
     for rep in range(args.repeats):
@@ -346,7 +354,8 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
                         times = pipes[(view, mode)].epoch()
                         s.epochs.setdefault(fraction, []).append(times)
                         log(f"    Epochal {view:4} {mode:11} epoch {fmt_s(times['epoch'])} "
-                            f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])})")
+                            f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])}; "
+                            f"compaction after it {fmt_s(times.get('compaction'))})")
 
                     def b(s: ViewSeries = s, view: str = view) -> None:
                         secs = spark_recompute(spark, view, change["state"], str(data.d_parquet), out / view)
@@ -561,7 +570,8 @@ def render(result: dict[str, Any]) -> str:
         for key, s in part1.items():
             init = s["initial"]
             lines.append(f"initial load {key}: epoch {fmt_s(init.get('epoch'))} (source {fmt_s(init.get('sources'))},"
-                         f" view {fmt_s(init.get('view'))}); check against Spark batch: {s['verified']}")
+                         f" view {fmt_s(init.get('view'))}; snapshot after it {fmt_s(init.get('compaction'))}); "
+                         f"check against Spark batch over the final state: {s['verified']}")
     if sdp:
         if "error" in sdp:
             lines.append(f"SDP: could not run: {sdp['error']}")
@@ -634,6 +644,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ss-timeout", type=int, default=3600)
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     p.add_argument("--verbose", action="store_true", help="let Spark log to the terminal")
+    p.add_argument("--report", help="print the tables of a result JSON file and exit")
     p.add_argument("--ss-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.change = [float(x) for x in args.change.split(",") if x.strip()]
@@ -648,6 +659,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.ss_worker:
         return ss_worker(args.ss_worker)
+    if args.report:
+        result = json.loads(Path(args.report).read_text())
+        log(result["header"])
+        log(render(result))
+        return 0
+    path = Path(args.json).resolve() if args.json else (
+        BENCH_DIR / "results" / f"bench_views-{dt.datetime.now():%Y%m%d-%H%M%S}-{args.rows}.json"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every part: a long run cut short keeps what it measured (--report)
+        path.write_text(json.dumps(result, indent=1, default=str))
     for name in [k for k in os.environ if k.startswith("EPOCHAL_")]:
         del os.environ[name]  # a stray EPOCHAL_META_URL must not point the benchmark at real state
     root = Path(tempfile.mkdtemp(prefix="epochal-views-"))
@@ -722,11 +745,13 @@ def main(argv: list[str] | None = None) -> int:
                     for fraction in args.change:
                         data.change(fraction)
             result["changes"] = data.changes
+            save()
             if "sdp" in args.only:
                 log("2. Spark Declarative Pipelines (spark-pipelines): materialized views, refresh after each change")
                 result["sdp"] = run_sdp(args, root, data, [v for v in ("agg", "join") if v in args.only] or
                                         ["agg", "join"])
                 log(f"  {'error: ' + result['sdp']['error'] if 'error' in result['sdp'] else 'done'}")
+                save()
             if "ss" in args.only:
                 log("3. Structured Streaming (RocksDB state store), same files, one batch per epoch")
                 result["ss"] = run_ss(args, root, data)
@@ -744,11 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         log(report)
         log(f"total benchmark time {result['seconds']:.0f} s; load average at end "
             f"{' '.join(f'{x:.2f}' for x in result['load_end'])}")
-        path = Path(args.json) if args.json else (
-            BENCH_DIR / "results" / f"bench_views-{dt.datetime.now():%Y%m%d-%H%M%S}-{args.rows}.json"
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1, default=str))
+        save()
         log(f"result: {path}")
         return 0
     except Exception:
