@@ -607,7 +607,9 @@ class EpochRuntime:
         from epochal.storage.compaction import compact_tables
 
         report = compact_tables(self, tables=tables, every=self.settings.compact_every if every is None else every)
-        return StepReport("compaction", epoch if epoch is not None else (report.committed_epoch or 0), report.metadata)
+        # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
+        at = epoch if epoch is not None else (report.committed_epoch or 0)
+        return StepReport("epoch_compaction", at, report.metadata)
 
     @staticmethod
     def _net_rows(changes: "DataFrame") -> "DataFrame":

@@ -1,0 +1,322 @@
+"""Compaction into vnode snapshots: readers see the same rows before and after, files stay bounded,
+restricted reads open only the keys' vnodes, a crash mid-compaction is swept, and a lagging sink
+keeps the change files it still has to deliver. Real Spark, DuckDB and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from epochal.connectors.base import SplitRange
+from epochal.controller import CheckpointController, Collected, StateCompacted
+from epochal.settings import Settings
+from tests.consistency import assert_sink_exactly_once, assert_view_matches_batch, multiset
+from tests.epochal_harness import make_harness
+
+FILES = {
+    "pipeline.sql": """
+CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE)
+WITH (connector = 'log', path = 'data/orders', format = 'json');
+
+CREATE MATERIALIZED VIEW large AS SELECT id, customer, amount FROM orders WHERE amount >= 10;
+
+CREATE MATERIALIZED VIEW spend WITH (refresh = 'full') AS
+SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer;
+
+CREATE SINK large_out FROM large
+WITH (connector = 'duckdb', database = 'out/o.duckdb', table = 'large', type = 'upsert', primary_key = 'id');
+""",
+}
+VIEWS = {
+    "large": "SELECT id, customer, amount FROM orders WHERE amount >= 10",
+    "spend": "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer",
+}
+TABLES = ["orders", "large", "spend"]
+
+
+def records(rng: random.Random, n: int, ids: int = 40) -> list[str]:
+    out = []
+    for _ in range(n):
+        i = rng.randrange(ids)
+        if rng.random() < 0.2:
+            out.append(json.dumps({"id": i, "_op": "delete"}))
+        else:
+            out.append(json.dumps({"id": i, "customer": f"c{i % 5}", "amount": float(rng.randrange(20))}))
+    return out
+
+
+def run_epoch(runtime, sinks: bool = True, compact: bool = False) -> int:  # noqa: ANN001
+    """One epoch straight through the runtime (the steps epoch_job runs), without Dagster's overhead."""
+    record, _ = runtime.start_epoch(None, None)
+    e = record.epoch
+    for source in runtime.pipeline.sources:
+        runtime.run_source(e, source)
+    for view in runtime.pipeline.view_order():
+        runtime.run_view(e, view)
+    runtime.commit(e)
+    if sinks:
+        for sink in runtime.pipeline.sinks:
+            runtime.run_sink(e, sink)
+    if compact:
+        report = runtime.compact(e)
+        assert report.metadata["failures"] == "none", report.metadata
+    return e
+
+
+def spark_rows(runtime, table: str, epoch: int) -> Counter:  # noqa: ANN001
+    rows, _ = runtime.read_state(table, epoch, inclusive=True)
+    return multiset(rows.collect())
+
+
+def duckdb_rows(runtime, table: str) -> Counter:  # noqa: ANN001
+    from epochal.query import run_query
+
+    _, rows, _ = run_query(runtime, f"SELECT * FROM {table}")
+    return multiset(rows)
+
+
+def test_compaction_never_changes_what_a_reader_sees(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark)
+    rng = random.Random(7)
+    seen: dict[tuple[str, int], Counter] = {}
+    epochs: list[int] = []
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            h.produce(records(rng, 12))
+            epochs.append(run_epoch(runtime))
+            for table in TABLES:
+                seen[(table, epochs[-1])] = spark_rows(runtime, table, epochs[-1])
+
+    run(2)
+    queried = {t: duckdb_rows(runtime, t) for t in TABLES}
+    report = runtime.compact(epochs[-1], every=1)
+    assert report.metadata["tables_compacted"] == ", ".join(f"{t}@{epochs[-1]}" for t in TABLES)
+    assert report.metadata["rows_in_snapshots"] == sum(sum(seen[(t, epochs[-1])].values()) for t in TABLES)
+    # The first snapshot keeps every change file: a reader of any older epoch may still need them.
+    for e in epochs:
+        for table in TABLES:
+            assert spark_rows(runtime, table, e) == seen[(table, e)], (table, e)
+    assert {t: duckdb_rows(runtime, t) for t in TABLES} == queried
+    # The state at the snapshot's epoch is the snapshot alone: read without netting.
+    parts = runtime.controller.state_parts("orders", epochs[-1], inclusive=True)
+    assert parts.snapshot is not None and parts.snapshot.epoch == epochs[-1] and parts.changes == []
+
+    run(2)
+    queried = {t: duckdb_rows(runtime, t) for t in TABLES}
+    report = runtime.compact(epochs[-1], every=1)
+    assert report.metadata["failures"] == "none"
+    # Two snapshots now: the change files up to the older one are gone, and nothing else changed.
+    for e in epochs[1:]:
+        for table in TABLES:
+            assert spark_rows(runtime, table, e) == seen[(table, e)], (table, e)
+    assert {t: duckdb_rows(runtime, t) for t in TABLES} == queried
+    for table in TABLES:
+        root = Path(runtime.warehouse.table_root(table))
+        assert not any((root / f"epoch={e}").exists() for e in epochs[:2])
+        assert all((root / f"epoch={e}").exists() for e in epochs[2:])
+        with pytest.raises(StateCompacted):
+            runtime.read_state(table, epochs[0], inclusive=True)
+        with pytest.raises(StateCompacted):
+            runtime.controller.committed_locations(table)
+    status = runtime.controller.status()["snapshots"]
+    assert {t: status[t]["epoch"] for t in TABLES} == dict.fromkeys(TABLES, epochs[-1])
+
+    # Changes after the snapshot, then every reader path still agrees with the oracles.
+    run(1)
+    for name, query in VIEWS.items():
+        assert_view_matches_batch(runtime, name, query)
+    assert_sink_exactly_once(runtime, "large_out")
+    assert {t: duckdb_rows(runtime, t) for t in TABLES} == {t: seen[(t, epochs[-1])] for t in TABLES}
+
+
+def test_restricted_reads_open_only_the_keys_vnodes(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark)
+    h.produce([json.dumps({"id": i, "customer": f"c{i % 7}", "amount": float(i % 30)}) for i in range(400)])
+    first = run_epoch(runtime)
+    runtime.compact(first, every=1)
+    h.produce([json.dumps({"id": 3, "customer": "new", "amount": 99.0}), json.dumps({"id": 5, "_op": "delete"})])
+    e = run_epoch(runtime)
+
+    whole, whole_read = runtime.read_state("orders", e, inclusive=True)
+    assert whole_read == 400 + 3  # the snapshot plus the last epoch's change (one update, one delete)
+    keys = spark.createDataFrame([(3,), (5,), (7,), (None,)], "id INT")  # other type than the table's BIGINT
+    rows, read = runtime.read_state("orders", e, inclusive=True, restrict=(("id",), keys))
+    assert multiset(rows.collect()) == multiset([(3, "new", 99.0), (7, "c0", 7.0)])
+    print(f"rows read: {read} restricted to 4 keys, {whole_read} whole")
+    assert read < 20, read  # four vnodes of 256 hold ~6 of 400 rows, plus the 3 change rows
+    # Not the distribution key: no pruning, the restriction still applies exactly.
+    by_customer = spark.createDataFrame([("c1",)], "customer STRING")
+    rows, read = runtime.read_state("orders", e, inclusive=True, restrict=(("customer",), by_customer))
+    assert read == whole_read
+    assert multiset(rows.collect()) == multiset(r for r in whole.collect() if r["customer"] == "c1")
+    # A view without a key hashes all its columns: a restriction by all of them prunes too.
+    spend, _ = runtime.read_state("spend", first, inclusive=True)
+    row = spend.where("customer = 'c1'").collect()[0]
+    spend_keys = spark.createDataFrame([tuple(row)], spend.schema)
+    rows, read = runtime.read_state("spend", first, inclusive=True, restrict=(("customer", "n", "total"), spend_keys))
+    assert multiset(rows.collect()) == multiset([row])
+    assert read < runtime.controller.snapshots("spend")[-1].rows == 7
+
+
+def test_files_stay_bounded_and_a_lagging_sink_keeps_its_changes(spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EPOCHAL_COMPACT_EVERY", "2")
+    lean = {"pipeline.sql": FILES["pipeline.sql"].replace(
+        "CREATE MATERIALIZED VIEW spend WITH (refresh = 'full') AS\n"
+        "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer;", "")}
+    h = make_harness(tmp_path, lean)
+    runtime = h.runtime(spark)
+    tables = ["orders", "large"]
+    rng = random.Random(11)
+    counts: list[int] = []
+    epochs: list[int] = []
+    lag = range(8, 13)  # the sink does not run in these epochs
+    for i in range(22):
+        h.produce(records(rng, 6, ids=12))
+        epochs.append(run_epoch(runtime, sinks=i not in lag, compact=True))
+        counts.append(sum(runtime.warehouse.table_file_count(t) for t in tables))
+        if i == lag[-1]:
+            # Every epoch the sink has not delivered still has its change files, listed and on disk.
+            delivered = runtime.sink("large_out").delivered_epoch()
+            assert delivered == epochs[lag[0] - 1]
+            pending = runtime.controller.committed_locations("large", after=delivered)
+            assert [e for e, _ in pending] == epochs[lag[0] :]
+            assert all(runtime.warehouse.parquet_files(loc) for _, loc in pending)
+    print("files per epoch:", counts)
+    assert_sink_exactly_once(runtime, "large_out")
+    assert_view_matches_batch(runtime, "large", VIEWS["large"])
+    # Bounded: at most two snapshots (one file per vnode, so <= 12 keys' files each) and the change
+    # files of the epochs after the older snapshot (<= 2 * 2 + 1 epochs, a file or two each).
+    bound = len(tables) * (2 * 12 + 5 * 2)
+    assert max(counts[:lag[0]]) <= bound and max(counts[lag[-1] + 4 :]) <= bound, counts
+    # Recovery keeps everything that is recorded: the state is unchanged.
+    before = {t: spark_rows(runtime, t, epochs[-1]) for t in tables}
+    runtime.recover("test")
+    assert {t: spark_rows(runtime, t, epochs[-1]) for t in tables} == before
+
+
+@pytest.fixture(params=["duckdb", "postgresql"])
+def meta_url(request, tmp_path: Path) -> str:
+    if request.param == "duckdb":
+        return f"duckdb:///{tmp_path / 'meta.duckdb'}"
+    return request.getfixturevalue("postgres_url")
+
+
+def dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_crash_mid_compaction_is_swept_by_recovery(spark, tmp_path: Path, monkeypatch, meta_url: str) -> None:
+    monkeypatch.setenv("EPOCHAL_META_URL", meta_url)
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark)
+    h.produce(records(random.Random(3), 20))
+    e = run_epoch(runtime, compact=False)
+    runtime.compact(e, every=1)
+    recorded = runtime.controller.snapshots("orders")[-1].location
+    h.produce(records(random.Random(4), 20))
+    e = run_epoch(runtime)
+    expected = spark_rows(runtime, "orders", e)
+    # A compaction that died after writing its files: announced by a process that is gone...
+    state, _ = runtime.read_state("orders", e, inclusive=True)
+    orphan = runtime.warehouse.new_snapshot_location("orders", e)
+    runtime.controller.begin_snapshot("orders", e, orphan, ("id",), state.schema.json())
+    state.write.parquet(orphan)
+    pid = dead_pid()
+    runtime.controller.backend.transaction(
+        lambda cur: cur.execute("UPDATE snapshots SET owner_pid = ? WHERE location = ?", [pid, orphan])
+    )
+    # ...and one that died before it could even announce it.
+    silent = runtime.warehouse.new_snapshot_location("large", e)
+    state.write.parquet(silent)
+    report = runtime.recover("test: a compaction died")
+    assert set(report.discarded_locations) >= {orphan, silent}
+    assert not Path(orphan).exists() and not Path(silent).exists()
+    assert Path(recorded).exists() and runtime.controller.snapshots("orders")[-1].location == recorded
+    assert spark_rows(runtime, "orders", e) == expected
+
+
+# ---------------------------------------------------------------------- controller only (no Spark)
+
+
+def plan_one(source: str, starts: dict[str, int]) -> list[SplitRange]:
+    return [SplitRange("0", starts.get("0", 0), starts.get("0", 0) + 1)]
+
+
+def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str) -> None:
+    ctl = CheckpointController(
+        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}), ["src"], [], sinks=["out"]
+    )
+    ctl.recover("bootstrap", discard=lambda locs: None)
+    epochs = []
+    for _ in range(6):
+        e = ctl.inject(plan_one).epoch
+        ctl.collect(e, Collected("src", f"/w/src/{e}"))
+        epochs.append(e)
+    with pytest.raises(Exception, match="only committed epochs"):
+        in_flight = ctl.inject(plan_one).epoch
+        ctl.begin_snapshot("src", in_flight, "/w/src/snap-x", (), "{}")
+
+    def snapshot(epoch: int, name: str) -> bool:
+        ctl.begin_snapshot("src", epoch, f"/w/src/{name}", ("id",), "{}")
+        return ctl.publish_snapshot(f"/w/src/{name}", 10, 1, sinks=["out"]).recorded
+
+    # Two compactions of one epoch: the first to publish wins; an older one loses to a newer one.
+    ctl.begin_snapshot("src", epochs[2], "/w/src/b", ("id",), "{}")
+    assert snapshot(epochs[2], "a")
+    assert not ctl.publish_snapshot("/w/src/b", 10, 1).recorded
+    assert not snapshot(epochs[1], "old")
+    assert [s.location for s in ctl.snapshots("src")] == ["/w/src/a"]
+    parts = ctl.state_parts("src", epochs[4], inclusive=True)
+    assert parts.snapshot.location == "/w/src/a" and [e for e, _ in parts.changes] == epochs[3:5]
+    assert [e for e, _ in ctl.state_parts("src", epochs[1], inclusive=True).changes] == epochs[:2]
+
+    # A second snapshot releases the change files up to the first, once the sink has them.
+    ctl.mark_sink("out", epochs[0], "COMMITTED")
+    ctl.begin_snapshot("src", epochs[4], "/w/src/c", ("id",), "{}")
+    result = ctl.publish_snapshot("/w/src/c", 10, 1, sinks=["out"])
+    assert result.recorded and result.garbage == [f"/w/src/{epochs[0]}"] and result.changes_dropped_upto == epochs[0]
+    for e in epochs[3:5]:
+        ctl.mark_sink("out", e, "COMMITTED")
+    ctl.mark_sink("out", epochs[1], "COMMITTED")
+    ctl.mark_sink("out", epochs[2], "COMMITTED")
+    ctl.begin_snapshot("src", epochs[5], "/w/src/d", ("id",), "{}")
+    result = ctl.publish_snapshot("/w/src/d", 10, 1, sinks=["out"])
+    # Keeps the newest two snapshots (c, d) and the changes after c.
+    assert sorted(result.garbage) == sorted(["/w/src/a", *(f"/w/src/{e}" for e in epochs[1:5])])
+    assert ctl.committed_locations("src", after=epochs[4]) == [(epochs[5], f"/w/src/{epochs[5]}")]
+    with pytest.raises(StateCompacted):
+        ctl.committed_locations("src", after=epochs[2])
+    with pytest.raises(StateCompacted):
+        ctl.state_parts("src", epochs[3], inclusive=True)
+    assert ctl.state_parts("src", epochs[5], inclusive=True).snapshot.location == "/w/src/d"
+    assert ctl.status()["snapshots"]["src"]["epoch"] == epochs[5]
+
+
+def test_compaction_op_reports_in_epoch_job(spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EPOCHAL_COMPACT_EVERY", "2")
+    h = make_harness(tmp_path, FILES)
+    instance = dg.DagsterInstance.ephemeral()
+    for i in range(2):
+        h.produce(records(random.Random(i), 5))
+        result = h.run_in_process(instance)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+    meta = instance.fetch_materializations(dg.AssetKey("epoch_compaction"), limit=5).records
+    assert len(meta) == 2
+    latest = meta[0].asset_materialization.metadata
+    assert latest["tables_compacted"].value.count("@") == len(TABLES)
+    assert latest["failures"].value == "none"
+    status = h.cli("status")
+    assert status.returncode == 0 and "snapshot @" in status.stdout, status.stderr
+    compact = h.cli("compact", "--table", "orders")
+    assert compact.returncode == 0, compact.stderr
