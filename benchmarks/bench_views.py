@@ -221,7 +221,7 @@ class EpochalPipeline:
         from epochal.runtime import EpochRuntime
         from epochal.settings import Settings
 
-        self.view, self.mode = view, mode
+        self.view, self.mode, self.spark = view, mode, spark
         self.root = root / f"epochal-{view}-{mode}"
         pipeline_dir = self.root / "pipeline"
         pipeline_dir.mkdir(parents=True)
@@ -235,6 +235,8 @@ class EpochalPipeline:
     def epoch(self, initial: bool = False) -> dict[str, float]:
         rt = self.runtime
         times: dict[str, float] = {}
+        tracker = self.spark.sparkContext.statusTracker()
+        jobs_before = max(tracker.getJobIdsForGroup(), default=-1)  # ids grow; the tracker keeps the last 1000
         started = time.perf_counter()
         record, _ = rt.start_epoch(None, None)
         t = time.perf_counter()
@@ -251,6 +253,7 @@ class EpochalPipeline:
         rt.commit(record.epoch)
         times["commit"] = time.perf_counter() - t
         times["epoch"] = time.perf_counter() - started
+        times["spark_jobs"] = max(tracker.getJobIdsForGroup(), default=-1) - jobs_before
         assert rt.controller.committed_epoch() == record.epoch
         if hasattr(rt, "compact"):
             # What epoch_job runs after the commit (off the epoch's path, beside the sinks): a
@@ -354,7 +357,8 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
                         times = pipes[(view, mode)].epoch()
                         s.epochs.setdefault(fraction, []).append(times)
                         log(f"    Epochal {view:4} {mode:11} epoch {fmt_s(times['epoch'])} "
-                            f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])}; "
+                            f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])}, "
+                            f"{times['spark_jobs']:.0f} Spark jobs; "
                             f"compaction after it {fmt_s(times.get('compaction'))})")
 
                     def b(s: ViewSeries = s, view: str = view) -> None:
@@ -546,7 +550,7 @@ def render(result: dict[str, Any]) -> str:
     part1 = result.get("views", {})
     sdp = result.get("sdp", {})
     if part1:
-        headers = ["view", "mode", "change", "events", "n", "Epochal epoch", "source", "view step",
+        headers = ["view", "mode", "change", "events", "n", "Epochal epoch", "Spark jobs", "source", "view step",
                    "Spark recompute", "epoch/recompute", "view/recompute", "SDP refresh", "epoch/SDP"]
         rows = []
         for key, s in part1.items():
@@ -559,7 +563,8 @@ def render(result: dict[str, Any]) -> str:
                              and r["fraction"] == float(fraction)]
                 rows.append([
                     view, mode, f"{float(fraction):.1%}", f"{s['events'][fraction]:,}", str(len(ep)),
-                    fmt_s(median(ep)), fmt_s(median([e["sources"] for e in epochs])), fmt_s(median(vs)),
+                    fmt_s(median(ep)), f"{median([e.get('spark_jobs', float('nan')) for e in epochs]):.0f}",
+                    fmt_s(median([e["sources"] for e in epochs])), fmt_s(median(vs)),
                     fmt_s(median(rec)), fmt_x(ratio(ep, rec)), fmt_x(ratio(vs, rec)),
                     fmt_s(median(sdp_times)) if sdp_times else "n/a",
                     fmt_x(median(ep) / median(sdp_times)) if sdp_times else "n/a",
