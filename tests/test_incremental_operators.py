@@ -16,6 +16,11 @@ boundary, so rounding cannot split two values that differ only by summation orde
 diff, the reference implementation), False leaves the default so the incremental planner maintains
 them. ``EPOCHAL_OPERATORS_MODE=full|incremental`` overrides it; ``EPOCHAL_HYPOTHESIS_EXAMPLES`` sets
 how many random change sequences run (the explicit corner cases always run).
+
+Cost, measured on the 2-core test machine while other suites ran (load average 12-18): one epoch of
+the 25 views takes 90-130 s in full mode and 120-300 s incrementally, plus 30-80 s for the check,
+so the default (2 explicit + 2 random sequences of 3-5 epochs) runs for tens of minutes there; on an
+idle machine the same work is several times faster.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-#: True: every view WITH (refresh = 'full'); False: every view maintained incrementally.
-FORCE_FULL = True
+#: True: every view WITH (refresh = 'full'); False: every view maintained incrementally (the planner
+#: loads every view here since 0c89c50; full mode passes, see the module docstring for timings).
+FORCE_FULL = False
 FULL = os.environ.get("EPOCHAL_OPERATORS_MODE", "full" if FORCE_FULL else "incremental") == "full"
 #: Random change sequences per run (each costs a few epochs of the whole pipeline).
 EXAMPLES = int(os.environ.get("EPOCHAL_HYPOTHESIS_EXAMPLES", "2"))
@@ -204,7 +210,7 @@ OPERATION = st.one_of(
     st.tuples(st.just("customers"), CUSTOMER_IDS, CUSTOMER_VALUES),
     st.tuples(st.just("customers"), CUSTOMER_IDS, st.none()),
 )
-EPOCHS = st.lists(st.lists(OPERATION, max_size=7), min_size=3, max_size=5)
+EPOCHS = st.lists(st.lists(OPERATION, min_size=1, max_size=7), min_size=3, max_size=5)
 
 
 def O(i, cust, item, qty, price, t):  # noqa: ANN001, ANN201, E743, N802
