@@ -563,7 +563,7 @@ def render(result: dict[str, Any]) -> str:
                              and r["fraction"] == float(fraction)]
                 rows.append([
                     view, mode, f"{float(fraction):.1%}", f"{s['events'][fraction]:,}", str(len(ep)),
-                    fmt_s(median(ep)), f"{median([e.get('spark_jobs', float('nan')) for e in epochs]):.0f}",
+                    fmt_s(median(ep)), jobs_cell(epochs),
                     fmt_s(median([e["sources"] for e in epochs])), fmt_s(median(vs)),
                     fmt_s(median(rec)), fmt_x(ratio(ep, rec)), fmt_x(ratio(vs, rec)),
                     fmt_s(median(sdp_times)) if sdp_times else "n/a",
@@ -613,6 +613,11 @@ def render(result: dict[str, Any]) -> str:
                 " (source step + view step + commit); SS's is the micro-batch's triggerExecution."
             )
     return "\n".join(lines)
+
+
+def jobs_cell(epochs: list[dict[str, float]]) -> str:
+    jobs = [e["spark_jobs"] for e in epochs if "spark_jobs" in e]
+    return f"{median(jobs):.0f}" if jobs else "n/a"
 
 
 def ss_table(ss: dict[str, Any], agg_epochs: dict[str, Any]) -> list[tuple[str, list[float], list[float], int]]:
