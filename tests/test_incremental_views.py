@@ -42,6 +42,13 @@ VIEWS = {
     "cte_max": "WITH m AS (SELECT cust, max(price) AS mp FROM orders GROUP BY cust) "
     "SELECT o.id, o.cust FROM orders o JOIN m ON o.cust = m.cust AND o.price = m.mp",
     "spenders": "SELECT hi, count(*) AS custs FROM per_cust GROUP BY hi",  # a view on a view
+    # joins on two different keys: the first join becomes a stage the second joins with
+    "same_tier": "SELECT o.id, c.region, t.id AS peer FROM orders o JOIN customers c ON o.cust = c.id "
+    "JOIN customers t ON t.tier = c.tier",
+    "custs_and_buyers": "SELECT cust AS k FROM orders INTERSECT SELECT id AS k FROM customers",
+    "totals": "SELECT count(*) AS n, sum(qty) AS q, max(price) AS hi FROM orders",  # one partition
+    "repeat_buyers": "SELECT c.id, c.region FROM orders o RIGHT JOIN customers c ON o.cust = c.id "
+    "WHERE c.id IN (SELECT cust FROM orders GROUP BY cust HAVING count(*) > 1)",
 }
 
 
@@ -110,8 +117,11 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     for name in VIEWS:
         plan = pipeline.views[name].plan
         assert plan is not None and plan.kind == "keyed", name
-    # the join grouped by another key was split into an internal stage
+    # the join grouped by another key was split into an internal stage, and so was the first join of two
     assert [v.name for v in pipeline.views.values() if v.internal_of == "by_region"] == ["by_region__stage1"]
+    assert [v.name for v in pipeline.views.values() if v.internal_of == "same_tier"] == ["same_tier__stage1"]
+    assert pipeline.views["by_region__stage1"].plan.rule == "delta join"
+    assert pipeline.views["totals"].plan.key_classes == ()
     instance = dg.DagsterInstance.ephemeral()
     runtime = run_epochs(h, instance, spark, VIEWS)
     records = instance.fetch_materializations(dg.AssetKey("per_cust"), limit=1).records

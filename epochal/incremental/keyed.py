@@ -8,8 +8,8 @@
 A plan of inner joins only uses the delta rule instead: the sum over the leaves that changed of the
 query with that leaf replaced by its change and the others by their state at K.
 
-Nothing is collected to the driver: K stays a Spark DataFrame (cached; Spark broadcasts it when it is
-small, which is the common case, and shuffles when a huge epoch makes it large), and the
+No table is collected to the driver: K is a cached Spark DataFrame, broadcast to the executors (its
+size follows the epoch's change, bounded by max.events.per.epoch, never the table's), and the
 restriction is a left-semi join with it, applied where the state is read when the leaf is a
 whole table, so that snapshots laid out by vnode are read only at the vnodes of K.
 """
@@ -85,9 +85,10 @@ def _restrict(state: DataFrame, leaf: Leaf, keys: DataFrame | None) -> DataFrame
     condition = reduce(
         lambda a, b: a & b, [F.expr(expr).eqNullSafe(keys[name]) for expr, name in zip(leaf.key, names, strict=True)]
     )
-    # No broadcast hint: Spark broadcasts K when its (cached, known) size is small and falls back
-    # to a shuffle join when an epoch touches so many keys that broadcasting would strain memory.
-    return state.join(keys, on=condition, how="left_semi")
+    # Broadcast: without the hint Spark may plan a sort-merge join and shuffle the whole state
+    # before adaptive execution notices K is small. K grows with the epoch's change (bounded by
+    # max.events.per.epoch), never with the table.
+    return state.join(F.broadcast(keys), on=condition, how="left_semi")
 
 
 def keyed_change(
@@ -128,8 +129,15 @@ def keyed_change(
         if leaf.table is not None and keys is not None:
             # A whole table restricted by its own columns: read its state before the epoch once, at
             # the keys' vnodes, and add the epoch's (restricted) change for the state after it.
-            names = tuple(k.strip("`") for k in leaf.key)
-            state, read = read_state(leaf.table, False, (names, keys.toDF(*names)))
+            # One column per restricted column: two key classes may meet in one column of a leaf,
+            # and restricting by either is enough (a coarser restriction only adds whole partitions
+            # that are the same before and after the epoch, so they cancel in the diff).
+            first: dict[str, str] = {}
+            for expr, key_name in zip(leaf.key, _key_names(len(leaf.key)), strict=True):
+                first.setdefault(expr.strip("`"), key_name)
+            names = tuple(first)
+            restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
+            state, read = read_state(leaf.table, False, (names, restriction))
             rows_read += read
             old = cache(state) if state is not None else empty[leaf.table]
             change = _restrict(deltas[leaf.table], leaf, keys)

@@ -444,9 +444,15 @@ class _Analyzer:
         valid.sort(key=lambda root: self._describe(classes.members(root), items))
 
         level_classes = []
+        seen: set[tuple[tuple[int, str], ...]] = set()
         for root in valid:
             restrictions = self._restrictions(classes.members(root), items)
-            level_classes.append((self._describe(classes.members(root), items), restrictions))
+            # Two classes can restrict every leaf the same way (a subquery's id and auction both
+            # come from a.id = b.auction): one of them is the key, the other adds nothing.
+            signature = tuple(sorted(restrictions))
+            if signature not in seen:
+                seen.add(signature)
+                level_classes.append((self._describe(classes.members(root), items), restrictions))
 
         keys: dict[str, list[tuple[int, str]]] = {}
         for projection in select.expressions:
