@@ -766,9 +766,6 @@ def main(argv: list[str] | None = None) -> int:
                 log("3. Structured Streaming (RocksDB state store), same files, one batch per epoch")
                 result["ss"] = run_ss(args, root, data)
                 log(f"  {'error: ' + result['ss']['error'] if 'error' in result['ss'] else 'done'}")
-        # the JSON keeps fractions as strings; render wants the same
-        for s in result.get("views", {}).values():
-            s["epochs"] = {f: e for f, e in s["epochs"].items()}
         result["load_end"] = os.getloadavg()
         result["seconds"] = time.perf_counter() - began
         report = render(result)
