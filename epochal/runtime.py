@@ -248,7 +248,11 @@ class EpochRuntime:
             change = keyed_change(self.spark, view.plan, view.columns, deltas, lambda *_: (None, 0))
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
-            change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed)
+            # The view's first epoch has no rows before it: a one-partition query over empty inputs
+            # still returns a row (count(*) = 0), which must not be retracted from a view never written.
+            parts = self.controller.state_parts(name, epoch, inclusive=False)
+            first = parts.snapshot is None and not parts.changes
+            change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)
         try:
             rows, recorded = self._publish_view_change(
                 epoch, name, self._unit_changes(change.weighted), rows_in, started, run_id, release
@@ -330,13 +334,15 @@ class EpochRuntime:
         collected = self.controller.begin_step(epoch, run_id).collected
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
         # The view's operators are linear (filter, project, UNION ALL), so the change of the output
-        # is the query over the inserted rows minus the query over the deleted rows.
+        # is the query over the inserted rows minus the query over the deleted rows. When the planner
+        # split the view, its query reads the stages that keep the state instead of the text as written.
+        query = view.plan.query if view.plan is not None and view.plan.query else view.query
         signed = []
         for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
             try:
                 for upstream, delta in deltas.items():
                     delta.where(keep).drop(WEIGHT).createOrReplaceTempView(upstream)
-                out = self.spark.sql(view.query).toDF(*view.columns)  # analyzed now, bound to these rows
+                out = self.spark.sql(query).toDF(*view.columns)  # analyzed now, bound to these rows
             finally:
                 for upstream in view.upstreams:
                     self.spark.catalog.dropTempView(upstream)

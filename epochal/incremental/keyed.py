@@ -98,9 +98,11 @@ def keyed_change(
     deltas: Mapping[str, DataFrame],
     read_state: StateReader,
     changed: frozenset[str] | None = None,
+    first: bool = False,
 ) -> KeyedChange:
     """The view's change for the epoch. ``changed``: the upstreams whose change is not empty
-    (default: all); the delta rule skips the terms of the others, and never reads their state."""
+    (default: all); the delta rule skips the terms of the others, and never reads their state.
+    ``first``: the view has no earlier epoch, so nothing is retracted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -175,9 +177,9 @@ def keyed_change(
                     part = spark.sql(leaf.sql)
                 outputs.append(run({**others, leaf.name: part}, sign))
     else:
-        before = {leaf.name: state_of(leaf)[0] for leaf in plan.leaves}
-        after = {leaf.name: state_of(leaf)[1] for leaf in plan.leaves}
-        outputs += [run(before, -1), run(after, 1)]
+        if not first:
+            outputs.append(run({leaf.name: state_of(leaf)[0] for leaf in plan.leaves}, -1))
+        outputs.append(run({leaf.name: state_of(leaf)[1] for leaf in plan.leaves}, 1))
     if not outputs:  # no input changed: the (empty) change, with the view's columns
         with _bound(spark, empty):
             nothing = {leaf.name: spark.sql(leaf.sql) for leaf in plan.leaves}

@@ -331,7 +331,13 @@ def _planned_views(
         )
         # A stage is a view of its own: planned (and possibly split) the same way.
         result.update(_planned_views(stage_view, sqlglot.parse_one(stage.query, read=DIALECT), parsed, schema, issues))
-    upstreams = tuple(dict.fromkeys(u for leaf in planned.plan.leaves for u in leaf.upstreams)) or view.upstreams
+    if planned.plan.query:  # what the planned query reads: leaves, or the stages of a linear rest
+        upstreams = tuple(dict.fromkeys(u for leaf in planned.plan.leaves for u in leaf.upstreams))
+        if not upstreams:
+            read = sqlglot.parse_one(planned.plan.query, read=DIALECT).find_all(sqlglot.exp.Table)
+            upstreams = tuple(dict.fromkeys(t.name.lower() for t in read))
+    else:
+        upstreams = view.upstreams
     result[view.name] = replace(view, upstreams=upstreams, plan=planned.plan)
     return result
 
