@@ -130,8 +130,6 @@ class PlannedView:
     plan: Plan
     #: internal stages this view reads, upstream-most first; each is planned separately
     stages: tuple[Stage, ...] = ()
-    #: the view's query after stages were split off (reads the stages by name)
-    query: str = ""
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -215,7 +213,6 @@ class _Item:
     id: int
     alias: str
     node: exp.Expression  # the Table or Subquery node in the tree
-    columns: tuple[str, ...]
     leaf: int | None = None  # index into the analyzer's leaves
     child: _Level | None = None
 
@@ -244,8 +241,7 @@ class _LeafSpec:
 
 
 class _Analyzer:
-    def __init__(self, schema: Mapping[str, Sequence[str]]):
-        self.schema = schema
+    def __init__(self) -> None:
         self.leaves: list[_LeafSpec] = []
         self._ids = 0
         #: IN/EXISTS nodes planned as semi/anti joins (by id: sqlglot nodes take no attributes)
@@ -261,17 +257,15 @@ class _Analyzer:
         alias = node.alias_or_name
         if isinstance(node, exp.Table):
             table = node.name.lower()
-            columns = tuple(self.schema.get(table, ()))
             self.leaves.append(_LeafSpec(node, f"SELECT * FROM {table}", (table,), table))
-            return _Item(self._next_id(), alias, node, columns, leaf=len(self.leaves) - 1)
+            return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)
         if isinstance(node, exp.Subquery):
             query = node.this
-            columns = tuple(query.named_selects)
             if not is_stateful(query):
                 tables = tuple(dict.fromkeys(t.name.lower() for t in query.find_all(exp.Table)))
                 self.leaves.append(_LeafSpec(node, query.sql(dialect=DIALECT), tables, None))
-                return _Item(self._next_id(), alias, node, columns, leaf=len(self.leaves) - 1)
-            return _Item(self._next_id(), alias, node, columns, child=self.level(query))
+                return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)
+            return _Item(self._next_id(), alias, node, child=self.level(query))
         raise Unmaintainable(
             f"FROM {node.sql(dialect=DIALECT)[:60]}", "only tables, views and subqueries can be read", node=node
         )
@@ -473,7 +467,8 @@ class _Analyzer:
         for _, nodes in required:
             yield from nodes
 
-    def _conflict(self, select: exp.Select, items: list[_Item], required) -> Unmaintainable:
+    @staticmethod
+    def _conflict(select: exp.Select, items: list[_Item], required) -> Unmaintainable:
         for join in select.args.get("joins") or []:
             if join.args.get("on") is None and not join.args.get("using"):
                 return Unmaintainable(
@@ -632,7 +627,7 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
     stages: list[Stage] = []
     schema = dict(schema)
     while True:
-        analyzer = _Analyzer(schema)
+        analyzer = _Analyzer()
         level = analyzer.level(tree)
         if level.conflict is None:
             break
@@ -654,7 +649,7 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
             )
     if not is_stateful(tree):  # what needed state went into the stages
         plan = Plan("linear", query=tree.sql(dialect=DIALECT), operators=("filter, project, UNION ALL",))
-        return PlannedView(plan, tuple(stages), query=plan.query)
+        return PlannedView(plan, tuple(stages))
     leaves = []
     for index, spec in enumerate(analyzer.leaves):
         key = tuple(expr for _, restrictions in level.classes for leaf, expr in restrictions if leaf == index)
@@ -682,7 +677,7 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
         key_classes=tuple(name for name, _ in level.classes),
         operators=tuple(level.operators),
     )
-    return PlannedView(plan, tuple(stages), query=tree.sql(dialect=DIALECT))
+    return PlannedView(plan, tuple(stages))
 
 
 def _inner_joins_only(tree: exp.Expression) -> bool:
@@ -735,7 +730,7 @@ def _split_joins(view: str, select: exp.Select, schema: dict[str, Sequence[str]]
             stage_select.append("joins", join.copy())
         if with_where and select.args.get("where"):
             stage_select.set("where", select.args["where"].copy())
-        if _Analyzer(schema).level(stage_select).conflict is not None:
+        if _Analyzer().level(stage_select).conflict is not None:
             continue
         name = f"{view}{STAGE_SEPARATOR}{len(stages) + 1}"
         columns = tuple(f"{alias}__{column}" for alias, column in names)
