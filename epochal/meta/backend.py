@@ -78,6 +78,11 @@ class DuckDBBackend:
                         con.execute("BEGIN TRANSACTION")
                         result = fn(_DuckCursor(con))
                         con.execute("COMMIT")
+                        # Fold the WAL into the file while this process still holds the lock. Left
+                        # to close(), another process that opened the file at that moment sometimes
+                        # missed a committed write (an injected epoch, a collect): measured 2 runs in
+                        # 8 of four processes hammering one store, none in 12 with this.
+                        con.execute("CHECKPOINT")
                         return result
                     except BaseException:
                         try:
