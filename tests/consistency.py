@@ -110,3 +110,19 @@ def assert_sink_exactly_once(runtime: EpochRuntime, sink: str) -> int:
     assert target == view_rows, f"sink {sink}: {sum(target.values())} rows, view has {sum(view_rows.values())}"
     assert runtime.sink(sink).delivered_epoch() == runtime.controller.committed_epoch()
     return sum(target.values())
+
+
+def frame(spark: Any, rows: list[tuple], ddl: str) -> Any:
+    """A DataFrame of ``rows`` built from literals: unlike createDataFrame(list), which scans a
+    Python RDD, it needs no Python worker processes, and the property tests build many."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    fields = StructType.fromDDL(ddl).fields
+    if not rows:
+        return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])
+    structs = [
+        F.struct(*[F.lit(value).cast(f.dataType).alias(f.name) for value, f in zip(row, fields, strict=True)])
+        for row in rows
+    ]
+    return spark.range(1).select(F.inline(F.array(*structs)))

@@ -36,6 +36,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.consistency import frame
+
 #: True: every view WITH (refresh = 'full'); False: every view maintained incrementally (the planner
 #: loads every view here since 0c89c50; full mode passes, see the module docstring for timings).
 FORCE_FULL = False
@@ -253,21 +255,6 @@ def record(source: str, key: int, values: tuple | None) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # Running epochs and checking them.
-
-
-def frame(spark, rows: list[tuple], ddl: str):  # noqa: ANN001, ANN201
-    """A DataFrame of ``rows`` from literals (no Python worker processes, unlike createDataFrame)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
-
-    fields = StructType.fromDDL(ddl).fields
-    if not rows:
-        return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])
-    structs = [
-        F.struct(*[F.lit(value).cast(f.dataType).alias(f.name) for value, f in zip(row, fields, strict=True)])
-        for row in rows
-    ]
-    return spark.range(1).select(F.inline(F.array(*structs)))
 
 
 def as_json(df, table: str, side: str):  # noqa: ANN001, ANN201

@@ -17,24 +17,9 @@ from epochal.errors import EpochalError, PipelineError
 from epochal.pipeline.loader import load_pipeline
 from epochal.pipeline.model import Column, Location, SourceDef
 from epochal.upsert import upsert_changes
+from tests.consistency import frame
 
 RECORD_DDL = "_op STRING, _split STRING, _offset BIGINT"
-
-
-def frame(spark, rows: list[tuple], ddl: str):
-    """A DataFrame of ``rows`` built from literals: unlike createDataFrame(list), which scans a
-    Python RDD, it needs no Python worker processes, and the property test builds many."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
-
-    fields = StructType.fromDDL(ddl).fields
-    if not rows:
-        return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])
-    structs = [
-        F.struct(*[F.lit(value).cast(f.dataType).alias(f.name) for value, f in zip(row, fields, strict=True)])
-        for row in rows
-    ]
-    return spark.range(1).select(F.inline(F.array(*structs)))
 
 
 def records(spark, ddl: str, rows: list[tuple]):

@@ -23,6 +23,7 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from epochal.incremental.planner import Leaf, Plan
+from epochal.storage.changes import net_rows
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -106,8 +107,6 @@ def keyed_change(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from epochal.runtime import EpochRuntime
-
     cached: list[DataFrame] = []
     rows_read = 0
     changed = frozenset(deltas) if changed is None else changed
@@ -143,7 +142,7 @@ def keyed_change(
             rows_read += read
             old = cache(state) if state is not None else empty[leaf.table]
             change = _restrict(deltas[leaf.table], leaf, keys)
-            new = EpochRuntime._net_rows(old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change))
+            new = net_rows(old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change))
             states[leaf.name] = (old, new)
             return states[leaf.name]
         sides = []
