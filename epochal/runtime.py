@@ -30,6 +30,8 @@ from epochal.faults import fault_point
 from epochal.pipeline.model import Pipeline
 from epochal.settings import Settings
 from epochal.sinks.duckdb_sink import DuckDBSink
+from epochal.storage.changes import net_rows, unit_changes
+from epochal.storage.state_cache import StateCache
 from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
 
 if TYPE_CHECKING:
@@ -71,7 +73,13 @@ class EpochRuntime:
             settings, sources=list(pipeline.sources), views=pipeline.view_order(), sinks=list(pipeline.sinks)
         )
         self.warehouse = Warehouse(settings.warehouse)
+        self.state_cache = StateCache(enabled=settings.state_cache)
         self._connectors: dict[str, SourceConnector] = {}
+
+    def close(self) -> None:
+        """Release what this runtime holds in the Spark session (its cached snapshots)."""
+        if "spark" in self.__dict__:  # never start Spark just to close it
+            self.state_cache.clear()
 
     @cached_property
     def spark(self) -> "SparkSession":
@@ -163,15 +171,13 @@ class EpochRuntime:
             rows = self.warehouse.write(change, location)
             dead = 0
             dlq_location = None
-            if batch.dead_letters is not None:
+            # Almost every epoch has no dead letters: asking first (one small job that stops at the
+            # first bad line) is cheaper than writing an empty Parquet dataset and deleting it again.
+            if batch.dead_letters is not None and not batch.dead_letters.isEmpty():
                 dlq_location = self.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
                 dead = self.warehouse.write(batch.dead_letters, dlq_location)
-                if dead == 0:
-                    self.warehouse.delete([dlq_location])
-                    dlq_location = None
-                else:
-                    log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
+                log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
             records = sum(r.count for r in ranges)
             recorded = self._collect(
                 epoch,
@@ -255,7 +261,7 @@ class EpochRuntime:
             change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)
         try:
             rows, recorded = self._publish_view_change(
-                epoch, name, self._unit_changes(change.weighted), rows_in, started, run_id, release
+                epoch, name, unit_changes(change.weighted), rows_in, started, run_id, release
             )
         finally:
             change.release()
@@ -294,7 +300,7 @@ class EpochRuntime:
         finally:
             for upstream in view.upstreams:
                 self.spark.catalog.dropTempView(upstream)
-        # The view's own previous state, negated: _unit_changes nets it with the new rows anyway,
+        # The view's own previous state, negated: unit_changes nets it with the new rows anyway,
         # so it is read un-netted (snapshot + later changes) and aggregated only once.
         previous, own_read = self._read_weighted(self.controller.state_parts(name, epoch, inclusive=False), None)
         rows_read += own_read
@@ -302,7 +308,7 @@ class EpochRuntime:
         if previous is not None:
             negated = -F.col(WEIGHT) if WEIGHT in previous.columns else F.lit(-1).cast("bigint")
             weighted = new.unionByName(previous.select(*_quoted(view.columns), negated.alias(WEIGHT)))
-        change = self._unit_changes(weighted)
+        change = unit_changes(weighted)
         rows, recorded = self._publish_view_change(epoch, name, change, rows_read, started, run_id, release)
         return StepReport(
             name,
@@ -538,7 +544,7 @@ class EpochRuntime:
         weighted, rows_read = self._read_weighted(self.controller.state_parts(table, epoch, inclusive), restrict)
         if weighted is None or WEIGHT not in weighted.columns:
             return weighted, rows_read  # a snapshot alone is already net: no aggregation
-        return self._net_rows(weighted), rows_read
+        return net_rows(weighted), rows_read
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
@@ -583,27 +589,37 @@ class EpochRuntime:
         schema = StructType.fromJson(json.loads(snapshot.spark_schema))
         if snapshot.rows == 0:
             return self.spark.createDataFrame([], schema), 0
-        if restrict is None:
-            # Reading the snapshot's root discovers _vnode as a partition column; only the data is wanted.
-            rows = self.spark.read.schema(schema).parquet(snapshot.location).select(*_quoted(schema.fieldNames()))
-            return rows, snapshot.rows
-        columns, keys = restrict
-        _check_restriction(snapshot.table, schema, columns, keys)
-        key = snapshot.distribution_key or tuple(schema.fieldNames())
-        if tuple(columns) == tuple(key):
+        if restrict is not None:
+            _check_restriction(snapshot.table, schema, restrict[0], restrict[1])
+        dirs = self.warehouse.vnode_dirs(snapshot.location)
+        chosen: list[int] | None = None  # None: every vnode
+        if restrict is not None and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames()):
             # At most 256 small ints come to the driver: which vnode directories hold the keys.
+            columns, keys = restrict
             typed = _typed_keys(schema, columns, keys, names=list(columns))
             vnodes = [r[0] for r in typed.select(vnode_column(schema, snapshot.distribution_key)).distinct().collect()]
-            dirs = self.warehouse.vnode_dirs(snapshot.location)
-            chosen = [dirs[v] for v in sorted(vnodes) if v in dirs]
+            chosen = [v for v in sorted(vnodes) if v in dirs]
             if not chosen:
                 return self.spark.createDataFrame([], schema), 0
-            rows_read = self.warehouse.files_row_count(f for d in chosen for f in self.warehouse.parquet_files(d))
-            rows = self.spark.read.schema(schema).parquet(*chosen)
-        else:
+        wanted = sorted(dirs) if chosen is None else chosen
+        if self.state_cache.worth_caching(len(wanted), len(dirs)):
+            # Most of the snapshot is read anyway: scan it from memory (filled on first use).
+            rows = self.state_cache.get(snapshot.table, snapshot.location)
+            if rows is None:
+                files = [f for d in dirs.values() for f in self.warehouse.parquet_files(d)]
+                rows = self.state_cache.put(snapshot.table, snapshot.location, self._parquet_rows(schema, files))
             rows_read = snapshot.rows
-            rows = self.spark.read.schema(schema).parquet(snapshot.location).select(*_quoted(schema.fieldNames()))
-        return _semi_join(rows, restrict), rows_read
+        else:
+            files = [f for v in wanted for f in self.warehouse.parquet_files(dirs[v])]
+            rows_read = snapshot.rows if chosen is None else self.warehouse.files_row_count(files)
+            rows = self._parquet_rows(schema, files)
+        return (rows if restrict is None else _semi_join(rows, restrict)), rows_read
+
+    def _parquet_rows(self, schema: Any, files: list[str]) -> "DataFrame":
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        # Files, not directories: no partition discovery (a vnode is not a column) and no listing.
+        return self.spark.read.schema(schema).parquet(*files).select(*_quoted(schema.fieldNames()))
 
     def compact(
         self, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None
@@ -616,28 +632,6 @@ class EpochRuntime:
         # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
         at = epoch if epoch is not None else (report.committed_epoch or 0)
         return StepReport("epoch_compaction", at, report.metadata)
-
-    @staticmethod
-    def _net_rows(changes: "DataFrame") -> "DataFrame":
-        """The multiset a sequence of changes adds up to: each row as many times as its net weight."""
-        from pyspark.sql import functions as F
-
-        columns = [c for c in changes.columns if c != WEIGHT]
-        net = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias("_n")).where("_n > 0")
-        return net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*columns)
-
-    @staticmethod
-    def _unit_changes(weighted: "DataFrame") -> "DataFrame":
-        """Net weights per row, as the one-row-per-unit (+1/-1) changes the storage layout keeps."""
-        from pyspark.sql import functions as F
-
-        columns = [c for c in weighted.columns if c != WEIGHT]
-        net = weighted.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
-        return (
-            net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.abs(F.col(WEIGHT)))))
-            .withColumn(WEIGHT, F.signum(F.col(WEIGHT)).cast("bigint"))
-            .select(*columns, WEIGHT)
-        )
 
 
 def _quoted(names: "list[str] | tuple[str, ...]") -> list[str]:

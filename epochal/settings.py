@@ -61,6 +61,11 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "16",
         "Snapshot a table once this many committed epochs of changes follow its last snapshot.",
     ),
+    SettingSpec(
+        "EPOCHAL_STATE_CACHE",
+        "on",
+        "Keep snapshots a read scans mostly whole in Spark's cache (memory, spilling to disk): on or off.",
+    ),
     SettingSpec("EPOCHAL_SPARK_MASTER", "local[*]", "Spark master URL: local[*], spark://host:7077, yarn, k8s://..."),
     SettingSpec("EPOCHAL_SPARK_REMOTE", "", "Spark Connect server (sc://host:15002); wins over EPOCHAL_SPARK_MASTER."),
     SettingSpec("EPOCHAL_SPARK_CONF", "", "Extra Spark conf as JSON object or key=value pairs separated by commas."),
@@ -82,6 +87,19 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(f"{name}={value} is too small: it must be >= {minimum}")
     return value
+
+
+_ON = ("on", "true", "yes", "1")
+_OFF = ("off", "false", "no", "0")
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _ON or raw in _OFF:
+        return raw in _ON
+    raise ConfigError(f"{name}={env[name]!r} is not a switch: set it to on or off")
 
 
 def parse_spark_conf(raw: str) -> dict[str, str]:
@@ -117,6 +135,7 @@ class Settings:
     partition_window: int = 10_000
     epoch_timeout_s: int = 600
     compact_every: int = 16
+    state_cache: bool = True
     spark_master: str = "local[*]"
     spark_remote: str = ""
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -151,6 +170,7 @@ class Settings:
             partition_window=_int(env, "EPOCHAL_PARTITION_WINDOW", 10_000, 1),
             epoch_timeout_s=_int(env, "EPOCHAL_EPOCH_TIMEOUT_S", 600, 1),
             compact_every=_int(env, "EPOCHAL_COMPACT_EVERY", 16, 1),
+            state_cache=_switch(env, "EPOCHAL_STATE_CACHE", True),
             spark_master=env.get("EPOCHAL_SPARK_MASTER") or "local[*]",
             spark_remote=env.get("EPOCHAL_SPARK_REMOTE", ""),
             spark_conf=parse_spark_conf(env.get("EPOCHAL_SPARK_CONF", "")),

@@ -44,6 +44,13 @@ class CheckpointControllerResource(ConfigurableResource):
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._runtime = None
 
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        # Cached snapshots live in the Spark session, which may outlive the run (Spark Connect):
+        # a run releases what it cached, so a long-lived server's memory and disk stay bounded.
+        if self._runtime is not None:
+            self._runtime.close()
+            self._runtime = None
+
     @property
     def runtime(self) -> EpochRuntime:
         if self._runtime is None:

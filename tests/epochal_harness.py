@@ -104,11 +104,13 @@ class Harness:
             capture_output=True, text=True, input=stdin, timeout=120,
         )
 
-    def runtime(self, spark):  # noqa: ANN001, ANN201
+    def runtime(self, spark, env: dict[str, str] | None = None):  # noqa: ANN001, ANN201
+        """A runtime on the shared session; ``env`` adds settings for this runtime only."""
         from epochal.pipeline.loader import load_pipeline
         from epochal.runtime import EpochRuntime
+        from epochal.settings import Settings
 
-        settings = self.settings()
+        settings = Settings.from_env({**os.environ, **self.env, **(env or {})})
         return EpochRuntime(settings, load_pipeline(settings.pipeline_dir), lambda: spark)
 
     def produce(self, lines: list[str], split: str | None = None) -> None:

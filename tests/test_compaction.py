@@ -320,3 +320,47 @@ def test_compaction_op_reports_in_epoch_job(spark, tmp_path: Path, monkeypatch) 
     assert status.returncode == 0 and "snapshot @" in status.stdout, status.stderr
     compact = h.cli("compact", "--table", "orders")
     assert compact.returncode == 0, compact.stderr
+
+
+def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp_path: Path) -> None:
+    """A read that touches most of a snapshot scans Spark's cached copy (filled once), a read of a
+    few keys still opens only their vnodes, a newer snapshot evicts the older, and every answer is
+    the one the same read gives with EPOCHAL_STATE_CACHE=off."""
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark)
+    uncached = h.runtime(spark, env={"EPOCHAL_STATE_CACHE": "off"})
+    assert runtime.state_cache.enabled and not uncached.state_cache.enabled
+    h.produce([json.dumps({"id": i, "customer": f"c{i % 7}", "amount": float(i % 30)}) for i in range(400)])
+    first = run_epoch(runtime)
+    runtime.compact(first, every=1)
+    h.produce([json.dumps({"id": 3, "customer": "new", "amount": 99.0}), json.dumps({"id": 5, "_op": "delete"})])
+    e = run_epoch(runtime)
+
+    def read(rt, keys=None):  # noqa: ANN001, ANN202
+        restrict = None if keys is None else (("id",), spark.createDataFrame([(k,) for k in keys], "id BIGINT"))
+        rows, n = rt.read_state("orders", e, inclusive=True, restrict=restrict)
+        return multiset(rows.collect()), n
+
+    spread = list(range(0, 400, 2))  # 200 keys: most of the vnodes that hold rows
+    expected, direct = read(uncached, spread)
+    assert read(runtime, spread) == (expected, 400 + 3)  # from the cache: the whole snapshot is scanned
+    hits = runtime.state_cache.hits  # the full-refresh view `spend` already read orders whole
+    assert read(runtime, spread)[0] == expected and runtime.state_cache.hits == hits + 1
+    assert direct < 400 + 3
+    assert read(runtime)[0] == read(uncached)[0] and runtime.state_cache.hits == hits + 2
+    few, few_read = read(runtime, [3, 5, 7])
+    assert few == read(uncached, [3, 5, 7])[0] == multiset([(3, "new", 99.0), (7, "c0", 7.0)])
+    assert runtime.state_cache.hits == hits + 2 and few_read < 20  # a few vnodes: read directly, not from memory
+    cached = runtime.state_cache.get("orders", runtime.controller.snapshots("orders")[-1].location)
+    assert cached is not None and cached.is_cached
+
+    # Compaction publishes a newer snapshot: the next wide read caches it and releases the old one.
+    runtime.compact(e, every=1)
+    newest = runtime.controller.snapshots("orders")[-1]
+    assert newest.epoch == e
+    assert read(runtime, spread)[0] == expected
+    assert not cached.is_cached
+    assert runtime.state_cache.get("orders", newest.location) is not None
+    runtime.close()
+    assert runtime.state_cache.get("orders", newest.location) is None
+    assert uncached.state_cache.hits == 0
