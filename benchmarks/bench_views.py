@@ -330,6 +330,8 @@ class ViewSeries:
     #: fraction -> list of per-epoch step times / recompute seconds, paired by index
     epochs: dict[float, list[dict[str, float]]] = field(default_factory=dict)
     recompute: dict[float, list[float]] = field(default_factory=dict)
+    #: epochs with no change at all, after the change epochs: the fixed cost no change can go below
+    empty: list[dict[str, float]] = field(default_factory=list)
     verified: str = "not checked"
 
 
@@ -369,6 +371,14 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
                     for step in ((a, b) if n % 2 == 0 else (b, a)):  # A B, B A: drift cancels out
                         step()
                 n += 1
+    for key, pipe in pipes.items():
+        # No new record anywhere: what an epoch costs before it does any work (barrier, steps,
+        # Parquet commits, meta-store transactions), the floor under every ratio above.
+        for _ in range(2):
+            series[key].empty.append(pipe.epoch())
+        times = series[key].empty[-1]
+        log(f"  Epochal {key[0]:4} {key[1]:11} empty epoch {fmt_s(times['epoch'])} (source {fmt_s(times['sources'])}, "
+            f"view {fmt_s(times['view'])}, {times['spark_jobs']:.0f} Spark jobs)")
     if args.verify:
         final = data.changes[-1]["state"] if data.changes else data.initial_state
         for key, pipe in pipes.items():
@@ -573,6 +583,12 @@ def render(result: dict[str, Any]) -> str:
                      "epoch/recompute is the median of paired ratios)")
         lines.append(table(headers, rows))
         for key, s in part1.items():
+            empty = [e["epoch"] for e in s.get("empty", [])]
+            recomputes = [r for rec in s["recompute"].values() for r in rec]
+            if empty and recomputes:
+                lines.append(f"empty epoch {key} (no change: the floor): {fmt_s(median(empty))}, "
+                             f"{fmt_x(median(empty) / median(recomputes))} the median recompute")
+        for key, s in part1.items():
             init = s["initial"]
             lines.append(f"initial load {key}: epoch {fmt_s(init.get('epoch'))} (source {fmt_s(init.get('sources'))},"
                          f" view {fmt_s(init.get('view'))}; snapshot after it {fmt_s(init.get('compaction'))}); "
@@ -736,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["views"] = {
                     key: {
                         "view": s.view, "mode": s.mode, "initial": s.initial, "verified": s.verified,
+                        "empty": s.empty,
                         "epochs": {str(f): e for f, e in s.epochs.items()},
                         "recompute": {str(f): r for f, r in s.recompute.items()},
                         "events": {str(f): next(c["events"] for c in data.changes if c["fraction"] == f)
