@@ -236,12 +236,11 @@ class EpochRuntime:
     def _run_view_keyed(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         """A view with state: its change is recomputed at the keys the epoch touched, reading only
         the state at those keys (:mod:`epochal.incremental.keyed`)."""
-        from epochal.incremental.keyed import WIDE_MIN_ROWS, keyed_change, recomputed_change
+        from epochal.incremental.keyed import keyed_change
 
         started = time.time()
         view = self.pipeline.views[name]
         assert view.plan is not None
-        rule = f"{view.plan.rule} at the affected keys" if view.plan.key_classes else "recompute (one partition)"
         collected = self.controller.begin_step(epoch, run_id).collected
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
         rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
@@ -253,30 +252,13 @@ class EpochRuntime:
             # Nothing changed upstream, so neither does the view: run the plan over empty state,
             # which reads nothing and yields the (empty) change with the view's schema.
             change = keyed_change(self.spark, view.plan, view.columns, deltas, lambda *_: (None, 0))
-            rule = "nothing changed upstream"
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
             # The view's first epoch has no rows before it: a one-partition query over empty inputs
             # still returns a row (count(*) = 0), which must not be retracted from a view never written.
             parts = self.controller.state_parts(name, epoch, inclusive=False)
             first = parts.snapshot is None and not parts.changes
-            plan_tables = [leaf.table for leaf in view.plan.leaves if leaf.table is not None]
-
-            def whole_cost() -> tuple[int, int]:
-                inputs = sum(self.table_rows(table, epoch, False) for table in plan_tables)
-                return inputs, self.table_rows(name, epoch, False) if inputs >= WIDE_MIN_ROWS else 0
-
-            change = keyed_change(
-                self.spark, view.plan, view.columns, deltas, read, changed, first, whole_cost=whole_cost
-            )
-            if change.weighted is None:
-                # The epoch touched most of the state: one whole recompute, diffed with the view's
-                # own rows, reads less than recomputing the touched part twice and netting it.
-                rule = "whole recompute: the epoch touched so much state that recomputing all of it reads less"
-                previous, own_read = self._read_weighted(parts, None)
-                whole = recomputed_change(self.spark, view.plan, view.columns, view.upstreams, read, previous)
-                whole.state_rows_read += change.state_rows_read + own_read
-                change = whole
+            change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)
         try:
             rows, recorded = self._publish_view_change(
                 epoch, name, unit_changes(change.weighted), rows_in, started, run_id, release
@@ -290,7 +272,6 @@ class EpochRuntime:
                 "epoch": epoch,
                 "mode": "incremental",
                 "plan": f"{view.plan.rule} keyed by {', '.join(view.plan.key_classes) or 'nothing (one partition)'}",
-                "epoch_rule": rule,
                 "rows_in": rows_in,
                 "rows_changed": rows,
                 "state_rows_read": change.state_rows_read,
@@ -564,13 +545,6 @@ class EpochRuntime:
         if weighted is None or WEIGHT not in weighted.columns:
             return weighted, rows_read  # a snapshot alone is already net: no aggregation
         return net_rows(weighted), rows_read
-
-    def table_rows(self, table: str, epoch: int, inclusive: bool) -> int:
-        """Stored rows ``read_state`` would read unrestricted (snapshot plus change files), from the
-        Parquet footers: no Spark job. An upper bound of the table's rows."""
-        parts = self.controller.state_parts(table, epoch, inclusive)
-        rows = parts.snapshot.rows if parts.snapshot is not None else 0
-        return rows + sum(self.warehouse.row_count(location) for _, location in parts.changes)
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""

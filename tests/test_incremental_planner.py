@@ -162,15 +162,3 @@ def test_the_plan_says_which_operator_reads_which_state() -> None:
     assert "GROUP BY a.id with count" in text
     assert "state read: auction at id in the affected keys" in text
     assert "state read: bid at auction in the affected keys" in text
-
-
-def test_whole_recompute_is_chosen_only_when_it_reads_fewer_rows() -> None:
-    """The figures of bench_views at 10M rows: 1% random updates touch 63% of a grouped
-    aggregate's input; 0.1% touch 9.5%. A join's view is as large as its input."""
-    from epochal.incremental.keyed import whole_recompute_is_cheaper
-
-    agg_view, join_view = 100_000, 10_000_000
-    assert whole_recompute_is_cheaper(touched=6_300_000, inputs=10_000_000, view_rows=agg_view)
-    assert not whole_recompute_is_cheaper(touched=950_000, inputs=10_000_000, view_rows=agg_view)
-    assert not whole_recompute_is_cheaper(touched=6_300_000, inputs=10_100_000, view_rows=join_view)
-    assert not whole_recompute_is_cheaper(touched=900, inputs=1_000, view_rows=10)  # small: never worth a count

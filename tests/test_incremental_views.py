@@ -129,33 +129,3 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     assert metadata["mode"].value == "incremental"
     assert metadata["state_rows_read"].value > 0
     assert runtime is not None
-
-
-WIDE_VIEWS = {n: VIEWS[n] for n in ("per_cust", "enriched", "top2", "by_region", "cte_max", "repeat_buyers", "totals")}
-
-
-def test_epochs_touching_most_of_the_state_recompute_whole_and_match_batch(spark, tmp_path: Path, monkeypatch) -> None:
-    """When the affected keys hold most of the input rows, the view is recomputed whole and diffed
-    with its own rows: the same change log as the keyed rule (checked against the batch oracle),
-    and the materialization says which rule the epoch used. These tables are tiny, so the size
-    floor is lifted and the keyed rule's cost inflated, which forces the whole recompute whenever
-    anything is touched; a one-partition view (totals) has no keys and always keeps its rule."""
-    from epochal.incremental import keyed
-
-    monkeypatch.setattr(keyed, "WIDE_MIN_ROWS", 0)
-    monkeypatch.setattr(keyed, "KEYED_PASSES", 1000)
-    h = make_harness(tmp_path, files(WIDE_VIEWS))
-    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
-    instance = dg.DagsterInstance.ephemeral()
-    run_epochs(h, instance, spark, WIDE_VIEWS)
-
-    def rules(view: str) -> list[str]:
-        records = instance.fetch_materializations(dg.AssetKey(view), limit=10).records
-        return [r.asset_materialization.metadata["epoch_rule"].value for r in records]
-
-    per_cust = rules("per_cust")[::-1]  # oldest first
-    assert len(per_cust) == len(EPOCHS)
-    # the first epoch has no rows to diff with and keeps the keyed rule
-    assert "whole recompute" not in per_cust[0], per_cust
-    assert all("whole recompute" in r for r in per_cust[1:]), per_cust
-    assert all("whole recompute" not in r for r in rules("totals"))

@@ -16,7 +16,7 @@ whole table, so that snapshots laid out by vnode are read only at the vnodes of 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
@@ -35,9 +35,8 @@ StateReader = Callable[[str, bool, "tuple[tuple[str, ...], DataFrame] | None"], 
 
 @dataclass
 class KeyedChange:
-    #: the view's change: its columns plus _weight (+1/-1 per row, not yet netted); None when the
-    #: epoch touched too much of the state for the keyed rule (see ``whole_cost``)
-    weighted: DataFrame | None
+    #: the view's change: its columns plus _weight (+1/-1 per row, not yet netted)
+    weighted: DataFrame
     #: stored rows read from the inputs' state
     state_rows_read: int
     #: frames cached for the write of ``weighted``: unpersist them once it is written
@@ -58,24 +57,6 @@ def _bound(spark: SparkSession, tables: Mapping[str, DataFrame]) -> Iterator[Non
     finally:
         for name in tables:
             spark.catalog.dropTempView(name)
-
-
-#: The recompute rule reads the touched part of each input's state and nets it, then runs the query
-#: over it twice (before and after): about three passes over the touched rows. Recomputing the whole
-#: view once and diffing it with the view's own rows is one pass over every input row plus two over
-#: the view's (its rows before, and after). The step takes the cheaper, counted in rows, when the
-#: inputs hold at least this many rows: below it either rule is cheap, and the count that decides
-#: would cost a Spark job of its own. Measured with bench_views: 1% random updates of a 10M-row
-#: table touch 63% of 100k groups; for the grouped aggregate the whole recompute wins, for the join
-#: (whose view is as large as its input) the keyed rule does.
-KEYED_PASSES = 3
-WIDE_MIN_ROWS = 100_000
-
-
-def whole_recompute_is_cheaper(touched: int, inputs: int, view_rows: int) -> bool:
-    """``touched``: input rows at the affected keys; ``inputs``: all input rows; ``view_rows``:
-    the view's rows. Counted in rows read, as described above."""
-    return inputs >= WIDE_MIN_ROWS and KEYED_PASSES * touched > inputs + 2 * view_rows
 
 
 def _key_names(width: int) -> list[str]:
@@ -119,16 +100,10 @@ def keyed_change(
     read_state: StateReader,
     changed: frozenset[str] | None = None,
     first: bool = False,
-    whole_cost: Callable[[], tuple[int, int]] | None = None,
 ) -> KeyedChange:
     """The view's change for the epoch. ``changed``: the upstreams whose change is not empty
     (default: all); the delta rule skips the terms of the others, and never reads their state.
-    ``first``: the view has no earlier epoch, so nothing is retracted.
-
-    ``whole_cost`` () -> (stored rows of the plan's table leaves, stored rows of the view) lets
-    the recompute rule give up when recomputing the whole view reads fewer rows (see
-    ``KEYED_PASSES``): then ``weighted`` is None, nothing stays cached, and the caller recomputes
-    the whole view instead (:func:`recomputed_change`)."""
+    ``first``: the view has no earlier epoch, so nothing is retracted."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -182,17 +157,6 @@ def keyed_change(
         states[leaf.name] = (sides[0], sides[1])
         return states[leaf.name]
 
-    if whole_cost is not None and keys is not None and plan.rule == "recompute" and not first:
-        tables = [leaf for leaf in plan.leaves if leaf.table is not None]
-        inputs, view_rows = whole_cost()
-        if tables and inputs >= WIDE_MIN_ROWS:
-            # Counting fills the cache the before/after queries read anyway: one scan either way.
-            touched = sum(state_of(leaf)[0].count() for leaf in tables)
-            if whole_recompute_is_cheaper(touched, inputs, view_rows):
-                for frame in cached:
-                    frame.unpersist()
-                return KeyedChange(None, rows_read)
-
     def run(bindings: Mapping[str, DataFrame], sign: int) -> DataFrame:
         with _bound(spark, bindings):
             out = spark.sql(plan.query).toDF(*columns)
@@ -220,34 +184,3 @@ def keyed_change(
             nothing = {leaf.name: spark.sql(leaf.sql) for leaf in plan.leaves}
         outputs.append(run(nothing, 1))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
-
-
-def recomputed_change(
-    spark: SparkSession,
-    plan: Plan,
-    columns: tuple[str, ...],
-    upstreams: Sequence[str],
-    read_state: StateReader,
-    previous: DataFrame | None,
-) -> KeyedChange:
-    """The view's change as its whole query over its inputs' state after the epoch, minus the view's
-    own rows before it (``previous``: the view's rows, with or without ``_weight``; None for none).
-    Exact for any plan; costs a full recompute. Used when an epoch touches most of the state."""
-    from pyspark.sql import functions as F
-
-    rows_read = 0
-    states = {}
-    for upstream in upstreams:
-        state, read = read_state(upstream, True, None)
-        rows_read += read
-        assert state is not None, "an upstream collected this epoch, so it has at least one epoch"
-        states[upstream] = state
-    with _bound(spark, states):
-        leaves = {leaf.name: spark.sql(leaf.sql) for leaf in plan.leaves}
-    with _bound(spark, leaves):
-        after = spark.sql(plan.query).toDF(*columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
-    if previous is None:
-        return KeyedChange(after, rows_read)
-    negated = -F.col(WEIGHT) if WEIGHT in previous.columns else F.lit(-1).cast("bigint")
-    retracted = previous.select(*[f"`{c}`" for c in columns], negated.alias(WEIGHT))
-    return KeyedChange(after.unionByName(retracted), rows_read)
