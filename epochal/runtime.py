@@ -163,6 +163,8 @@ class EpochRuntime:
     def _run_source(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         started = time.time()
         ranges = self.controller.begin_step(epoch, run_id, source=name).offsets
+        if not any(r.count > 0 for r in ranges):
+            return self._idle_source(epoch, name, ranges, started, run_id, release)
         batch = self.connector(name).read(self.spark, ranges)
         location = self.warehouse.new_location(name, epoch)
         written: list[str] = [location]
@@ -199,6 +201,30 @@ class EpochRuntime:
                 "dead_letters": dead,
                 "splits": len(ranges),
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges),
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
+
+    def _idle_source(
+        self, epoch: int, name: str, ranges: list[SplitRange], started: float, run_id: str | None, release: bool
+    ) -> StepReport:
+        """An epoch with no record for the source: its change is empty, recorded without a file and
+        without a Spark job (readers take a missing location as no change, ``_upstream_delta``).
+        A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
+        empty = Collected(name, None, 0, 0, 0, None, time.time() - started, run_id)
+        recorded = self._collect(epoch, empty, [], release)
+        fault_point("source-written")
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "records_read": 0,
+                "rows_out": 0,
+                "dead_letters": 0,
+                "splits": len(ranges),
+                "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
                 "seconds": round(time.time() - started, 3),
                 "recorded": recorded,
             },
@@ -325,6 +351,10 @@ class EpochRuntime:
 
     def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
         entry = collected.get(upstream)
+        source = self.pipeline.sources.get(upstream)
+        if entry is not None and entry.location is None and source is not None:
+            # An idle source's epoch: no file, no change (see _idle_source).
+            return self._declared_rows(upstream, weighted=True)
         if entry is None or entry.location is None:
             raise EpochalError(
                 f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
@@ -531,7 +561,8 @@ class EpochRuntime:
         restrict: "tuple[tuple[str, ...], DataFrame] | None" = None,
     ) -> tuple["DataFrame | None", int]:
         """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
-        and how many stored rows were read to get them; ``None`` when the table has no epoch yet.
+        and how many stored rows were read to get them; ``None`` when a view has no epoch yet (a
+        source without any is empty, with its declared columns).
 
         The rows are the newest snapshot at or before the epoch plus the change files after it
         (committed or in flight, ``controller.state_parts``), never older change files.
@@ -542,9 +573,20 @@ class EpochRuntime:
         Views and keyed sources read their inputs through this one function, so how state is
         stored (change files, snapshots) is decided here and nowhere else."""
         weighted, rows_read = self._read_weighted(self.controller.state_parts(table, epoch, inclusive), restrict)
+        if weighted is None and table in self.pipeline.sources:
+            # No change file yet (every epoch so far was idle, or none ran): the source is empty.
+            return self._declared_rows(table), 0
         if weighted is None or WEIGHT not in weighted.columns:
             return weighted, rows_read  # a snapshot alone is already net: no aggregation
         return net_rows(weighted), rows_read
+
+    def _declared_rows(self, source: str, weighted: bool = False) -> "DataFrame":
+        """No rows, with the source's declared columns (and ``_weight``): what a source with no
+        change file holds, whatever epochs it went through."""
+        from pyspark.sql.types import StructType
+
+        ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.pipeline.sources[source].columns)
+        return self.spark.createDataFrame([], StructType.fromDDL(f"{ddl}, `{WEIGHT}` BIGINT" if weighted else ddl))
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""

@@ -43,6 +43,11 @@ def test_epochs_end_to_end_in_process(spark, tmp_path: Path) -> None:
     committed = runtime.controller.epochs([EpochState.COMMITTED])
     assert len(committed) == 3
     assert runtime.controller.status()["tables"] == dict.fromkeys(runtime.pipeline.tables, committed[-1].epoch)
+    # The last epoch had no order to read: the source recorded an empty change without a file (or
+    # a Spark job), and everything below still saw it as an empty change.
+    idle = runtime.controller.collected(committed[-1].epoch)["orders"]
+    assert idle.location is None and idle.rows_out == 0
+    assert not (Path(runtime.warehouse.table_root("orders")) / f"epoch={committed[-1].epoch}").exists()
 
     assert assert_source_exact(runtime, "bid") > 0
     assert assert_source_exact(runtime, "orders") == 4  # two of the six lines are dead letters
