@@ -648,7 +648,7 @@ class EpochRuntime:
             # Most of the snapshot is read anyway: scan it from memory (filled on first use).
             rows = self.state_cache.get(snapshot.table, snapshot.location)
             if rows is None:
-                files = [f for d in dirs.values() for f in self.warehouse.parquet_files(d)]
+                files = self.warehouse.all_snapshot_files(snapshot.location)
                 rows = self.state_cache.put(snapshot.table, snapshot.location, self._parquet_rows(schema, files))
             rows_read = snapshot.rows
         else:

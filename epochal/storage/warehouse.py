@@ -4,7 +4,8 @@
     {warehouse}/{table}/snapshot={S}/{attempt}/_vnode={V}/part-*.parquet
 
 Every epoch of every table is a directory of Parquet files holding that epoch's *change*: the
-table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). Every write
+table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). A source epoch
+that read no record has none: its empty change is recorded without a location. Every write
 goes to a fresh ``attempt`` directory, so two runs racing on one epoch never write the same files;
 the meta store records which attempt was collected, and only recorded, committed attempts are ever
 read. Anything else is garbage that recovery deletes.
@@ -120,6 +121,20 @@ class Warehouse:
         dirs = self.vnode_dirs(location)
         chosen = dirs.values() if vnodes is None else [dirs[v] for v in sorted(set(vnodes)) if v in dirs]
         return [f for d in chosen for f in self.parquet_files(d)]
+
+    def all_snapshot_files(self, location: str) -> list[str]:
+        """Every Parquet file of a snapshot, from one recursive listing (one paginated LIST on an
+        object store, where listing each of 256 vnode directories would be 256 round trips)."""
+        path = self._path(location)
+        prefix = location[: len(location) - len(path)]
+        infos = self.fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        return sorted(
+            prefix + info.path
+            for info in infos
+            if info.type == pafs.FileType.File
+            and info.base_name.endswith(".parquet")
+            and not info.base_name.startswith((".", "_"))
+        )
 
     def table_file_count(self, table: str) -> int:
         """Parquet files under ``table``'s directory, snapshots and changes alike."""
