@@ -173,8 +173,8 @@ class EpochRuntime:
             rows = self.warehouse.write(change, location)
             dead = 0
             dlq_location = None
-            # Almost every epoch has no dead letters: asking first (one small job that stops at the
-            # first bad line) is cheaper than writing an empty Parquet dataset and deleting it again.
+            # Almost every epoch has no dead letters: asking first (a job over the epoch's lines that
+            # writes nothing) is cheaper than writing an empty Parquet dataset and deleting it again.
             if batch.dead_letters is not None and not batch.dead_letters.isEmpty():
                 dlq_location = self.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
@@ -352,8 +352,9 @@ class EpochRuntime:
     def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
         entry = collected.get(upstream)
         source = self.pipeline.sources.get(upstream)
-        if entry is not None and entry.location is None and source is not None:
-            # An idle source's epoch: no file, no change (see _idle_source).
+        if entry is not None and entry.location is None and entry.rows_out == 0 and source is not None:
+            # An idle source's epoch: no file, no change (see _idle_source). A location that
+            # compaction cleared has rows and still raises below.
             return self._declared_rows(upstream, weighted=True)
         if entry is None or entry.location is None:
             raise EpochalError(
