@@ -351,21 +351,24 @@ class CheckpointController:
             )
 
     def committed_locations(
-        self, table: str, upto: int | None = None, after: int | None = None
-    ) -> list[tuple[int, str]]:
+        self, table: str, upto: int | None = None, after: int | None = None, idle: bool = False
+    ) -> list[tuple[int, str | None]]:
         """(epoch, location) of every committed epoch of ``table`` in (``after``, ``upto``] (default:
         from the first epoch to the committed epoch). Raises StateCompacted when compaction deleted
-        change files in that range: a location that was deleted is never returned."""
+        change files in that range: a location that was deleted is never returned. ``idle``: also
+        the epochs in which a source read nothing and wrote no file, with location None."""
 
-        def read(cur: Cursor) -> list[tuple[int, str]]:
+        def read(cur: Cursor) -> list[tuple[int, str | None]]:
             self._check_not_compacted(cur, table, after, "committed changes")
             limit = upto if upto is not None else self._committed_epoch(cur)
             if limit is None:
                 return []
+            # An idle epoch has no location and no rows; a location compaction cleared has rows.
+            which = "(c.location IS NOT NULL OR c.rows_out = 0)" if idle else "c.location IS NOT NULL"
             return cur.execute(
                 "SELECT c.epoch, c.location FROM collected c JOIN epochs e ON e.epoch = c.epoch "
-                "WHERE c.asset = ? AND e.state = 'COMMITTED' AND c.epoch <= ? AND c.epoch > ? "
-                "AND c.location IS NOT NULL ORDER BY c.epoch",
+                f"WHERE c.asset = ? AND e.state = 'COMMITTED' AND c.epoch <= ? AND c.epoch > ? AND {which} "
+                "ORDER BY c.epoch",
                 [table, limit, after if after is not None else -1],
             ).fetchall()
 

@@ -509,11 +509,14 @@ class EpochRuntime:
         if target is not None:
             # ``after``: change files compaction deleted are never needed (retention waits for the
             # sink), unless the sink lost its progress, which is then an error, not a silent gap.
-            for e, location in self.controller.committed_locations(upstream, upto=target, after=delivered_before):
+            # Idle epochs of a source (no file) are delivered too, as nothing: the sink's progress
+            # then says it holds everything up to the target, not the last epoch that had rows.
+            to_deliver = self.controller.committed_locations(upstream, upto=target, after=delivered_before, idle=True)
+            for e, location in to_deliver:
                 if delivered_before is not None and e <= delivered_before:
                     continue
                 self.controller.mark_sink(name, e, "PENDING")
-                delivery = sink.deliver(e, self.warehouse.parquet_files(location))
+                delivery = sink.deliver(e, [] if location is None else self.warehouse.parquet_files(location))
                 self.controller.mark_sink(name, e, "COMMITTED", delivery.rows_inserted + delivery.rows_deleted)
                 inserted += delivery.rows_inserted
                 deleted += delivery.rows_deleted

@@ -185,3 +185,38 @@ def test_persistent_dagster_home_records_partitioned_materializations(tmp_path: 
     assert len(keys) == 2
     for asset in ("bid", "big_bids", "epoch_commit", "big_bids_out"):
         assert {m.partition for m in materializations(instance, asset)} == set(keys)
+
+
+SOURCE_SINK = {
+    "pipeline.sql": """
+CREATE SOURCE orders (id BIGINT, amount DOUBLE) WITH (connector = 'log', path = 'data/orders', format = 'json');
+CREATE SINK orders_copy FROM orders
+WITH (connector = 'duckdb', database = 'out/copy.duckdb', table = 'orders', type = 'append-only');
+""",
+}
+
+
+def test_a_sink_on_a_source_keeps_up_through_idle_epochs(spark, tmp_path: Path) -> None:
+    """An idle source epoch writes no file; a sink reading the source still delivers it (as
+    nothing), so its progress reaches the committed epoch instead of stopping at the last rows."""
+    h = make_harness(tmp_path, SOURCE_SINK)
+    runtime = h.runtime(spark)
+
+    def epoch() -> int:
+        record, _ = runtime.start_epoch(None, None)
+        runtime.run_source(record.epoch, "orders")
+        runtime.commit(record.epoch)
+        runtime.run_sink(record.epoch, "orders_copy")
+        return record.epoch
+
+    h.produce([json.dumps({"id": 1, "amount": 2.5}), json.dumps({"id": 2, "amount": 4.0})])
+    first = epoch()
+    idle = [epoch(), epoch()]
+    assert runtime.controller.collected(idle[-1])["orders"].location is None
+    sink = runtime.sink("orders_copy")
+    assert sink.delivered_epoch() == idle[-1] > first
+    assert sink.row_count() == 2
+    assert runtime.controller.sink_state("orders_copy") == dict.fromkeys([first, *idle], "COMMITTED")
+    h.produce([json.dumps({"id": 3, "amount": 1.0})])
+    assert epoch() > idle[-1] and sink.row_count() == 3
+    assert assert_sink_exactly_once(runtime, "orders_copy") == 3
