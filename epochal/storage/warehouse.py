@@ -79,10 +79,12 @@ class Warehouse:
 
     # ------------------------------------------------------------------ files, for DuckDB and stats
 
-    def parquet_files(self, location: str) -> list[str]:
-        selector = pafs.FileSelector(self._path(location), recursive=False)
-        infos = self.fs.get_file_info(selector)
-        prefix = location[: len(location) - len(self._path(location))]
+    def parquet_files(self, location: str, recursive: bool = False) -> list[str]:
+        """The data files at ``location`` (and below it when ``recursive``); Spark's and Hadoop's
+        hidden and marker files (``.crc``, ``_SUCCESS``) are not data."""
+        path = self._path(location)
+        prefix = location[: len(location) - len(path)]
+        infos = self.fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
         return sorted(
             prefix + info.path
             for info in infos
@@ -125,16 +127,7 @@ class Warehouse:
     def all_snapshot_files(self, location: str) -> list[str]:
         """Every Parquet file of a snapshot, from one recursive listing (one paginated LIST on an
         object store, where listing each of 256 vnode directories would be 256 round trips)."""
-        path = self._path(location)
-        prefix = location[: len(location) - len(path)]
-        infos = self.fs.get_file_info(pafs.FileSelector(path, recursive=True))
-        return sorted(
-            prefix + info.path
-            for info in infos
-            if info.type == pafs.FileType.File
-            and info.base_name.endswith(".parquet")
-            and not info.base_name.startswith((".", "_"))
-        )
+        return self.parquet_files(location, recursive=True)
 
     def table_file_count(self, table: str) -> int:
         """Parquet files under ``table``'s directory, snapshots and changes alike."""
