@@ -47,7 +47,7 @@ class StateCache:
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self._by_table: dict[str, _Entry] = {}
-        #: reads answered from a cached snapshot (for tests and metadata)
+        #: reads answered from a cached snapshot (tests check what the cache served)
         self.hits = 0
 
     def worth_caching(self, vnodes_read: int, vnodes_total: int) -> bool:
