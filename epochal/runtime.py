@@ -181,30 +181,13 @@ class EpochRuntime:
                 dead = self.warehouse.write(batch.dead_letters, dlq_location)
                 log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
             records = sum(r.count for r in ranges)
-            recorded = self._collect(
-                epoch,
-                Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id),
-                written,
-                release,
-            )
+            collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
+            recorded = self._collect(epoch, collected, written, release)
         except EpochAborted:
             self.warehouse.delete(written)
             raise
         fault_point("source-written")
-        return StepReport(
-            name,
-            epoch,
-            {
-                "epoch": epoch,
-                "records_read": records,
-                "rows_out": rows,
-                "dead_letters": dead,
-                "splits": len(ranges),
-                "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges),
-                "seconds": round(time.time() - started, 3),
-                "recorded": recorded,
-            },
-        )
+        return self._source_report(epoch, ranges, collected, started, recorded)
 
     def _idle_source(
         self, epoch: int, name: str, ranges: list[SplitRange], started: float, run_id: str | None, release: bool
@@ -215,14 +198,21 @@ class EpochRuntime:
         empty = Collected(name, None, 0, 0, 0, None, time.time() - started, run_id)
         recorded = self._collect(epoch, empty, [], release)
         fault_point("source-written")
+        return self._source_report(epoch, ranges, empty, started, recorded)
+
+    @staticmethod
+    def _source_report(
+        epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool
+    ) -> StepReport:
+        """A source step's metadata, from what it collected."""
         return StepReport(
-            name,
+            collected.asset,
             epoch,
             {
                 "epoch": epoch,
-                "records_read": 0,
-                "rows_out": 0,
-                "dead_letters": 0,
+                "records_read": collected.rows_in,
+                "rows_out": collected.rows_out,
+                "dead_letters": collected.dead_letters,
                 "splits": len(ranges),
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
                 "seconds": round(time.time() - started, 3),

@@ -138,14 +138,20 @@ def test_compaction_never_changes_what_a_reader_sees(spark, tmp_path: Path) -> N
     assert {t: duckdb_rows(runtime, t) for t in TABLES} == {t: seen[(t, epochs[-1])] for t in TABLES}
 
 
-def test_restricted_reads_open_only_the_keys_vnodes(spark, tmp_path: Path) -> None:
-    h = make_harness(tmp_path, FILES)
-    runtime = h.runtime(spark)
+def snapshot_then_change(h, runtime) -> tuple[int, int]:  # noqa: ANN001
+    """400 keyed orders, snapshotted; then an epoch that updates id 3 and deletes id 5 on top."""
     h.produce([json.dumps({"id": i, "customer": f"c{i % 7}", "amount": float(i % 30)}) for i in range(400)])
     first = run_epoch(runtime)
     runtime.compact(first, every=1)
     h.produce([json.dumps({"id": 3, "customer": "new", "amount": 99.0}), json.dumps({"id": 5, "_op": "delete"})])
     e = run_epoch(runtime)
+    return first, e
+
+
+def test_restricted_reads_open_only_the_keys_vnodes(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark)
+    first, e = snapshot_then_change(h, runtime)
 
     whole, whole_read = runtime.read_state("orders", e, inclusive=True)
     assert whole_read == 400 + 3  # the snapshot plus the last epoch's change (one update, one delete)
@@ -330,11 +336,7 @@ def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp
     runtime = h.runtime(spark)
     uncached = h.runtime(spark, env={"EPOCHAL_STATE_CACHE": "off"})
     assert runtime.state_cache.enabled and not uncached.state_cache.enabled
-    h.produce([json.dumps({"id": i, "customer": f"c{i % 7}", "amount": float(i % 30)}) for i in range(400)])
-    first = run_epoch(runtime)
-    runtime.compact(first, every=1)
-    h.produce([json.dumps({"id": 3, "customer": "new", "amount": 99.0}), json.dumps({"id": 5, "_op": "delete"})])
-    e = run_epoch(runtime)
+    _, e = snapshot_then_change(h, runtime)
 
     def read(rt, keys=None):  # noqa: ANN001, ANN202
         restrict = None if keys is None else (("id",), spark.createDataFrame([(k,) for k in keys], "id BIGINT"))
