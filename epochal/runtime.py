@@ -36,6 +36,7 @@ from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger("epochal.runtime")
 
@@ -75,6 +76,7 @@ class EpochRuntime:
         self.warehouse = Warehouse(settings.warehouse)
         self.state_cache = StateCache(enabled=settings.state_cache)
         self._connectors: dict[str, SourceConnector] = {}
+        self._query_schemas: dict[str, "StructType"] = {}
 
     def close(self) -> None:
         """Release what this runtime holds in the Spark session (its cached snapshots)."""
@@ -253,6 +255,8 @@ class EpochRuntime:
         """A view with state: its change is recomputed at the keys the epoch touched, reading only
         the state at those keys (:mod:`epochal.incremental.keyed`)."""
         from epochal.incremental.keyed import keyed_change
+        from epochal.incremental.partial import partial_change
+        from epochal.incremental.planner import PARTIAL_RULE
 
         started = time.time()
         view = self.pipeline.views[name]
@@ -264,7 +268,11 @@ class EpochRuntime:
         def read(table: str, inclusive: bool, restrict):
             return self.read_state(table, epoch, inclusive, restrict)
 
-        if rows_in == 0:
+        if view.plan.rule == PARTIAL_RULE:
+            # No change touches no group: then nothing is read, and the change is empty.
+            reader = read if rows_in else (lambda *_: (None, 0))
+            change = partial_change(self.spark, view.plan, name, view.columns, deltas, reader)
+        elif rows_in == 0:
             # Nothing changed upstream, so neither does the view: run the plan over empty state,
             # which reads nothing and yields the (empty) change with the view's schema.
             change = keyed_change(self.spark, view.plan, view.columns, deltas, lambda *_: (None, 0))
@@ -373,6 +381,10 @@ class EpochRuntime:
             finally:
                 for upstream in view.upstreams:
                     self.spark.catalog.dropTempView(upstream)
+            if view.plan is not None and view.plan.typed_like_query:
+                out = out.select(
+                    *(F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in self.query_schema(name).fields)
+                )
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
         rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
@@ -540,6 +552,9 @@ class EpochRuntime:
         source = self.pipeline.sources.get(table)
         if source is not None and source.primary_key:
             return tuple(source.primary_key)
+        own = self.pipeline.views[table].plan if table in self.pipeline.views else None
+        if own is not None and own.aggregate is not None:
+            return own.aggregate.groups  # every epoch reads its own rows at the groups it touches
         for name in self.pipeline.view_order():
             plan = self.pipeline.views[name].plan
             for leaf in plan.leaves if plan is not None else ():
@@ -573,6 +588,33 @@ class EpochRuntime:
         if weighted is None or WEIGHT not in weighted.columns:
             return weighted, rows_read  # a snapshot alone is already net: no aggregation
         return net_rows(weighted), rows_read
+
+    def query_schema(self, table: str) -> "StructType":
+        """``table``'s columns and types as its query, as written, gives them: Spark analyses the
+        query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime."""
+        import sqlglot
+        from sqlglot import exp
+
+        from epochal.pipeline.query import DIALECT
+
+        if table in self._query_schemas:
+            return self._query_schemas[table]
+        if table in self.pipeline.sources:
+            schema = self._declared_rows(table).schema
+        else:
+            view = self.pipeline.views[table]
+            read = {t.name.lower() for t in sqlglot.parse_one(view.query, read=DIALECT).find_all(exp.Table)}
+            upstreams = [t for t in read if t in self.pipeline.sources or t in self.pipeline.views]
+            inputs = {u: self.spark.createDataFrame([], self.query_schema(u)) for u in upstreams}
+            try:
+                for name, frame in inputs.items():
+                    frame.createOrReplaceTempView(name)
+                schema = self.spark.sql(view.query).toDF(*view.columns).schema
+            finally:
+                for name in inputs:
+                    self.spark.catalog.dropTempView(name)
+        self._query_schemas[table] = schema
+        return schema
 
     def _declared_rows(self, source: str, weighted: bool = False) -> "DataFrame":
         """No rows, with the source's declared columns (and ``_weight``): what a source with no

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlglot
 
-from epochal.incremental.planner import LEAF_PREFIX, Unmaintainable, plan_query
+from epochal.incremental.planner import LEAF_PREFIX, PARTIAL_RULE, Unmaintainable, plan_query
 from epochal.pipeline.query import qualify_query
 
 SCHEMA = {
@@ -54,7 +54,7 @@ def plan(query: str, schema: dict | None = None):
             [("w.start",)],
         ),
         (
-            "SELECT auction, count(*) AS n FROM bid GROUP BY auction, bidder",
+            "SELECT auction, bidder, count(*) AS n FROM bid GROUP BY auction, bidder",
             ("bid.auction", "bid.bidder"),
             [("auction", "bidder")],
         ),
@@ -107,8 +107,63 @@ def test_a_subquery_grouped_by_another_key_becomes_a_stage() -> None:
         "SELECT q.category, avg(q.top) AS a FROM (SELECT a.category, max(b.price) AS top FROM auction a "
         "JOIN bid b ON a.id = b.auction GROUP BY a.id, a.category) q GROUP BY q.category"
     )
-    assert [s.name for s in planned.stages] == ["v__stage1"]
-    assert planned.plan.key_classes == ("q.category",)
+    # the subquery is stage 1; the AVG over it keeps its partial state (SUM, COUNT) in stage 2
+    assert [s.name for s in planned.stages] == ["v__stage1", "v__stage2"]
+    assert planned.plan.kind == "linear" and "v__stage2" in planned.plan.query
+    staged = plan(planned.stages[1].query, {**SCHEMA, "v__stage1": planned.stages[0].columns})
+    assert staged.plan.key_classes == ("q.category",)
+    assert staged.plan.rule == PARTIAL_RULE
+
+
+def test_a_grouped_aggregate_keeps_its_partial_state_in_a_stage() -> None:
+    planned = plan(
+        "SELECT auction, count(*) AS n, sum(price) AS s, avg(price) AS a, max(price) AS hi, "
+        "count(*) FILTER (WHERE price > 10) AS big FROM bid WHERE bidder > 0 GROUP BY auction HAVING count(*) > 1"
+    )
+    (stage,) = planned.stages
+    assert stage.columns == ("auction", "p_rows", "p1_count", "p2_sum", "p3_max", "p4_count")
+    # the view is a projection of the stage: AVG is SUM / COUNT of the same argument, HAVING a WHERE
+    assert planned.plan.kind == "linear" and planned.plan.typed_like_query
+    assert "(_p.p2_sum / _p.p1_count) AS a" in planned.plan.query
+    assert planned.plan.query.endswith("FROM v__stage1 AS _p WHERE _p.p_rows > 1")
+    staged = plan(stage.query, {**SCHEMA})
+    aggregate = staged.plan.aggregate
+    assert staged.plan.rule == PARTIAL_RULE and aggregate is not None
+    assert aggregate.groups == aggregate.key_groups == ("auction",)
+    assert aggregate.rows == "p_rows"
+    kinds = {c.name: (c.kind, bool(c.argument), bool(c.condition), c.nonnull) for c in aggregate.columns}
+    assert kinds == {
+        "p_rows": ("count", False, False, ""),
+        "p1_count": ("count", True, False, ""),
+        "p2_sum": ("sum", True, False, "p1_count"),
+        "p3_max": ("max", True, False, ""),
+        "p4_count": ("count", False, True, ""),
+    }
+    # WHERE filters the rows the aggregate takes; FILTER is a column of them
+    assert "WHERE bid.bidder > 0" in aggregate.rows_sql
+    assert "COALESCE(bid.price > 10, FALSE)" in aggregate.rows_sql
+    assert "partial aggregate" in staged.plan.describe()
+
+
+def test_a_grouped_aggregate_already_in_partial_form_needs_no_stage() -> None:
+    planned = plan("SELECT auction, bidder, count(*) AS n, min(price) AS lo FROM bid GROUP BY auction, bidder")
+    assert not planned.stages
+    assert planned.plan.rule == PARTIAL_RULE
+    assert planned.plan.aggregate is not None and planned.plan.aggregate.groups == ("auction", "bidder")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT auction, count(DISTINCT bidder) AS n FROM bid GROUP BY auction",  # not invertible by parts
+        "SELECT auction, count(*) AS n FROM bid WHERE auction IN (SELECT id FROM auction) GROUP BY auction",
+        "SELECT auction, count(*) AS n, first(price) AS p FROM bid GROUP BY auction",
+    ],
+)
+def test_other_grouped_aggregates_recompute_the_touched_groups(query: str) -> None:
+    planned = plan(query)
+    assert not planned.stages
+    assert planned.plan.rule == "recompute" and planned.plan.aggregate is None
 
 
 def test_ctes_are_planned_as_the_subqueries_they_stand_for() -> None:

@@ -92,6 +92,49 @@ def _restrict(state: DataFrame, leaf: Leaf, keys: DataFrame | None) -> DataFrame
     return state.join(F.broadcast(keys), on=condition, how="left_semi")
 
 
+def leaf_states(
+    spark: SparkSession,
+    leaf: Leaf,
+    keys: DataFrame | None,
+    deltas: Mapping[str, DataFrame],
+    read_state: StateReader,
+    empty: Mapping[str, DataFrame],
+    cache: Callable[[DataFrame], DataFrame],
+) -> tuple[DataFrame, DataFrame, int]:
+    """The leaf's rows at ``keys`` (all of them for None) before and after the epoch, and the
+    stored rows read for them. ``empty``: an empty frame per upstream; ``cache`` persists a frame
+    read more than once and releases it with the step."""
+    from pyspark.sql import functions as F
+
+    if leaf.table is not None and keys is not None:
+        # A whole table restricted by its own columns: read its state before the epoch once, at
+        # the keys' vnodes, and add the epoch's (restricted) change for the state after it.
+        # One column per restricted column: two key classes may meet in one column of a leaf,
+        # and restricting by either is enough (a coarser restriction only adds whole partitions
+        # that are the same before and after the epoch, so they cancel in the diff).
+        first: dict[str, str] = {}
+        for expr, key_name in zip(leaf.key, _key_names(len(leaf.key)), strict=True):
+            first.setdefault(expr.strip("`"), key_name)
+        names = tuple(first)
+        restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
+        state, read = read_state(leaf.table, False, (names, restriction))
+        old = cache(state) if state is not None else empty[leaf.table]
+        change = _restrict(deltas[leaf.table], leaf, keys)
+        new = net_rows(old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change))
+        return old, new, read
+    sides = []
+    read = 0
+    for inclusive in (False, True):
+        upstream_states = {}
+        for upstream in leaf.upstreams:
+            state, rows = read_state(upstream, inclusive, None)
+            read += rows
+            upstream_states[upstream] = state if state is not None else empty[upstream]
+        with _bound(spark, upstream_states):
+            sides.append(_restrict(spark.sql(leaf.sql), leaf, keys))
+    return sides[0], sides[1], read
+
+
 def keyed_change(
     spark: SparkSession,
     plan: Plan,
@@ -125,36 +168,10 @@ def keyed_change(
     def state_of(leaf: Leaf) -> tuple[DataFrame, DataFrame]:
         """The leaf's rows at the affected keys, before and after the epoch (read on first use)."""
         nonlocal rows_read
-        if leaf.name in states:
-            return states[leaf.name]
-        if leaf.table is not None and keys is not None:
-            # A whole table restricted by its own columns: read its state before the epoch once, at
-            # the keys' vnodes, and add the epoch's (restricted) change for the state after it.
-            # One column per restricted column: two key classes may meet in one column of a leaf,
-            # and restricting by either is enough (a coarser restriction only adds whole partitions
-            # that are the same before and after the epoch, so they cancel in the diff).
-            first: dict[str, str] = {}
-            for expr, key_name in zip(leaf.key, _key_names(len(leaf.key)), strict=True):
-                first.setdefault(expr.strip("`"), key_name)
-            names = tuple(first)
-            restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
-            state, read = read_state(leaf.table, False, (names, restriction))
+        if leaf.name not in states:
+            old, new, read = leaf_states(spark, leaf, keys, deltas, read_state, empty, cache)
             rows_read += read
-            old = cache(state) if state is not None else empty[leaf.table]
-            change = _restrict(deltas[leaf.table], leaf, keys)
-            new = net_rows(old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change))
             states[leaf.name] = (old, new)
-            return states[leaf.name]
-        sides = []
-        for inclusive in (False, True):
-            upstream_states = {}
-            for upstream in leaf.upstreams:
-                state, read = read_state(upstream, inclusive, None)
-                rows_read += read
-                upstream_states[upstream] = state if state is not None else empty[upstream]
-            with _bound(spark, upstream_states):
-                sides.append(_restrict(spark.sql(leaf.sql), leaf, keys))
-        states[leaf.name] = (sides[0], sides[1])
         return states[leaf.name]
 
     def run(bindings: Mapping[str, DataFrame], sign: int) -> DataFrame:

@@ -32,7 +32,7 @@ Queries with no operator that needs state are *linear*: their change is the quer
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
@@ -79,6 +79,45 @@ class Leaf:
     table: str | None = None
 
 
+#: The rule of a grouped aggregate whose output is its own partial state (see :class:`PartialAggregate`).
+PARTIAL_RULE = "partial aggregate"
+
+
+@dataclass(frozen=True)
+class PartialColumn:
+    """One aggregate column of a partial-aggregate table, and how an epoch's change updates it."""
+
+    name: str
+    #: 'count' and exact 'sum' add the change's weighted values; 'min', 'max' (and 'sum' over
+    #: floating point, decided by type at run time) absorb inserts and recompute a group from its
+    #: input only when a retraction could remove the extreme (or round the sum)
+    kind: str
+    #: column of :attr:`PartialAggregate.rows_sql` holding the argument; '' for COUNT(*)
+    argument: str = ""
+    #: column of rows_sql holding the FILTER (WHERE ...) condition; '' when there is none
+    condition: str = ""
+    #: sum: the count column of the same argument and filter, which says when the sum is NULL
+    nonnull: str = ""
+
+
+@dataclass(frozen=True)
+class PartialAggregate:
+    """A GROUP BY whose output columns are the group keys plus COUNT/SUM/MIN/MAX: it is its own
+    state. An epoch adds the change, aggregated by group, to the stored rows of the groups it
+    touches; the input is read only for groups whose MIN/MAX lost its extreme. This is
+    RisingWave's HashAgg with its intermediate state table, and DBSP's linear aggregate."""
+
+    #: SELECT over the leaf: the group columns, then the arguments (_a*) and conditions (_f*)
+    rows_sql: str
+    #: group columns of the table, in order (its distribution key)
+    groups: tuple[str, ...]
+    #: the column of COUNT(*) without a filter: a group with 0 rows has no row
+    rows: str
+    columns: tuple[PartialColumn, ...]
+    #: per expression of the leaf's key, the group column holding the same value
+    key_groups: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one view (or internal stage) is maintained."""
@@ -93,8 +132,13 @@ class Plan:
     #: operators, outermost first, each with the state it reads
     operators: tuple[str, ...] = ()
     #: keyed: 'recompute' (the query at the affected keys, before and after) or 'delta join'
-    #: (inner joins only: each input's change joined with the others' state)
+    #: (inner joins only: each input's change joined with the others' state) or PARTIAL_RULE
     rule: str = "recompute"
+    #: PARTIAL_RULE: what the table keeps per group and how a change updates it
+    aggregate: PartialAggregate | None = None
+    #: linear: the rewritten query may type a column differently from the query as written (AVG
+    #: as SUM / COUNT over a partial aggregate): its output is cast to the written query's types
+    typed_like_query: bool = False
 
     def describe(self) -> str:
         if self.kind == "linear":
@@ -104,6 +148,13 @@ class Plan:
             lines.append("keyed by " + ", ".join(f"({k})" for k in self.key_classes))
             if self.rule == "delta join":
                 lines.append("delta rule: each input's change joined with the other inputs' state at its keys")
+            if self.aggregate is not None:
+                lines.append(
+                    "partial aggregate: the table keeps per group "
+                    + ", ".join(f"{c.name} ({c.kind})" for c in self.aggregate.columns)
+                    + "; a change is added to the groups it touches, and a group is recomputed from its"
+                    " input only when a deleted value was its MIN/MAX (or part of a floating-point SUM)"
+                )
         else:
             lines.append("one partition: the whole input is recomputed when it changes")
         lines += [f"- {op}" for op in self.operators]
@@ -650,6 +701,19 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
     if not is_stateful(tree):  # what needed state went into the stages
         plan = Plan("linear", query=tree.sql(dialect=DIALECT), operators=("filter, project, UNION ALL",))
         return PlannedView(plan, tuple(stages))
+    split = _split_partial(tree, f"{view}{STAGE_SEPARATOR}{len(stages) + 1}")
+    if split is not None:
+        # The aggregate keeps its partial state in a stage (planned as a partial aggregate when the
+        # loader plans it), and the view is a projection of that stage.
+        stage, outer = split
+        stages.append(stage)
+        plan = Plan(
+            "linear",
+            query=outer.sql(dialect=DIALECT),
+            operators=(f"project the partial aggregate {stage.name} (AVG = SUM / COUNT, HAVING = WHERE)",),
+            typed_like_query=True,
+        )
+        return PlannedView(plan, tuple(stages))
     leaves = []
     for index, spec in enumerate(analyzer.leaves):
         key = tuple(expr for _, restrictions in level.classes for leaf, expr in restrictions if leaf == index)
@@ -677,6 +741,9 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
         key_classes=tuple(name for name, _ in level.classes),
         operators=tuple(level.operators),
     )
+    aggregate = _partial_aggregate(tree, leaves)
+    if aggregate is not None:
+        plan = replace(plan, rule=PARTIAL_RULE, aggregate=aggregate)
     return PlannedView(plan, tuple(stages))
 
 
@@ -790,3 +857,236 @@ def _shadowed(column: exp.Expression, alias: str, level: exp.Select) -> bool:
             return True
         select = select.parent_select
     return False
+
+
+# ---------------------------------------------------------------------------------------- partial aggregates
+
+_PARTIAL_KINDS: dict[type, str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+#: the columns of a partial aggregate's rows_sql that carry arguments and FILTER conditions
+_ARGUMENT_PREFIX = "_epochal_a"
+_CONDITION_PREFIX = "_epochal_f"
+
+
+def _aggregate_call(node: exp.Expression) -> tuple[str, exp.Expression | None, exp.Expression | None] | None:
+    """(kind, argument or None for COUNT(*), FILTER condition or None) of an aggregate call a
+    partial aggregate can keep; None for anything else (COUNT(DISTINCT), other functions)."""
+    condition = None
+    if isinstance(node, exp.Filter):
+        where = node.expression
+        condition = where.this if isinstance(where, exp.Where) else where
+        node = node.this
+    kind = _PARTIAL_KINDS.get(type(node))
+    if kind is None or node.expressions or isinstance(node.this, exp.Distinct):
+        return None
+    argument = None if isinstance(node.this, exp.Star) else node.this
+    if argument is None and kind != "count":
+        return None
+    for part in (argument, condition):
+        if part is not None and (is_stateful(part) or part.find(exp.Window) is not None):
+            return None
+    return kind, argument, condition
+
+
+def _aggregate_calls(node: exp.Expression) -> list[exp.Expression]:
+    """The aggregate calls in ``node``, a FILTER (WHERE ...) with the call it applies to."""
+    return [
+        sub
+        for sub in node.walk()
+        if isinstance(sub, exp.Filter)
+        or (isinstance(sub, exp.Func) and _is_aggregate(sub) and not isinstance(sub.parent, exp.Filter))
+    ]
+
+
+def _one_input_grouping(select: exp.Expression) -> bool:
+    """A GROUP BY over one table or linear subquery, filtered by WHERE at most: the shape a
+    partial aggregate maintains (anything more is planned by recomputing the touched groups)."""
+    if not isinstance(select, exp.Select) or select.args.get("group") is None:
+        return False
+    if any(select.args.get(a) for a in ("joins", "distinct", "limit", "offset", "qualify", "order", "laterals")):
+        return False
+    group = select.args["group"]
+    if not group.expressions or any(group.args.get(a) for a in ("grouping_sets", "cube", "rollup", "totals")):
+        return False
+    if any(isinstance(g, exp.Literal) or not g.find(exp.Column) for g in group.expressions):
+        return False  # GROUP BY 1 or a constant
+    if any(w.parent_select is select for w in select.find_all(exp.Window)):
+        return False
+    item = select.args["from_"].this
+    if not isinstance(item, (exp.Table, exp.Subquery)) or (isinstance(item, exp.Subquery) and is_stateful(item.this)):
+        return False
+    where = select.args.get("where")
+    return where is None or not is_stateful(where.this)
+
+
+#: (name, kind, argument, condition) of an output column of a partial aggregate; kind 'group' for a group
+_AggregateColumn = tuple[str, str, "exp.Expression | None", "exp.Expression | None"]
+
+
+def _signature(argument: exp.Expression | None, condition: exp.Expression | None) -> tuple[str, str]:
+    """What makes two aggregate calls of one kind the same: their argument and FILTER, as SQL."""
+    a = argument.sql(dialect=DIALECT) if argument is not None else ""
+    c = condition.sql(dialect=DIALECT) if condition is not None else ""
+    return a, c
+
+
+def _canonical_columns(select: exp.Select) -> list[_AggregateColumn] | None:
+    """When ``select`` is its own partial state, its columns as (name, kind, argument, condition),
+    kind 'group' for the group columns; else None.
+
+    That is: every group expression is an output column, every other column is COUNT, SUM, MIN or
+    MAX (FILTER allowed), there is a COUNT(*) without filter (a group exists while it is above 0),
+    and every SUM has the COUNT of its argument beside it (the sum is NULL when that count is 0)."""
+    if not _one_input_grouping(select) or select.args.get("having"):
+        return None
+    groups = {g.sql(dialect=DIALECT) for g in select.args["group"].expressions}
+    columns: list[_AggregateColumn] = []
+    seen_groups: set[str] = set()
+    for projection in select.expressions:
+        inner = projection.unalias()
+        text = inner.sql(dialect=DIALECT)
+        if text in groups and text not in seen_groups:
+            seen_groups.add(text)
+            columns.append((projection.alias_or_name, "group", inner, None))
+            continue
+        call = _aggregate_call(inner)
+        if call is None or call[0] == "avg":
+            return None
+        columns.append((projection.alias_or_name, *call))
+    if seen_groups != groups or len({name for name, *_ in columns}) != len(columns):
+        return None
+    counts = {_signature(a, c) for _, kind, a, c in columns if kind == "count"}
+    if ("", "") not in counts:
+        return None
+    if any(kind == "sum" and _signature(a, c) not in counts for _, kind, a, c in columns):
+        return None
+    return columns
+
+
+def _local_sql(node: exp.Expression) -> str:
+    """An expression over one input as the planner's leaf keys spell it: without the input's alias."""
+    path = _column_path(node)
+    if path and len(path) >= 2:
+        return ".".join(_quote(p) for p in path[1:])
+    local = node.copy()
+    for column in local.find_all(exp.Column):
+        column.set("table", None)
+    return local.sql(dialect=DIALECT)
+
+
+def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf]) -> PartialAggregate | None:
+    """The partial-aggregate description of ``tree`` (its leaf already replaced), when it is one."""
+    if len(leaves) != 1 or not isinstance(tree, exp.Select):
+        return None
+    columns = _canonical_columns(tree)
+    if columns is None:
+        return None
+    group_names = {_local_sql(expr): name for name, kind, expr, _ in columns if kind == "group" and expr is not None}
+    key_groups = tuple(group_names.get(_unquote(key), group_names.get(key, "")) for key in leaves[0].key)
+    if "" in key_groups or set(key_groups) != set(group_names.values()):
+        return None  # the groups are not exactly what the leaf is restricted by: recompute instead
+    arguments: dict[str, str] = {}
+    conditions: dict[str, str] = {}
+    projections = [exp.alias_(expr.copy(), name) for name, kind, expr, _ in columns if kind == "group" and expr]
+    by_signature = {_signature(a, c): name for name, kind, a, c in columns if kind == "count"}
+    partial_columns = []
+    for name, kind, argument, condition in columns:
+        if kind == "group":
+            continue
+        a, c = _signature(argument, condition)
+        if argument is not None and a not in arguments:
+            arguments[a] = f"{_ARGUMENT_PREFIX}{len(arguments)}"
+            projections.append(exp.alias_(argument.copy(), arguments[a]))
+        if condition is not None and c not in conditions:
+            conditions[c] = f"{_CONDITION_PREFIX}{len(conditions)}"
+            # NULL is not TRUE: FILTER keeps a row only when its condition is TRUE
+            projections.append(exp.alias_(exp.func("COALESCE", condition.copy(), exp.false()), conditions[c]))
+        nonnull = by_signature[(a, c)] if kind == "sum" else ""
+        partial_columns.append(PartialColumn(name, kind, arguments.get(a, ""), conditions.get(c, ""), nonnull))
+    rows_select = exp.select(*projections).from_(tree.args["from_"].this.copy())
+    if tree.args.get("where") is not None:
+        rows_select.set("where", tree.args["where"].copy())
+    return PartialAggregate(
+        rows_sql=rows_select.sql(dialect=DIALECT),
+        groups=tuple(name for name, kind, *_ in columns if kind == "group"),
+        rows=by_signature[("", "")],
+        columns=tuple(partial_columns),
+        key_groups=key_groups,
+    )
+
+
+def _split_partial(select: exp.Expression, name: str) -> tuple[Stage, exp.Select] | None:
+    """A grouped aggregate that is not its own partial state (AVG, HAVING, expressions over
+    aggregates or groups) becomes a partial-aggregate stage and a linear projection of it:
+    AVG(x) = SUM(x) / COUNT(x), HAVING = WHERE over the stage's columns."""
+    if not _one_input_grouping(select) or _canonical_columns(select) is not None:
+        return None
+    work = select.copy()
+    having = work.args.get("having")
+    calls = [call for e in work.expressions for call in _aggregate_calls(e)]
+    calls += _aggregate_calls(having) if having is not None else []
+    found = [(_aggregate_call(call), call) for call in calls]
+    if not found or any(spec is None for spec, _ in found):
+        return None
+    alias = "_p"
+    groups = list(work.args["group"].expressions)
+    taken: set[str] = set()
+    group_columns: list[tuple[exp.Expression, str]] = []
+    for index, group in enumerate(groups):
+        text = group.sql(dialect=DIALECT)
+        named = next((e.alias_or_name for e in work.expressions if e.unalias().sql(dialect=DIALECT) == text), "")
+        column = named if named.isidentifier() and named not in taken else f"g{index}"
+        taken.add(column)
+        group_columns.append((group, column))
+    partials: dict[tuple[str, str, str], tuple[str, exp.Expression]] = {}
+
+    def column_of(kind: str, argument: exp.Expression | None, condition: exp.Expression | None) -> exp.Expression:
+        a, c = _signature(argument, condition)
+        if (kind, a, c) not in partials:
+            label = "p_rows" if (kind, a, c) == ("count", "", "") else f"p{len(partials)}_{kind}"
+            call = {"count": exp.Count, "sum": exp.Sum, "min": exp.Min, "max": exp.Max}[kind](
+                this=argument.copy() if argument is not None else exp.Star()
+            )
+            if condition is not None:
+                call = exp.Filter(this=call, expression=exp.Where(this=condition.copy()))
+            partials[(kind, a, c)] = (label, call)
+        return exp.column(partials[(kind, a, c)][0], table=alias)
+
+    column_of("count", None, None)
+    for spec, call in found:
+        assert spec is not None
+        kind, argument, condition = spec
+        if kind in ("sum", "avg"):
+            count = column_of("count", argument, condition)
+            total = column_of("sum", argument, condition)
+            call.replace(exp.Paren(this=exp.Div(this=total, expression=count)) if kind == "avg" else total)
+        else:
+            call.replace(column_of(kind, argument, condition))
+    by_text = {group.sql(dialect=DIALECT): column for group, column in group_columns}
+
+    def to_group_column(node: exp.Expression) -> exp.Expression:
+        text = node.sql(dialect=DIALECT)
+        return exp.column(by_text[text], table=alias) if text in by_text else node
+
+    outer_expressions = [e.transform(to_group_column) for e in work.expressions]
+    outer_filter = having.this.transform(to_group_column) if having is not None else None
+    for node in [*outer_expressions, *([outer_filter] if outer_filter is not None else [])]:
+        if any(c.table != alias for c in node.find_all(exp.Column)):
+            return None  # reads a column that is neither a group nor an aggregate of the stage
+    labels = [column for _, column in group_columns] + [label for label, _ in partials.values()]
+    if len(set(labels)) != len(labels):
+        return None
+    stage_select = exp.select(
+        *(exp.alias_(group.copy(), column) for group, column in group_columns),
+        *(exp.alias_(call, label) for label, call in partials.values()),
+    ).from_(select.args["from_"].this.copy())
+    if select.args.get("where") is not None:
+        stage_select.set("where", select.args["where"].copy())
+    stage_select.set("group", select.args["group"].copy())
+    upstreams = tuple(dict.fromkeys(t.name.lower() for t in stage_select.find_all(exp.Table)))
+    stage = Stage(name, stage_select.sql(dialect=DIALECT), tuple(labels), upstreams)
+    outer = exp.select(*outer_expressions).from_(
+        exp.Table(this=exp.to_identifier(name), alias=exp.TableAlias(this=exp.to_identifier(alias)))
+    )
+    if outer_filter is not None:
+        outer.set("where", exp.Where(this=outer_filter))
+    return stage, outer
