@@ -30,7 +30,8 @@ VIEWS = {
     # only what a partial aggregate keeps: sums over an exact type and floating point, MIN over
     # few groups (deletes retract the extreme), AVG, FILTER and HAVING over the stage
     "per_item": "SELECT item, count(*) AS n, sum(qty) AS q, avg(price) AS ap, min(price) AS lo, max(qty) AS hq, "
-    "sum(price) FILTER (WHERE qty > 1) AS big FROM orders GROUP BY item HAVING count(*) >= 2",
+    "sum(price) FILTER (WHERE qty > 1) AS big, avg(CAST(price AS DECIMAL(9, 2))) AS dap, "
+    "sum(CAST(price AS DECIMAL(9, 2))) AS dsum FROM orders GROUP BY item HAVING count(*) >= 2",
     "distinct_items": "SELECT DISTINCT item FROM orders",
     "enriched": "SELECT o.id, o.price, c.region FROM orders o LEFT JOIN customers c ON o.cust = c.id",
     "full_pairs": "SELECT o.id, c.id AS cid, c.tier FROM orders o FULL OUTER JOIN customers c ON o.cust = c.id",
@@ -142,6 +143,16 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     assert pipeline.views["totals"].plan.key_classes == ()
     instance = dg.DagsterInstance.ephemeral()
     runtime = run_epochs(h, instance, spark, VIEWS)
+    # a projection of a partial aggregate has the types of the query as written (AVG of a decimal
+    # is a wider decimal, not SUM / COUNT's), so its readers and sinks see what Spark would give
+    for source in ("orders", "customers"):
+        runtime.state(source).createOrReplaceTempView(source)
+    try:
+        written = spark.sql(VIEWS["per_item"]).schema
+    finally:
+        for source in ("orders", "customers"):
+            spark.catalog.dropTempView(source)
+    assert [f.dataType for f in runtime.state("per_item").schema] == [f.dataType for f in written]
     records = instance.fetch_materializations(dg.AssetKey("per_cust"), limit=1).records
     metadata = records[0].asset_materialization.metadata
     assert metadata["mode"].value == "incremental"
