@@ -356,7 +356,7 @@ class CheckpointController:
         """(epoch, location) of every committed epoch of ``table`` in (``after``, ``upto``] (default:
         from the first epoch to the committed epoch). Raises StateCompacted when compaction deleted
         change files in that range: a location that was deleted is never returned. ``idle``: also
-        the epochs in which a source read nothing and wrote no file, with location None."""
+        idle epochs (a source read nothing, a view's inputs did not change): no file, location None."""
 
         def read(cur: Cursor) -> list[tuple[int, str | None]]:
             self._check_not_compacted(cur, table, after, "committed changes")

@@ -262,20 +262,16 @@ class EpochRuntime:
         view = self.pipeline.views[name]
         assert view.plan is not None
         collected = self.controller.begin_step(epoch, run_id).collected
+        rows_in = self._rows_in(epoch, name, collected)
+        if rows_in == 0:
+            return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
-        rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
 
         def read(table: str, inclusive: bool, restrict):
             return self.read_state(table, epoch, inclusive, restrict)
 
         if view.plan.rule == PARTIAL_RULE:
-            # No change touches no group: then nothing is read, and the change is empty.
-            reader = read if rows_in else (lambda *_: (None, 0))
-            change = partial_change(self.spark, view.plan, name, view.columns, deltas, reader)
-        elif rows_in == 0:
-            # Nothing changed upstream, so neither does the view: run the plan over empty state,
-            # which reads nothing and yields the (empty) change with the view's schema.
-            change = keyed_change(self.spark, view.plan, view.columns, deltas, lambda *_: (None, 0))
+            change = partial_change(self.spark, view.plan, name, view.columns, deltas, read)
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
             # The view's first epoch has no rows before it: a one-partition query over empty inputs
@@ -347,13 +343,47 @@ class EpochRuntime:
             },
         )
 
+    def _rows_in(self, epoch: int, view: str, collected: Mapping[str, Collected]) -> int:
+        """Rows the view's upstreams changed in the epoch; raises when one has not run it yet."""
+        for upstream in self.pipeline.views[view].upstreams:
+            if upstream not in collected:
+                raise EpochalError(
+                    f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize "
+                    f"{upstream} for this partition first, or run the whole epoch with epoch_job"
+                )
+        return sum((collected[u].rows_out or 0) for u in self.pipeline.views[view].upstreams)
+
+    def _idle_view(self, epoch: int, name: str, started: float, run_id: str | None, release: bool) -> StepReport:
+        """An incremental view whose inputs did not change: its change is empty by construction
+        (linear over nothing, or the same keys before and after), so it is recorded like an idle
+        source, without a file and without a Spark job. A quiet pipeline then costs a few meta-store
+        transactions per view per epoch, not a Parquet commit each."""
+        empty = Collected(name, None, 0, 0, None, None, time.time() - started, run_id)
+        recorded = self._collect(epoch, empty, [], release)
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "mode": "incremental",
+                "rows_in": 0,
+                "rows_changed": 0,
+                "state_rows_read": 0,
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
+
     def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
+        from pyspark.sql.types import LongType, StructField, StructType
+
         entry = collected.get(upstream)
-        source = self.pipeline.sources.get(upstream)
-        if entry is not None and entry.location is None and entry.rows_out == 0 and source is not None:
-            # An idle source's epoch: no file, no change (see _idle_source). A location that
+        if entry is not None and entry.location is None and entry.rows_out == 0:
+            # An idle epoch (_idle_source, _idle_view): no file, no change. A location that
             # compaction cleared has rows and still raises below.
-            return self._declared_rows(upstream, weighted=True)
+            return self.spark.createDataFrame(
+                [], StructType([*self._empty_rows(upstream).schema.fields, StructField(WEIGHT, LongType())])
+            )
         if entry is None or entry.location is None:
             raise EpochalError(
                 f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
@@ -367,6 +397,9 @@ class EpochRuntime:
         started = time.time()
         view = self.pipeline.views[name]
         collected = self.controller.begin_step(epoch, run_id).collected
+        rows_in = self._rows_in(epoch, name, collected)
+        if rows_in == 0:
+            return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
         # The view's operators are linear (filter, project, UNION ALL), so the change of the output
         # is the query over the inserted rows minus the query over the deleted rows. When the planner
@@ -387,7 +420,6 @@ class EpochRuntime:
                 )
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
-        rows_in = sum((collected[u].rows_out or 0) for u in view.upstreams)
         rows, recorded = self._publish_view_change(epoch, name, change, rows_in, started, run_id, release)
         return StepReport(
             name,
@@ -570,8 +602,8 @@ class EpochRuntime:
         restrict: "tuple[tuple[str, ...], DataFrame] | None" = None,
     ) -> tuple["DataFrame | None", int]:
         """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
-        and how many stored rows were read to get them; ``None`` when a view has no epoch yet (a
-        source without any is empty, with its declared columns).
+        and how many stored rows were read to get them; a table without change files
+        (none ran, or every one was idle) is empty, with its columns.
 
         The rows are the newest snapshot at or before the epoch plus the change files after it
         (committed or in flight, ``controller.state_parts``), never older change files.
@@ -582,12 +614,18 @@ class EpochRuntime:
         Views and keyed sources read their inputs through this one function, so how state is
         stored (change files, snapshots) is decided here and nowhere else."""
         weighted, rows_read = self._read_weighted(self.controller.state_parts(table, epoch, inclusive), restrict)
-        if weighted is None and table in self.pipeline.sources:
-            # No change file yet (every epoch so far was idle, or none ran): the source is empty.
-            return self._declared_rows(table), 0
-        if weighted is None or WEIGHT not in weighted.columns:
+        if weighted is None:
+            # No change file yet (every epoch so far was idle, or none ran): the table is empty.
+            return self._empty_rows(table), 0
+        if WEIGHT not in weighted.columns:
             return weighted, rows_read  # a snapshot alone is already net: no aggregation
         return net_rows(weighted), rows_read
+
+    def _empty_rows(self, table: str) -> "DataFrame":
+        """No rows, with the table's columns: what a table without change files holds."""
+        if table in self.pipeline.sources:
+            return self._declared_rows(table)
+        return self.spark.createDataFrame([], self.query_schema(table))
 
     def query_schema(self, table: str) -> "StructType":
         """``table``'s columns and types as its query, as written, gives them: Spark analyses the
@@ -616,13 +654,12 @@ class EpochRuntime:
         self._query_schemas[table] = schema
         return schema
 
-    def _declared_rows(self, source: str, weighted: bool = False) -> "DataFrame":
-        """No rows, with the source's declared columns (and ``_weight``): what a source with no
-        change file holds, whatever epochs it went through."""
+    def _declared_rows(self, source: str) -> "DataFrame":
+        """No rows, with the source's declared columns."""
         from pyspark.sql.types import StructType
 
         ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.pipeline.sources[source].columns)
-        return self.spark.createDataFrame([], StructType.fromDDL(f"{ddl}, `{WEIGHT}` BIGINT" if weighted else ddl))
+        return self.spark.createDataFrame([], StructType.fromDDL(ddl))
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
