@@ -48,7 +48,7 @@ class KeyedChange:
 
 
 @contextmanager
-def _bound(spark: SparkSession, tables: Mapping[str, DataFrame]) -> Iterator[None]:
+def bound_views(spark: SparkSession, tables: Mapping[str, DataFrame]) -> Iterator[None]:
     """Temp views for the duration of a query's analysis (spark.sql binds them when it is called)."""
     try:
         for name, frame in tables.items():
@@ -59,7 +59,7 @@ def _bound(spark: SparkSession, tables: Mapping[str, DataFrame]) -> Iterator[Non
             spark.catalog.dropTempView(name)
 
 
-def _key_names(width: int) -> list[str]:
+def key_names(width: int) -> list[str]:
     return [f"_epochal_k{i}" for i in range(width)]
 
 
@@ -68,8 +68,8 @@ def affected_keys(spark: SparkSession, plan: Plan, deltas: Mapping[str, DataFram
     width = len(plan.key_classes)
     if width == 0:
         return None
-    names = _key_names(width)
-    with _bound(spark, {u: d.drop(WEIGHT) for u, d in deltas.items()}):
+    names = key_names(width)
+    with bound_views(spark, {u: d.drop(WEIGHT) for u, d in deltas.items()}):
         parts = []
         for leaf in plan.leaves:
             keys = ", ".join(f"{expr} AS {name}" for expr, name in zip(leaf.key, names, strict=True))
@@ -82,7 +82,7 @@ def _restrict(state: DataFrame, leaf: Leaf, keys: DataFrame | None) -> DataFrame
 
     if keys is None:
         return state
-    names = _key_names(len(leaf.key))
+    names = key_names(len(leaf.key))
     condition = reduce(
         lambda a, b: a & b, [F.expr(expr).eqNullSafe(keys[name]) for expr, name in zip(leaf.key, names, strict=True)]
     )
@@ -113,7 +113,7 @@ def leaf_states(
         # and restricting by either is enough (a coarser restriction only adds whole partitions
         # that are the same before and after the epoch, so they cancel in the diff).
         first: dict[str, str] = {}
-        for expr, key_name in zip(leaf.key, _key_names(len(leaf.key)), strict=True):
+        for expr, key_name in zip(leaf.key, key_names(len(leaf.key)), strict=True):
             first.setdefault(expr.strip("`"), key_name)
         names = tuple(first)
         restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
@@ -130,7 +130,7 @@ def leaf_states(
             state, rows = read_state(upstream, inclusive, None)
             read += rows
             upstream_states[upstream] = state if state is not None else empty[upstream]
-        with _bound(spark, upstream_states):
+        with bound_views(spark, upstream_states):
             sides.append(_restrict(spark.sql(leaf.sql), leaf, keys))
     return sides[0], sides[1], read
 
@@ -175,7 +175,7 @@ def keyed_change(
         return states[leaf.name]
 
     def run(bindings: Mapping[str, DataFrame], sign: int) -> DataFrame:
-        with _bound(spark, bindings):
+        with bound_views(spark, bindings):
             out = spark.sql(plan.query).toDF(*columns)
         return out.withColumn(WEIGHT, F.lit(sign).cast("bigint"))
 
@@ -189,7 +189,7 @@ def keyed_change(
                 continue
             others = {other.name: state_of(other)[1 if j < i else 0] for j, other in enumerate(plan.leaves) if j != i}
             for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-                with _bound(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
+                with bound_views(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
                     part = spark.sql(leaf.sql)
                 outputs.append(run({**others, leaf.name: part}, sign))
     else:
@@ -197,7 +197,7 @@ def keyed_change(
             outputs.append(run({leaf.name: state_of(leaf)[0] for leaf in plan.leaves}, -1))
         outputs.append(run({leaf.name: state_of(leaf)[1] for leaf in plan.leaves}, 1))
     if not outputs:  # no input changed: the (empty) change, with the view's columns
-        with _bound(spark, empty):
+        with bound_views(spark, empty):
             nothing = {leaf.name: spark.sql(leaf.sql) for leaf in plan.leaves}
         outputs.append(run(nothing, 1))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from epochal.incremental.keyed import KeyedChange, StateReader, _bound, _key_names, leaf_states
+from epochal.incremental.keyed import KeyedChange, StateReader, bound_views, key_names, leaf_states
 from epochal.incremental.planner import PartialColumn, Plan
 from epochal.storage.warehouse import WEIGHT
 
@@ -69,18 +69,18 @@ def partial_change(
     # with their weights: the leaf and rows_sql are linear, so each sign is evaluated on its own.
     signed = []
     for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-        with _bound(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
+        with bound_views(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
             leaf_rows = spark.sql(leaf.sql)
-        with _bound(spark, {leaf.name: leaf_rows}):
+        with bound_views(spark, {leaf.name: leaf_rows}):
             signed.append(spark.sql(spec.rows_sql).withColumn(WEIGHT, F.lit(sign).cast("bigint")))
     rows = signed[0].unionByName(signed[1])
     empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
 
     def run(bindings: Mapping[str, DataFrame]) -> DataFrame:
-        with _bound(spark, bindings):
+        with bound_views(spark, bindings):
             return spark.sql(plan.query).toDF(*columns)
 
-    with _bound(spark, empty):
+    with bound_views(spark, empty):
         table_schema = run({leaf.name: spark.sql(leaf.sql)}).schema  # analysis only: no job
     exact = {c.name: c.kind == "sum" and _exact(rows.schema[c.argument].dataType) for c in spec.columns}
 
@@ -154,7 +154,7 @@ def partial_change(
         kept.withColumn(WEIGHT, F.lit(1).cast("bigint")),
     ]
     redo_keys = judged.where(F.col(_REDO)).select(
-        *(F.col(f"`{g}`").alias(k) for g, k in zip(spec.key_groups, _key_names(len(spec.key_groups)), strict=True))
+        *(F.col(f"`{g}`").alias(k) for g, k in zip(spec.key_groups, key_names(len(spec.key_groups)), strict=True))
     )
     if not redo_keys.isEmpty():
         # The groups that lost an extreme: the aggregate's own query over their input rows after

@@ -26,6 +26,13 @@ becomes an internal view, a table of its own with state and change log, and the 
 stage then has a key of its own. RisingWave builds the same shape: one state table per stateful
 operator.
 
+A GROUP BY over one input whose aggregates are COUNT, SUM, AVG, MIN and MAX needs less than that:
+its output can be its own state (COUNT(*), and COUNT/SUM/MIN/MAX per argument), to which an epoch
+adds its change per group (:class:`PartialAggregate`, run by :mod:`epochal.incremental.partial`), so
+that only the touched groups' stored rows are read and the input only where a MIN/MAX lost its
+extreme. A query that is not already in that form (AVG, HAVING, expressions over aggregates) keeps
+the partial state in a stage and becomes a linear projection of it.
+
 Queries with no operator that needs state are *linear*: their change is the query over the delta.
 """
 
