@@ -126,6 +126,7 @@ def test_a_grouped_aggregate_keeps_its_partial_state_in_a_stage() -> None:
     assert planned.plan.kind == "linear" and planned.plan.typed_like_query
     assert "(_p.p2_sum / _p.p1_count) AS a" in planned.plan.query
     assert planned.plan.query.endswith("FROM v__stage1 AS _p WHERE _p.p_rows > 1")
+    assert "project the partial aggregate v__stage1" in planned.plan.describe()  # the UI's description
     staged = plan(stage.query, {**SCHEMA})
     aggregate = staged.plan.aggregate
     assert staged.plan.rule == PARTIAL_RULE and aggregate is not None

@@ -149,7 +149,10 @@ class Plan:
 
     def describe(self) -> str:
         if self.kind == "linear":
-            return "linear: the change is the query applied to the inputs' change; no state"
+            lines = ["linear: the change is the query applied to the inputs' change; no state"]
+            if self.query:  # rewritten to read the stages that keep the state
+                lines += [f"- {op}" for op in self.operators] + [f"- runs: {self.query}"]
+            return "\n".join(lines)
         lines = []
         if self.key_classes:
             lines.append("keyed by " + ", ".join(f"({k})" for k in self.key_classes))
