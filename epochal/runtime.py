@@ -263,7 +263,8 @@ class EpochRuntime:
         assert view.plan is not None
         collected = self.controller.begin_step(epoch, run_id).collected
         rows_in = self._rows_in(epoch, name, collected)
-        if rows_in == 0:
+        first = self._first_epoch(name, epoch)
+        if rows_in == 0 and not first:
             return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
 
@@ -276,8 +277,6 @@ class EpochRuntime:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
             # The view's first epoch has no rows before it: a one-partition query over empty inputs
             # still returns a row (count(*) = 0), which must not be retracted from a view never written.
-            parts = self.controller.state_parts(name, epoch, inclusive=False)
-            first = parts.snapshot is None and not parts.changes
             change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)
         try:
             rows, recorded = self._publish_view_change(
@@ -353,11 +352,18 @@ class EpochRuntime:
                 )
         return sum((collected[u].rows_out or 0) for u in self.pipeline.views[view].upstreams)
 
+    def _first_epoch(self, view: str, epoch: int) -> bool:
+        """True when ``view`` has written no change before ``epoch``. Its first epoch is never idle:
+        an aggregate over all rows has a row (COUNT 0) even over empty inputs, and only computing
+        the epoch writes it."""
+        parts = self.controller.state_parts(view, epoch, inclusive=False)
+        return parts.snapshot is None and not parts.changes
+
     def _idle_view(self, epoch: int, name: str, started: float, run_id: str | None, release: bool) -> StepReport:
-        """An incremental view whose inputs did not change: its change is empty by construction
-        (linear over nothing, or the same keys before and after), so it is recorded like an idle
-        source, without a file and without a Spark job. A quiet pipeline then costs a few meta-store
-        transactions per view per epoch, not a Parquet commit each."""
+        """An incremental view whose inputs did not change, after its first epoch: its change is
+        empty by construction (linear over nothing, or the same keys before and after), so it is
+        recorded like an idle source, without a file and without a Spark job. A quiet pipeline
+        then costs a few meta-store transactions per view per epoch, not a Parquet commit each."""
         empty = Collected(name, None, 0, 0, None, None, time.time() - started, run_id)
         recorded = self._collect(epoch, empty, [], release)
         return StepReport(
@@ -398,7 +404,7 @@ class EpochRuntime:
         view = self.pipeline.views[name]
         collected = self.controller.begin_step(epoch, run_id).collected
         rows_in = self._rows_in(epoch, name, collected)
-        if rows_in == 0:
+        if rows_in == 0 and not self._first_epoch(name, epoch):
             return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
         # The view's operators are linear (filter, project, UNION ALL), so the change of the output
@@ -629,7 +635,11 @@ class EpochRuntime:
 
     def query_schema(self, table: str) -> "StructType":
         """``table``'s columns and types as its query, as written, gives them: Spark analyses the
-        query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime."""
+        query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime.
+
+        The inputs are bound under names of their own (``__epochal_schema_<table>``), never the
+        tables' names: a caller may have bound those names to real rows (a full-refresh view
+        binds its upstreams, then reads the state of the next one), and must keep them."""
         import sqlglot
         from sqlglot import exp
 
@@ -641,13 +651,23 @@ class EpochRuntime:
             schema = self._declared_rows(table).schema
         else:
             view = self.pipeline.views[table]
-            read = {t.name.lower() for t in sqlglot.parse_one(view.query, read=DIALECT).find_all(exp.Table)}
-            upstreams = [t for t in read if t in self.pipeline.sources or t in self.pipeline.views]
-            inputs = {u: self.spark.createDataFrame([], self.query_schema(u)) for u in upstreams}
+            tree = sqlglot.parse_one(view.query, read=DIALECT)
+            ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+            known = {*self.pipeline.sources, *self.pipeline.views}
+            hidden: dict[str, str] = {}
+            for node in tree.find_all(exp.Table):
+                name = node.name.lower()
+                if name in ctes or node.args.get("db") or name not in known:
+                    continue
+                if not node.alias:  # columns qualified by the table's name still resolve
+                    node.set("alias", exp.TableAlias(this=exp.to_identifier(node.name)))
+                hidden[f"__epochal_schema_{name}"] = name
+                node.set("this", exp.to_identifier(f"__epochal_schema_{name}"))
+            inputs = {alias: self.spark.createDataFrame([], self.query_schema(t)) for alias, t in hidden.items()}
             try:
                 for name, frame in inputs.items():
                     frame.createOrReplaceTempView(name)
-                schema = self.spark.sql(view.query).toDF(*view.columns).schema
+                schema = self.spark.sql(tree.sql(dialect=DIALECT)).toDF(*view.columns).schema
             finally:
                 for name in inputs:
                     self.spark.catalog.dropTempView(name)

@@ -191,6 +191,11 @@ def test_aggregates_over_all_rows_are_one_partition() -> None:
     planned = plan("SELECT count(*) AS n FROM bid")
     assert planned.plan.kind == "keyed" and planned.plan.key_classes == ()
     assert "one partition" in planned.plan.describe()
+    # one group that is always there: COUNT(*) alone keeps a row per input row to count
+    assert planned.plan.rule == PARTIAL_RULE and planned.plan.aggregate.groups == ()
+    assert "AS _epochal_a_row" in planned.plan.aggregate.rows_sql
+    # a COUNT(DISTINCT) over all rows recomputes the whole input when it changes
+    assert plan("SELECT count(DISTINCT bidder) AS n FROM bid").plan.rule == "recompute"
 
 
 @pytest.mark.parametrize(

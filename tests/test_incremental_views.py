@@ -138,9 +138,10 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     ]
     assert [v.name for v in pipeline.views.values() if v.internal_of == "same_tier"] == ["same_tier__stage1"]
     assert pipeline.views["by_region__stage1"].plan.rule == "delta join"
-    partial = {"by_region__stage2", "per_item__stage1", "hopping", "spenders"}
+    partial = {"by_region__stage2", "per_item__stage1", "hopping", "spenders", "totals__stage1"}
     assert {n for n, v in pipeline.views.items() if v.plan and v.plan.rule == PARTIAL_RULE} == partial
-    assert pipeline.views["totals"].plan.key_classes == ()
+    # over all rows: one group, kept as partial state like any other
+    assert pipeline.views["totals__stage1"].plan.aggregate.groups == ()
     instance = dg.DagsterInstance.ephemeral()
     runtime = run_epochs(h, instance, spark, VIEWS)
     # a projection of a partial aggregate has the types of the query as written (AVG of a decimal
@@ -158,3 +159,23 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     assert metadata["mode"].value == "incremental"
     assert metadata["state_rows_read"].value > 0
     assert runtime is not None
+
+
+def test_a_table_without_change_files_reads_empty_and_leaves_the_callers_views_alone(spark, tmp_path: Path) -> None:
+    """Before a view writes a change (its inputs were idle so far), its state is empty with the
+    columns and types of its query as written; finding them binds nothing the caller named."""
+    h = make_harness(tmp_path, files({"per_item": VIEWS["per_item"]}))
+    runtime = h.runtime(spark)
+    spark.range(3).createOrReplaceTempView("orders")  # a caller's own rows under a table's name
+    try:
+        for table in ("orders", "per_item__stage1", "per_item"):
+            rows, read = runtime.read_state(table, 1, inclusive=True)
+            assert rows.isEmpty() and read == 0, table
+        assert spark.table("orders").count() == 3
+        empty_orders = runtime.read_state("orders", 1, inclusive=True)[0]
+        empty_orders.createOrReplaceTempView("orders")
+        written = spark.sql(VIEWS["per_item"]).schema
+        got = runtime.read_state("per_item", 1, inclusive=True)[0].schema
+        assert [(f.name, f.dataType) for f in got] == [(f.name, f.dataType) for f in written]
+    finally:
+        spark.catalog.dropTempView("orders")

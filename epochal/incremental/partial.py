@@ -109,11 +109,13 @@ def partial_change(
     delta = cache(rows.groupBy(*(F.col(f"`{g}`") for g in spec.groups)).agg(*aggregations))
 
     # The table's own rows at the touched groups: distributed by its groups, so read at their vnodes.
-    state, rows_read = read_state(table, False, (spec.groups, delta.select(*(f"`{g}`" for g in spec.groups))))
+    # An aggregate over all rows has one group and one row (a COUNT of 0 included), read whole.
+    touched = (spec.groups, delta.select(*(f"`{g}`" for g in spec.groups))) if spec.groups else None
+    state, rows_read = read_state(table, False, touched)
     old = cache(state if state is not None else spark.createDataFrame([], table_schema))
     prior = old.select(*(F.col(f"`{c}`").alias(_OLD + c) for c in old.columns))
-    on = reduce(lambda a, b: a & b, [delta[f"`{g}`"].eqNullSafe(prior[f"`{_OLD}{g}`"]) for g in spec.groups])
-    joined = delta.join(prior, on=on, how="left")
+    same_group = [delta[f"`{g}`"].eqNullSafe(prior[f"`{_OLD}{g}`"]) for g in spec.groups]
+    joined = delta.join(prior, on=reduce(lambda a, b: a & b, same_group, F.lit(True)), how="left")
 
     def before(name: str) -> Column:
         return F.col(f"`{_OLD}{name}`")
@@ -124,8 +126,8 @@ def partial_change(
     values: dict[str, Column] = {}
     redo: list[Column] = []
     for c in spec.columns:
-        if c.kind == "count":
-            values[c.name] = F.coalesce(before(c.name), F.lit(0)) + added(c.name)
+        if c.kind == "count":  # (added is NULL only over all rows, when the change kept no row)
+            values[c.name] = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
     for c in spec.columns:
         gone = F.col(f"`{_GONE}{c.name}`")
         if c.kind == "sum":
@@ -148,18 +150,21 @@ def partial_change(
         recompute.alias(_REDO),
     )
     judged = cache(judged)
-    kept = judged.where(~F.col(_REDO) & (F.col(f"`{spec.rows}`") > 0)).select(*(f"`{n}`" for n in columns))
+    # A group whose last row went has no row; the one group over all rows is always there.
+    present = F.col(f"`{spec.rows}`") > 0 if spec.groups else F.lit(True)
+    kept = judged.where(~F.col(_REDO) & present).select(*(f"`{n}`" for n in columns))
     outputs = [
         old.withColumn(WEIGHT, F.lit(-1).cast("bigint")),
         kept.withColumn(WEIGHT, F.lit(1).cast("bigint")),
     ]
-    redo_keys = judged.where(F.col(_REDO)).select(
-        *(F.col(f"`{g}`").alias(k) for g, k in zip(spec.key_groups, key_names(len(spec.key_groups)), strict=True))
-    )
-    if not redo_keys.isEmpty():
+    redo = judged.where(F.col(_REDO))
+    if not redo.isEmpty():
         # The groups that lost an extreme: the aggregate's own query over their input rows after
         # the epoch, read at their keys (RisingWave's MIN/MAX state does the same from its table).
-        redo_keys = cache(redo_keys)
+        # Over all rows there is one group, and its key is the whole input (None).
+        names = key_names(len(spec.key_groups))
+        keys = redo.select(*(F.col(f"`{g}`").alias(k) for g, k in zip(spec.key_groups, names, strict=True)))
+        redo_keys = cache(keys) if spec.groups else None
         _, after, read = leaf_states(spark, leaf, redo_keys, deltas, read_state, empty, cache)
         rows_read += read
         recomputed = run({leaf.name: after})

@@ -908,16 +908,20 @@ def _aggregate_calls(node: exp.Expression) -> list[exp.Expression]:
 
 
 def _one_input_grouping(select: exp.Expression) -> bool:
-    """A GROUP BY over one table or linear subquery, filtered by WHERE at most: the shape a
-    partial aggregate maintains (anything more is planned by recomputing the touched groups)."""
-    if not isinstance(select, exp.Select) or select.args.get("group") is None:
+    """A GROUP BY (or an aggregate over all rows) over one table or linear subquery, filtered by
+    WHERE at most: the shape a partial aggregate maintains (anything more is planned by
+    recomputing the touched groups)."""
+    if not isinstance(select, exp.Select):
         return False
     if any(select.args.get(a) for a in ("joins", "distinct", "limit", "offset", "qualify", "order", "laterals")):
         return False
-    group = select.args["group"]
-    if not group.expressions or any(group.args.get(a) for a in ("grouping_sets", "cube", "rollup", "totals")):
+    group = select.args.get("group")
+    if group is None:
+        if not any(_aggregate_calls(e) for e in select.expressions):
+            return False
+    elif not group.expressions or any(group.args.get(a) for a in ("grouping_sets", "cube", "rollup", "totals")):
         return False
-    if any(isinstance(g, exp.Literal) or not g.find(exp.Column) for g in group.expressions):
+    elif any(isinstance(g, exp.Literal) or not g.find(exp.Column) for g in group.expressions):
         return False  # GROUP BY 1 or a constant
     if any(w.parent_select is select for w in select.find_all(exp.Window)):
         return False
@@ -926,6 +930,12 @@ def _one_input_grouping(select: exp.Expression) -> bool:
         return False
     where = select.args.get("where")
     return where is None or not is_stateful(where.this)
+
+
+def _group_expressions(select: exp.Select) -> list[exp.Expression]:
+    """GROUP BY's expressions; none for an aggregate over all rows (one group, always there)."""
+    group = select.args.get("group")
+    return list(group.expressions) if group is not None else []
 
 
 #: (name, kind, argument, condition) of an output column of a partial aggregate; kind 'group' for a group
@@ -948,7 +958,7 @@ def _canonical_columns(select: exp.Select) -> list[_AggregateColumn] | None:
     and every SUM has the COUNT of its argument beside it (the sum is NULL when that count is 0)."""
     if not _one_input_grouping(select) or select.args.get("having"):
         return None
-    groups = {g.sql(dialect=DIALECT) for g in select.args["group"].expressions}
+    groups = {g.sql(dialect=DIALECT) for g in _group_expressions(select)}
     columns: list[_AggregateColumn] = []
     seen_groups: set[str] = set()
     for projection in select.expressions:
@@ -1012,6 +1022,8 @@ def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf]) -> PartialA
             projections.append(exp.alias_(exp.func("COALESCE", condition.copy(), exp.false()), conditions[c]))
         nonnull = by_signature[(a, c)] if kind == "sum" else ""
         partial_columns.append(PartialColumn(name, kind, arguments.get(a, ""), conditions.get(c, ""), nonnull))
+    if not projections:  # COUNT(*) alone over all rows: a row needs a column
+        projections.append(exp.alias_(exp.Literal.number(1), f"{_ARGUMENT_PREFIX}_row"))
     rows_select = exp.select(*projections).from_(tree.args["from_"].this.copy())
     if tree.args.get("where") is not None:
         rows_select.set("where", tree.args["where"].copy())
@@ -1038,7 +1050,7 @@ def _split_partial(select: exp.Expression, name: str) -> tuple[Stage, exp.Select
     if not found or any(spec is None for spec, _ in found):
         return None
     alias = "_p"
-    groups = list(work.args["group"].expressions)
+    groups = _group_expressions(work)
     taken: set[str] = set()
     group_columns: list[tuple[exp.Expression, str]] = []
     for index, group in enumerate(groups):
@@ -1091,7 +1103,8 @@ def _split_partial(select: exp.Expression, name: str) -> tuple[Stage, exp.Select
     ).from_(select.args["from_"].this.copy())
     if select.args.get("where") is not None:
         stage_select.set("where", select.args["where"].copy())
-    stage_select.set("group", select.args["group"].copy())
+    if select.args.get("group") is not None:
+        stage_select.set("group", select.args["group"].copy())
     upstreams = tuple(dict.fromkeys(t.name.lower() for t in stage_select.find_all(exp.Table)))
     stage = Stage(name, stage_select.sql(dialect=DIALECT), tuple(labels), upstreams)
     outer = exp.select(*outer_expressions).from_(
