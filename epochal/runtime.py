@@ -346,10 +346,7 @@ class EpochRuntime:
         """Rows the view's upstreams changed in the epoch; raises when one has not run it yet."""
         for upstream in self.pipeline.views[view].upstreams:
             if upstream not in collected:
-                raise EpochalError(
-                    f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize "
-                    f"{upstream} for this partition first, or run the whole epoch with epoch_job"
-                )
+                raise _not_written(view, upstream, epoch)
         return sum((collected[u].rows_out or 0) for u in self.pipeline.views[view].upstreams)
 
     def _first_epoch(self, view: str, epoch: int) -> bool:
@@ -391,10 +388,7 @@ class EpochRuntime:
                 [], StructType([*self._empty_rows(upstream).schema.fields, StructField(WEIGHT, LongType())])
             )
         if entry is None or entry.location is None:
-            raise EpochalError(
-                f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
-                "for this partition first, or run the whole epoch with epoch_job"
-            )
+            raise _not_written(view, upstream, epoch)
         return self.warehouse.read(self.spark, [entry.location])
 
     def _run_view(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
@@ -767,6 +761,13 @@ class EpochRuntime:
         # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
         at = epoch if epoch is not None else (report.committed_epoch or 0)
         return StepReport("epoch_compaction", at, report.metadata)
+
+
+def _not_written(view: str, upstream: str, epoch: int) -> EpochalError:
+    return EpochalError(
+        f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
+        "for this partition first, or run the whole epoch with epoch_job"
+    )
 
 
 def _quoted(names: "list[str] | tuple[str, ...]") -> list[str]:

@@ -124,7 +124,7 @@ def partial_change(
         return F.col(f"`{_DELTA}{name}`")
 
     values: dict[str, Column] = {}
-    redo: list[Column] = []
+    needs_input: list[Column] = []
     for c in spec.columns:
         if c.kind == "count":  # (added is NULL only over all rows, when the change kept no row)
             values[c.name] = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
@@ -134,15 +134,15 @@ def partial_change(
             total = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
             values[c.name] = F.when(values[c.nonnull] > 0, total)
             if not exact[c.name]:
-                redo.append(F.coalesce(gone, F.lit(False)))
+                needs_input.append(F.coalesce(gone, F.lit(False)))
         elif c.kind in ("min", "max"):
             values[c.name] = (F.least if c.kind == "min" else F.greatest)(before(c.name), added(c.name))
             # A deleted value at (or beyond) the extreme may have been it: only the input can say
             # what the extreme is now. Beyond can only mean the stored state is not what the input
             # holds, which recomputing also mends.
             beyond = gone <= before(c.name) if c.kind == "min" else gone >= before(c.name)
-            redo.append(gone.isNotNull() & (before(c.name).isNull() | beyond))
-    recompute = reduce(lambda a, b: a | b, redo) if redo else F.lit(False)
+            needs_input.append(gone.isNotNull() & (before(c.name).isNull() | beyond))
+    recompute = reduce(lambda a, b: a | b, needs_input) if needs_input else F.lit(False)
     typed = {f.name: f.dataType for f in table_schema.fields}
     judged = joined.select(
         *(F.col(f"`{g}`") for g in spec.groups),

@@ -114,7 +114,7 @@ class PartialAggregate:
     touches; the input is read only for groups whose MIN/MAX lost its extreme. This is
     RisingWave's HashAgg with its intermediate state table, and DBSP's linear aggregate."""
 
-    #: SELECT over the leaf: the group columns, then the arguments (_a*) and conditions (_f*)
+    #: SELECT over the leaf: the group columns, then the arguments (_epochal_a*) and FILTER conditions (_epochal_f*)
     rows_sql: str
     #: group columns of the table, in order (its distribution key)
     groups: tuple[str, ...]
