@@ -40,7 +40,8 @@ FROM (
 WHERE rn <= 3;
 
 -- Bids per category: the join is keyed by auction and the grouping by category, so the planner
--- keeps the join as an internal stage (category_volume__stage1) and groups its rows by category.
+-- keeps the join as an internal stage (category_volume__stage1), its rows counted and summed per category
+-- as partial state in a second (category_volume__stage2), which this view projects.
 CREATE MATERIALIZED VIEW category_volume AS
 SELECT a.category, count(*) AS bids, sum(b.price) AS volume
 FROM bid b
