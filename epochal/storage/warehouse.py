@@ -4,8 +4,9 @@
     {warehouse}/{table}/snapshot={S}/{attempt}/_vnode={V}/part-*.parquet
 
 Every epoch of every table is a directory of Parquet files holding that epoch's *change*: the
-table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). A source epoch
-that read no record has none: its empty change is recorded without a location. Every write
+table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). An idle epoch
+(a source that read no record, an incremental view whose inputs did not change) has none: its
+empty change is recorded without a location. Every write
 goes to a fresh ``attempt`` directory, so two runs racing on one epoch never write the same files;
 the meta store records which attempt was collected, and only recorded, committed attempts are ever
 read. Anything else is garbage that recovery deletes.
