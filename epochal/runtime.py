@@ -272,7 +272,7 @@ class EpochRuntime:
             return self.read_state(table, epoch, inclusive, restrict)
 
         if view.plan.rule == PARTIAL_RULE:
-            change = partial_change(self.spark, view.plan, name, view.columns, deltas, read)
+            change = partial_change(self.spark, view.plan, name, view.columns, deltas, read, self.query_schema(name))
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
             # The view's first epoch has no rows before it: a one-partition query over empty inputs

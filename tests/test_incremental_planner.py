@@ -16,15 +16,20 @@ SCHEMA = {
 }
 
 
-def plan(query: str, schema: dict | None = None):
+def plan(query: str, schema: dict | None = None, internal: bool = False, min_max_cache: int = 16):
     schema = dict(schema or SCHEMA)
-    return plan_query("v", qualify_query(sqlglot.parse_one(query, read="spark"), schema), schema)
+    tree = qualify_query(sqlglot.parse_one(query, read="spark"), schema)
+    return plan_query("v", tree, schema, internal, min_max_cache)
 
 
 @pytest.mark.parametrize(
     ("query", "classes", "leaf_keys"),
     [
-        ("SELECT auction, count(*) AS n, min(price) AS lo FROM bid GROUP BY auction", ("bid.auction",), [("auction",)]),
+        (
+            "SELECT auction, count(*) AS n, count(price) AS c FROM bid GROUP BY auction",
+            ("bid.auction",),
+            [("auction",)],
+        ),
         ("SELECT DISTINCT bidder FROM bid", ("bid.bidder",), [("bidder",)]),
         (
             "SELECT a.id, b.price FROM auction a LEFT JOIN bid b ON a.id = b.auction",
@@ -127,19 +132,22 @@ def test_a_grouped_aggregate_keeps_its_partial_state_in_a_stage() -> None:
     assert "(_p.p2_sum / _p.p1_count) AS a" in planned.plan.query
     assert planned.plan.query.endswith("FROM v__stage1 AS _p WHERE _p.p_rows > 1")
     assert "project the partial aggregate v__stage1" in planned.plan.describe()  # the UI's description
-    staged = plan(stage.query, {**SCHEMA})
+    staged = plan(stage.query, {**SCHEMA}, internal=True, min_max_cache=5)
     aggregate = staged.plan.aggregate
     assert staged.plan.rule == PARTIAL_RULE and aggregate is not None
     assert aggregate.groups == aggregate.key_groups == ("auction",)
     assert aggregate.rows == "p_rows"
-    kinds = {c.name: (c.kind, bool(c.argument), bool(c.condition), c.nonnull) for c in aggregate.columns}
+    kinds = {c.name: (c.kind, bool(c.argument), bool(c.condition), c.nonnull, c.cache) for c in aggregate.columns}
     assert kinds == {
-        "p_rows": ("count", False, False, ""),
-        "p1_count": ("count", True, False, ""),
-        "p2_sum": ("sum", True, False, "p1_count"),
-        "p3_max": ("max", True, False, ""),
-        "p4_count": ("count", False, True, ""),
+        "p_rows": ("count", False, False, "", ""),
+        "p1_count": ("count", True, False, "", ""),
+        "p2_sum": ("sum", True, False, "p1_count", ""),
+        # MAX shares its argument's count with SUM, and keeps its 5 greatest values hidden
+        "p3_max": ("max", True, False, "p1_count", "_epochal_kept_p3_max"),
+        "p4_count": ("count", False, True, "", ""),
     }
+    assert aggregate.hidden == ("_epochal_kept_p3_max",) and aggregate.min_max_cache == 5
+    assert "the 5 least/greatest values per group are kept" in staged.plan.describe()
     # WHERE filters the rows the aggregate takes; FILTER is a column of them
     assert "WHERE bid.bidder > 0" in aggregate.rows_sql
     assert "COALESCE(bid.price > 10, FALSE)" in aggregate.rows_sql
@@ -147,10 +155,28 @@ def test_a_grouped_aggregate_keeps_its_partial_state_in_a_stage() -> None:
 
 
 def test_a_grouped_aggregate_already_in_partial_form_needs_no_stage() -> None:
-    planned = plan("SELECT auction, bidder, count(*) AS n, min(price) AS lo FROM bid GROUP BY auction, bidder")
+    planned = plan(
+        "SELECT auction, bidder, count(*) AS n, count(price) AS c, sum(price) AS s FROM bid GROUP BY auction, bidder"
+    )
     assert not planned.stages
     assert planned.plan.rule == PARTIAL_RULE
     assert planned.plan.aggregate is not None and planned.plan.aggregate.groups == ("auction", "bidder")
+    assert planned.plan.aggregate.hidden == ()
+
+
+def test_a_min_or_max_keeps_its_values_in_a_stage_never_in_a_view_people_read() -> None:
+    # in partial form but for the kept values of MIN: a view people read has no hidden columns,
+    # so the state goes to a stage (which adds the count MIN's kept values are judged by)
+    planned = plan("SELECT auction, bidder, count(*) AS n, min(price) AS lo FROM bid GROUP BY auction, bidder")
+    (stage,) = planned.stages
+    assert stage.columns == ("auction", "bidder", "p_rows", "p1_count", "p2_min")
+    assert planned.plan.kind == "linear" and "_p.p2_min AS lo" in planned.plan.query
+    staged = plan(stage.query, internal=True)
+    assert staged.plan.rule == PARTIAL_RULE and not staged.stages
+    assert staged.plan.aggregate.hidden == ("_epochal_kept_p2_min",)
+    assert staged.plan.aggregate.min_max_cache == 16  # DEFAULT_MIN_MAX_CACHE
+    # a stage whose MIN has no count of its argument beside it is split once more
+    assert plan("SELECT auction, count(*) AS n, min(price) AS lo FROM bid GROUP BY auction", internal=True).stages
 
 
 @pytest.mark.parametrize(

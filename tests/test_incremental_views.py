@@ -138,7 +138,8 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     ]
     assert [v.name for v in pipeline.views.values() if v.internal_of == "same_tier"] == ["same_tier__stage1"]
     assert pipeline.views["by_region__stage1"].plan.rule == "delta join"
-    partial = {"by_region__stage2", "per_item__stage1", "hopping", "spenders", "totals__stage1"}
+    # (hopping is in partial form but for its MAX, whose kept values live in a stage)
+    partial = {"by_region__stage2", "per_item__stage1", "hopping__stage1", "spenders", "totals__stage1"}
     assert {n for n, v in pipeline.views.items() if v.plan and v.plan.rule == PARTIAL_RULE} == partial
     # over all rows: one group, kept as partial state like any other
     assert pipeline.views["totals__stage1"].plan.aggregate.groups == ()
@@ -179,3 +180,46 @@ def test_a_table_without_change_files_reads_empty_and_leaves_the_callers_views_a
         assert [(f.name, f.dataType) for f in got] == [(f.name, f.dataType) for f in written]
     finally:
         spark.catalog.dropTempView("orders")
+
+
+def test_min_and_max_read_their_input_only_when_their_kept_values_run_out(spark, tmp_path: Path) -> None:
+    """A grouped MIN/MAX keeps the group's best values (here 2): deleting the extreme is answered
+    from them, reading only the view's own row; once they are all deleted the group is rebuilt
+    from its input, and an insert better than the last kept value enters them."""
+    query = "SELECT item, min(price) AS lo, max(price) AS hi, count(*) AS n FROM orders GROUP BY item"
+    views = {"extremes": query}
+    h = make_harness(tmp_path, files(views))
+    (h.pipeline_dir / "views.sql").write_text(
+        f"CREATE MATERIALIZED VIEW extremes WITH (min_max_cache = 2) AS {query};"
+    )
+    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
+    runtime = h.runtime(spark)
+    stage = "extremes__stage1"
+    assert runtime.pipeline.views[stage].plan.aggregate.min_max_cache == 2
+    steps = [
+        # item a: prices 1..5 (kept: 1, 2 and 5, 4); item b: one price, all of its values kept
+        [order(i, 1, "a", 1, float(i), i) for i in range(1, 6)] + [order(9, 1, "b", 1, 7.0, 9)],
+        [order(1, op="delete"), order(5, op="delete")],  # the extremes go: answered by kept 2 and 4
+        [order(2, op="delete")],  # MIN's kept values are gone, 3 and 4 remain: rebuilt from the input
+        [order(6, 1, "a", 1, 0.5, 20), order(9, op="delete")],  # 0.5 enters; b's last row goes
+    ]
+    read, own = [], []
+    for records in steps:
+        append_records(h.home / "data" / "orders", records)
+        record, _ = runtime.start_epoch(None, None)
+        for source in runtime.pipeline.sources:
+            runtime.run_source(record.epoch, source)
+        parts = runtime.controller.state_parts(stage, record.epoch, False)
+        assert parts.snapshot is None  # (no compaction here: the stage's rows are its change files)
+        own.append(sum(runtime.warehouse.row_count(location) for _, location in parts.changes))
+        reports = {v: runtime.run_view(record.epoch, v) for v in runtime.pipeline.view_order()}
+        runtime.commit(record.epoch)
+        read.append(reports[stage].metadata["state_rows_read"])
+        assert_view_matches_batch(runtime, "extremes", query)
+    rows = {r["item"]: (r["lo"], r["hi"], r["n"]) for r in runtime.state("extremes").collect()}
+    assert rows == {"a": (0.5, 4.0, 3)}
+    # epochs 2 and 4 read only the stage's own rows; epoch 3 also read item a's orders
+    assert read[1] == own[1] and read[3] == own[3], (read, own)
+    assert read[2] > own[2], (read, own)
+    kept = runtime.state(stage).select("_epochal_kept_p2_min", "_epochal_kept_p3_max").collect()
+    assert [list(r[0]) for r in kept] == [[0.5, 3.0]] and [list(r[1]) for r in kept] == [[4.0, 3.0]]

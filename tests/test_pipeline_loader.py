@@ -126,17 +126,20 @@ def test_demo_pipeline_loads() -> None:
         "category_volume__stage1",
         "category_volume__stage2",
         "category_volume",
+        "bids_per_window__stage1",
         "bids_per_window",
     ]
     assert pipeline.view_order() == ["big_bids", "big_bids_banded", *stateful]
     assert pipeline.tables == ["bid", "auction", "big_bids", "big_bids_banded", *stateful]
-    # category_volume: a join stage, a partial-aggregate stage, and the view projecting it
-    kinds = ["linear", "linear", "keyed", "keyed", "keyed", "keyed", "linear", "keyed"]
+    # category_volume: a join stage, a partial-aggregate stage, and the view projecting it;
+    # bids_per_window: a partial-aggregate stage (its MAX keeps values) and the view projecting it
+    kinds = ["linear", "linear", "keyed", "keyed", "keyed", "keyed", "linear", "keyed", "linear"]
     assert [pipeline.views[v].plan.kind for v in pipeline.view_order()] == kinds
     assert pipeline.views["auction_stats"].plan.key_classes == ("a.id = b.auction",)
     assert pipeline.views["category_volume__stage1"].internal_of == "category_volume"
     assert pipeline.views["category_volume__stage2"].plan.rule == PARTIAL_RULE
-    assert pipeline.views["bids_per_window"].plan.rule == PARTIAL_RULE
+    assert pipeline.views["bids_per_window__stage1"].plan.rule == PARTIAL_RULE
+    assert pipeline.views["bids_per_window__stage1"].plan.aggregate.hidden == ("_epochal_kept_p2_max",)
 
 
 def test_demo_pipeline_passes_the_real_connector_registry() -> None:
@@ -830,13 +833,38 @@ def test_view_options_are_checked(tmp_path: Path) -> None:
         {
             "a.sql": BID_SOURCE
             + "CREATE MATERIALIZED VIEW v\nWITH (refrsh = 'full') AS SELECT auction FROM bid;\n"
-            + "CREATE MATERIALIZED VIEW w\nWITH (refresh = 'sometimes') AS SELECT auction FROM bid;"
+            + "CREATE MATERIALIZED VIEW w\nWITH (refresh = 'sometimes') AS SELECT auction FROM bid;\n"
+            + "CREATE MATERIALIZED VIEW x\nWITH (min_max_cache = 'lots') AS SELECT auction FROM bid;\n"
+            + "CREATE MATERIALIZED VIEW y\nWITH (min_max_cache = 0) AS SELECT auction FROM bid;\n"
+            + "CREATE MATERIALIZED VIEW z\nWITH (min_max_cach = 4) AS SELECT auction FROM bid;"
         },
     )
     messages = [i.message for i in found]
     assert any("unknown materialized view option 'refrsh': did you mean 'refresh'?" in m for m in messages)
     assert any("refresh = 'sometimes' is not a refresh mode" in m for m in messages)
-    assert loader.VIEW_OPTIONS == frozenset({"refresh"})
+    for bad in ("lots", "0"):
+        assert any(
+            f"min_max_cache = '{bad}' is not a number of values to keep per group: use a whole number from 1 to "
+            "10000 (default 16)" in m
+            for m in messages
+        ), messages
+    assert any("did you mean 'min_max_cache'?" in m for m in messages)
+    assert loader.VIEW_OPTIONS == frozenset({"refresh", "min_max_cache"})
+
+
+def test_a_view_sets_how_many_min_max_values_its_stage_keeps(tmp_path: Path) -> None:
+    pipeline = load(
+        tmp_path,
+        {
+            "a.sql": BID_SOURCE
+            + "CREATE MATERIALIZED VIEW hi WITH (min_max_cache = 200) AS "
+            "SELECT auction, max(price) AS top FROM bid GROUP BY auction;\n"
+            + "CREATE MATERIALIZED VIEW lo AS SELECT auction, min(price) AS low FROM bid GROUP BY auction;"
+        },
+    )
+    assert pipeline.views["hi__stage1"].plan.aggregate.min_max_cache == 200
+    assert pipeline.views["hi__stage1"].plan.aggregate.hidden == ("_epochal_kept_p2_max",)
+    assert pipeline.views["lo__stage1"].plan.aggregate.min_max_cache == 16
 
 
 def test_cycles_among_views_are_named(tmp_path: Path) -> None:

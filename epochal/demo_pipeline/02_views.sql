@@ -48,7 +48,9 @@ FROM bid b
 JOIN auction a ON a.id = b.auction
 GROUP BY a.category;
 
--- Bids per 10-second tumbling window of event time.
+-- Bids per 10-second tumbling window of event time. Its state is a stage (bids_per_window__stage1)
+-- that keeps each window's 16 highest prices beside the count: were the top bid retracted, the
+-- next would come from them, not from rereading bid. This view projects the stage.
 CREATE MATERIALIZED VIEW bids_per_window AS
 SELECT w.start AS window_start, w.end AS window_end, count(*) AS bids, max(price) AS top_price
 FROM (SELECT price, window(date_time, '10 seconds') AS w FROM bid)

@@ -1,20 +1,24 @@
 """Runs a partial-aggregate plan for one epoch: the groups' stored rows plus the epoch's change.
 
 A partial aggregate's table holds, per group, COUNT(*) and COUNT/SUM/MIN/MAX of its arguments
-(:class:`epochal.incremental.planner.PartialAggregate`). For the groups an epoch touches:
+(:class:`epochal.incremental.planner.PartialAggregate`), and for each MIN/MAX the group's best
+values kept in a hidden column (:attr:`PartialColumn.cache`). For the groups an epoch touches:
 
     d      = the change's rows, aggregated per group with their weights (+1 insert, -1 delete)
     old    = the table's rows at those groups (the view's own state, read at their vnodes)
-    new    = old + d:  counts and exact sums add; MIN/MAX take the least/greatest of old and the
-             inserted values; a group whose COUNT(*) reaches 0 has no row
+    new    = old + d:  counts and exact sums add; a MIN/MAX's kept values lose the deleted ones
+             and take the inserted ones better than their last; a group whose COUNT(*) reaches
+             0 has no row
     change = new - old
 
 COUNT and SUM over exact types (integers, decimals) are invertible, so a delete is a subtraction.
-MIN and MAX are not: when a deleted value is at or beyond the stored extreme, the group is
-recomputed from its input (read at the group's key, as the recompute rule does), and so is a SUM
-over floating point that loses a value: subtraction leaves rounding error behind that no later
-epoch removes (1e16 + 1 - 1e16 is 0 in doubles). Everything else reads only the view's own rows of
-the touched groups: a change of n rows reads at most n groups, never the input table.
+MIN and MAX are not, which is why they keep values: the kept values are always the group's best
+ones in order (a prefix of its sorted values), so while any is left the first is the extreme.
+Only a group whose kept values all went, with values left in the input, is rebuilt from its
+input (read at the group's key, as the recompute rule does); so is a SUM over floating point
+that loses a value, because subtraction leaves rounding error behind that no later epoch removes
+(1e16 + 1 - 1e16 is 0 in doubles). Everything else reads only the view's own rows of the touched
+groups: a change of n rows reads at most n groups, never the input table.
 """
 
 from __future__ import annotations
@@ -24,16 +28,20 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from epochal.incremental.keyed import KeyedChange, StateReader, bound_views, key_names, leaf_states
-from epochal.incremental.planner import PartialColumn, Plan
+from epochal.incremental.planner import PartialAggregate, PartialColumn, Plan
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import DataType
+    from pyspark.sql.types import DataType, StructType
 
 _OLD = "_old_"
 _DELTA = "_delta_"
-_GONE = "_gone_"  # deleted values: MIN of them for min, MAX for max, "any" for an inexact sum
+_GONE = "_gone_"  # an inexact sum's "a value was deleted" flag
+_IN = "_in_"  # a MIN/MAX's best inserted values (at most min_max_cache of them, unordered)
+_OUT = "_out_"  # ... and its best deleted values
+_RANK = "_rank_"
+_INSERTS = "_inserts_"
 _REDO = "_epochal_recompute"
 
 
@@ -44,6 +52,10 @@ def _exact(data_type: DataType) -> bool:
     return isinstance(data_type, (ByteType, ShortType, IntegerType, LongType, DecimalType))
 
 
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def partial_change(
     spark: SparkSession,
     plan: Plan,
@@ -51,10 +63,14 @@ def partial_change(
     columns: tuple[str, ...],
     deltas: Mapping[str, DataFrame],
     read_state: StateReader,
+    declared: StructType,
 ) -> KeyedChange:
-    """The change of partial-aggregate ``table`` for the epoch (``plan.rule`` is PARTIAL_RULE)."""
+    """The change of partial-aggregate ``table`` for the epoch (``plan.rule`` is PARTIAL_RULE).
+    ``columns`` are the table's query's, typed as ``declared`` (the query's schema); the change
+    also carries the hidden kept values."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType
 
     spec = plan.aggregate
     assert spec is not None and len(plan.leaves) == 1, "a partial aggregate reads one input"
@@ -72,101 +88,194 @@ def partial_change(
         with bound_views(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
             leaf_rows = spark.sql(leaf.sql)
         with bound_views(spark, {leaf.name: leaf_rows}):
-            signed.append(spark.sql(spec.rows_sql).withColumn(WEIGHT, F.lit(sign).cast("bigint")))
+            signed.append(_aggregated_rows(spark, spec, sign))
     rows = signed[0].unionByName(signed[1])
     empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
-
-    def run(bindings: Mapping[str, DataFrame]) -> DataFrame:
-        with bound_views(spark, bindings):
-            return spark.sql(plan.query).toDF(*columns)
-
-    with bound_views(spark, empty):
-        table_schema = run({leaf.name: spark.sql(leaf.sql)}).schema  # analysis only: no job
+    typed = {f.name: f.dataType for f in declared.fields}
+    for c in spec.columns:
+        if c.cache:
+            typed[c.cache] = ArrayType(typed[c.name])
+    stored = (*columns, *spec.hidden)
     exact = {c.name: c.kind == "sum" and _exact(rows.schema[c.argument].dataType) for c in spec.columns}
 
-    def counted(column: PartialColumn) -> Column:
-        """The rows the aggregate takes: FILTER true and (but for COUNT(*)) the argument not NULL."""
-        keep = F.col(column.condition) if column.condition else F.lit(True)
-        return keep & F.col(column.argument).isNotNull() if column.argument else keep
-
-    w = F.col(WEIGHT)
-    aggregations = []
-    for c in spec.columns:
-        if c.kind == "count":
-            aggregations.append(F.sum(F.when(counted(c), w).otherwise(0)).alias(_DELTA + c.name))
-        elif c.kind == "sum" and exact[c.name]:
-            # Negated rather than multiplied by the weight: a decimal times a BIGINT widens the
-            # type, and past 38 digits Spark drops scale, which would round the sum.
-            signed_value = F.when(w > 0, F.col(c.argument)).otherwise(-F.col(c.argument))
-            aggregations.append(F.sum(F.when(counted(c), signed_value)).alias(_DELTA + c.name))
-        else:
-            inserted = F.when(counted(c) & (w > 0), F.col(c.argument))
-            deleted = F.when(counted(c) & (w < 0), F.col(c.argument))
-            pick = {"min": F.min, "max": F.max, "sum": F.sum}[c.kind]
-            aggregations.append(pick(inserted).alias(_DELTA + c.name))
-            gone = F.max(deleted.isNotNull()) if c.kind == "sum" else pick(deleted)
-            aggregations.append(gone.alias(_GONE + c.name))
-    delta = cache(rows.groupBy(*(F.col(f"`{g}`") for g in spec.groups)).agg(*aggregations))
-
+    delta = cache(_per_group(spec, rows, exact))
     # The table's own rows at the touched groups: distributed by its groups, so read at their vnodes.
     # An aggregate over all rows has one group and one row (a COUNT of 0 included), read whole.
-    touched = (spec.groups, delta.select(*(f"`{g}`" for g in spec.groups))) if spec.groups else None
+    touched = (spec.groups, delta.select(*(_q(g) for g in spec.groups))) if spec.groups else None
     state, rows_read = read_state(table, False, touched)
-    old = cache(state if state is not None else spark.createDataFrame([], table_schema))
-    prior = old.select(*(F.col(f"`{c}`").alias(_OLD + c) for c in old.columns))
-    same_group = [delta[f"`{g}`"].eqNullSafe(prior[f"`{_OLD}{g}`"]) for g in spec.groups]
-    joined = delta.join(prior, on=reduce(lambda a, b: a & b, same_group, F.lit(True)), how="left")
-
-    def before(name: str) -> Column:
-        return F.col(f"`{_OLD}{name}`")
-
-    def added(name: str) -> Column:
-        return F.col(f"`{_DELTA}{name}`")
-
-    values: dict[str, Column] = {}
-    needs_input: list[Column] = []
-    for c in spec.columns:
-        if c.kind == "count":  # (added is NULL only over all rows, when the change kept no row)
-            values[c.name] = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
-    for c in spec.columns:
-        gone = F.col(f"`{_GONE}{c.name}`")
-        if c.kind == "sum":
-            total = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
-            values[c.name] = F.when(values[c.nonnull] > 0, total)
-            if not exact[c.name]:
-                needs_input.append(F.coalesce(gone, F.lit(False)))
-        elif c.kind in ("min", "max"):
-            values[c.name] = (F.least if c.kind == "min" else F.greatest)(before(c.name), added(c.name))
-            # A deleted value at (or beyond) the extreme may have been it: only the input can say
-            # what the extreme is now. Beyond can only mean the stored state is not what the input
-            # holds, which recomputing also mends.
-            beyond = gone <= before(c.name) if c.kind == "min" else gone >= before(c.name)
-            needs_input.append(gone.isNotNull() & (before(c.name).isNull() | beyond))
-    recompute = reduce(lambda a, b: a | b, needs_input) if needs_input else F.lit(False)
-    typed = {f.name: f.dataType for f in table_schema.fields}
-    judged = joined.select(
-        *(F.col(f"`{g}`") for g in spec.groups),
-        *(values[c.name].cast(typed[c.name]).alias(c.name) for c in spec.columns),
-        recompute.alias(_REDO),
-    )
-    judged = cache(judged)
+    old = cache(_with_hidden(state, spec, typed))
+    judged = cache(_merged(spec, delta, old, exact, typed))
     # A group whose last row went has no row; the one group over all rows is always there.
-    present = F.col(f"`{spec.rows}`") > 0 if spec.groups else F.lit(True)
-    kept = judged.where(~F.col(_REDO) & present).select(*(f"`{n}`" for n in columns))
+    present = F.col(_q(spec.rows)) > 0 if spec.groups else F.lit(True)
+    kept = judged.where(~F.col(_REDO) & present).select(*(_q(n) for n in stored))
     outputs = [
         old.withColumn(WEIGHT, F.lit(-1).cast("bigint")),
         kept.withColumn(WEIGHT, F.lit(1).cast("bigint")),
     ]
     redo = judged.where(F.col(_REDO))
     if not redo.isEmpty():
-        # The groups that lost an extreme: the aggregate's own query over their input rows after
-        # the epoch, read at their keys (RisingWave's MIN/MAX state does the same from its table).
-        # Over all rows there is one group, and its key is the whole input (None).
+        # The groups whose kept MIN/MAX values all went (or whose float sum lost a value): rebuilt
+        # from their input rows after the epoch, read at their keys, as if every row were inserted
+        # into an empty group. Over all rows there is one group, and its key is the whole input.
         names = key_names(len(spec.key_groups))
-        keys = redo.select(*(F.col(f"`{g}`").alias(k) for g, k in zip(spec.key_groups, names, strict=True)))
+        keys = redo.select(*(F.col(_q(g)).alias(k) for g, k in zip(spec.key_groups, names, strict=True)))
         redo_keys = cache(keys) if spec.groups else None
         _, after, read = leaf_states(spark, leaf, redo_keys, deltas, read_state, empty, cache)
         rows_read += read
-        recomputed = run({leaf.name: after})
-        outputs.append(recomputed.withColumn(WEIGHT, F.lit(1).cast("bigint")))
+        with bound_views(spark, {leaf.name: after}):
+            inserted = _aggregated_rows(spark, spec, 1)
+        nothing = spark.createDataFrame([], old.schema)
+        rebuilt = _merged(spec, _per_group(spec, inserted, exact), nothing, exact, typed)
+        rebuilt = rebuilt.where(present).select(*(_q(n) for n in stored))
+        outputs.append(rebuilt.withColumn(WEIGHT, F.lit(1).cast("bigint")))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
+
+
+def _aggregated_rows(spark: SparkSession, spec: PartialAggregate, sign: int) -> DataFrame:
+    """rows_sql over the bound leaf, each row weighted ``sign``."""
+    from pyspark.sql import functions as F
+
+    return spark.sql(spec.rows_sql).withColumn(WEIGHT, F.lit(sign).cast("bigint"))
+
+
+def _counted(column: PartialColumn) -> Column:
+    """The rows the aggregate takes: FILTER true and (but for COUNT(*)) the argument not NULL."""
+    from pyspark.sql import functions as F
+
+    keep = F.col(_q(column.condition)) if column.condition else F.lit(True)
+    return keep & F.col(_q(column.argument)).isNotNull() if column.argument else keep
+
+
+def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool]) -> DataFrame:
+    """The change aggregated per group: weighted counts and exact sums, an inexact sum's inserted
+    total and whether it lost a value, and per MIN/MAX its best inserted and deleted values (at
+    most min_max_cache of each: no more can enter the kept values, or match one of them)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = F.col(WEIGHT)
+    groups = [F.col(_q(g)) for g in spec.groups]
+    aggregations = []
+    for c in spec.columns:
+        if c.kind == "count":
+            aggregations.append(F.sum(F.when(_counted(c), w).otherwise(0)).alias(_DELTA + c.name))
+        elif c.kind == "sum" and exact[c.name]:
+            # Negated rather than multiplied by the weight: a decimal times a BIGINT widens the
+            # type, and past 38 digits Spark drops scale, which would round the sum.
+            signed_value = F.when(w > 0, F.col(_q(c.argument))).otherwise(-F.col(_q(c.argument)))
+            aggregations.append(F.sum(F.when(_counted(c), signed_value)).alias(_DELTA + c.name))
+        elif c.kind == "sum":
+            aggregations.append(F.sum(F.when(_counted(c) & (w > 0), F.col(_q(c.argument)))).alias(_DELTA + c.name))
+            aggregations.append(F.max(_counted(c) & (w < 0)).alias(_GONE + c.name))
+        else:
+            # One sort per column ranks the group's inserts first, best first, then its deletes,
+            # best first: a delete's rank among deletes is its rank less the group's inserts.
+            # Both windows share the groups' partitioning with the aggregation (one shuffle).
+            value = F.col(_q(c.argument))
+            insert, counted = w > 0, _counted(c)
+            best = value.asc_nulls_last() if c.kind == "min" else value.desc_nulls_last()
+            by_group = Window.partitionBy(*groups) if groups else Window.partitionBy()
+            rank, inserts = _RANK + c.name, _INSERTS + c.name
+            sorted_rows = rows.withColumns(
+                {
+                    rank: F.row_number().over(by_group.orderBy((~counted).asc(), (~insert).asc(), best)),
+                    inserts: F.sum(F.when(counted & insert, 1).otherwise(0)).over(by_group),
+                }
+            )
+            rows = sorted_rows
+            limit = spec.min_max_cache
+            r, n = F.col(rank), F.col(inserts)
+            aggregations.append(F.collect_list(F.when(counted & insert & (r <= limit), value)).alias(_IN + c.name))
+            aggregations.append(
+                F.collect_list(F.when(counted & ~insert & (r - n <= limit), value)).alias(_OUT + c.name)
+            )
+    return rows.groupBy(*groups).agg(*aggregations)
+
+
+def _with_hidden(state: DataFrame, spec: PartialAggregate, typed: Mapping[str, DataType]) -> DataFrame:
+    """The stored rows with every hidden column: a table read before any change file has only its
+    query's columns (its rows are none, so nothing is lost)."""
+    from pyspark.sql import functions as F
+
+    missing = {c: F.lit(None).cast(typed[c]) for c in spec.hidden if c not in state.columns}
+    return state.withColumns(missing) if missing else state
+
+
+def _kept_values(column: PartialColumn, limit: int, new_count: str) -> str:
+    """SQL for a MIN/MAX's kept values after the epoch (best first), from the old ones, the best
+    deleted and the best inserted values. ``L`` is the last old kept value: values past it may
+    exist in the input unkept, so a delete past it never touched the kept ones and an insert
+    past it cannot enter (unless the old kept values were all of the group's)."""
+    kept, nonnull = _q(_OLD + column.cache), _q(_OLD + column.nonnull)
+    deleted, inserted = _q(_OUT + column.name), _q(_IN + column.name)
+    at_most = "<=" if column.kind == "min" else ">="
+    ascending = "true" if column.kind == "min" else "false"
+    old = f"coalesce({kept}, array())"
+    last = f"try_element_at({old}, -1)"
+    complete = f"size({old}) >= coalesce({nonnull}, 0)"
+    # each delete at or before L removes one equal kept value, if one is left (array_position
+    # compares as ordering does: NaN equals NaN, -0.0 equals 0.0)
+    removed = (
+        f"aggregate(filter({deleted}, d -> d {at_most} {last}), {old}, (acc, d) -> "
+        f"CASE WHEN array_position(acc, d) > 0 THEN concat(slice(acc, 1, CAST(array_position(acc, d) - 1 AS INT)), "
+        f"slice(acc, CAST(array_position(acc, d) + 1 AS INT), size(acc))) ELSE acc END)"
+    )
+    entering = f"CASE WHEN {complete} THEN {inserted} ELSE filter({inserted}, x -> x {at_most} {last}) END"
+    merged = f"slice(sort_array(concat({removed}, {entering}), {ascending}), 1, {limit})"
+    return f"CASE WHEN {_q(new_count)} > 0 THEN {merged} ELSE array() END"
+
+
+def _merged(
+    spec: PartialAggregate,
+    delta: DataFrame,
+    old: DataFrame,
+    exact: Mapping[str, bool],
+    typed: Mapping[str, DataType],
+) -> DataFrame:
+    """Per touched group: the new row (groups, the query's columns, the kept values) and whether
+    it must be rebuilt from the input instead (``_REDO``)."""
+    from pyspark.sql import functions as F
+
+    prior = old.select(*(F.col(_q(c)).alias(_OLD + c) for c in old.columns))
+    same_group = [delta[_q(g)].eqNullSafe(prior[_q(_OLD + g)]) for g in spec.groups]
+    joined = delta.join(prior, on=reduce(lambda a, b: a & b, same_group, F.lit(True)), how="left")
+
+    def before(name: str) -> Column:
+        return F.col(_q(_OLD + name))
+
+    def added(name: str) -> Column:
+        return F.col(_q(_DELTA + name))
+
+    counts = {  # (added is NULL only over all rows, when the change kept no row)
+        c.name: (F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))).cast(typed[c.name])
+        for c in spec.columns
+        if c.kind == "count"
+    }
+    joined = joined.withColumns(counts)
+    caches = {
+        c.cache: F.expr(_kept_values(c, spec.min_max_cache, c.nonnull)).cast(typed[c.cache])
+        for c in spec.columns
+        if c.cache
+    }
+    joined = joined.withColumns(caches) if caches else joined
+    values: dict[str, Column] = {name: F.col(_q(name)) for name in counts}
+    needs_input: list[Column] = []
+    for c in spec.columns:
+        if c.kind == "sum":
+            total = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
+            values[c.name] = F.when(F.col(_q(c.nonnull)) > 0, total)
+            if not exact[c.name]:
+                needs_input.append(F.coalesce(F.col(_q(_GONE + c.name)), F.lit(False)))
+        elif c.kind in ("min", "max"):
+            assert c.cache, "a MIN/MAX of a partial aggregate keeps its values"
+            kept = F.col(_q(c.cache))
+            values[c.name] = F.try_element_at(kept, F.lit(1))
+            # The kept values all went while the group still has some: only the input knows them.
+            needs_input.append((F.col(_q(c.nonnull)) > 0) & (F.size(kept) == 0))
+    recompute = reduce(lambda a, b: a | b, needs_input) if needs_input else F.lit(False)
+    return joined.select(
+        *(F.col(_q(g)) for g in spec.groups),
+        *(values[c.name].cast(typed[c.name]).alias(c.name) for c in spec.columns),
+        *(F.col(_q(h)) for h in spec.hidden),
+        recompute.alias(_REDO),
+    )

@@ -50,6 +50,13 @@ DIALECT = "spark"
 LEAF_PREFIX = "__epochal_leaf_"
 #: Internal stage views are named ``{view}{STAGE_SEPARATOR}{n}``.
 STAGE_SEPARATOR = "__stage"
+#: How many of its least (MIN) or greatest (MAX) values a partial aggregate keeps per group when
+#: the view says nothing (``WITH (min_max_cache = n)``). A group's input is reread only when a
+#: change deletes all of them and inserts nothing better: with k values kept and deletes spread
+#: over a group's rows, that is k deletes of the group's extremes between two refills.
+DEFAULT_MIN_MAX_CACHE = 16
+#: Hidden column of a partial aggregate's table holding a MIN/MAX column's kept values.
+MIN_MAX_CACHE_PREFIX = "_epochal_kept_"
 
 
 class Unmaintainable(Exception):
@@ -103,8 +110,15 @@ class PartialColumn:
     argument: str = ""
     #: column of rows_sql holding the FILTER (WHERE ...) condition; '' when there is none
     condition: str = ""
-    #: sum: the count column of the same argument and filter, which says when the sum is NULL
+    #: sum, min, max: the count column of the same argument and filter (the values the aggregate
+    #: takes): a sum is NULL when it is 0, and a MIN/MAX whose kept values are all of them is exact
     nonnull: str = ""
+    #: min, max: the hidden column holding the group's least (MIN) or greatest (MAX) values, best
+    #: first, at most :attr:`PartialAggregate.min_max_cache` of them: always the best values of the
+    #: group (a prefix of them in order), all of them when there are that few. Deletes remove from
+    #: it, inserts better than its last value enter it; only when it empties while the group still
+    #: has values is the group reread from its input (RisingWave's MinMax state cache).
+    cache: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,13 @@ class PartialAggregate:
     columns: tuple[PartialColumn, ...]
     #: per expression of the leaf's key, the group column holding the same value
     key_groups: tuple[str, ...]
+    #: values kept per group and MIN/MAX column (see :attr:`PartialColumn.cache`)
+    min_max_cache: int = DEFAULT_MIN_MAX_CACHE
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """Columns the table stores beyond its query's: the kept MIN/MAX values."""
+        return tuple(c.cache for c in self.columns if c.cache)
 
 
 @dataclass(frozen=True)
@@ -159,12 +180,20 @@ class Plan:
             if self.rule == "delta join":
                 lines.append("delta rule: each input's change joined with the other inputs' state at its keys")
             if self.aggregate is not None:
+                aggregate = self.aggregate
                 lines.append(
                     "partial aggregate: the table keeps per group "
-                    + ", ".join(f"{c.name} ({c.kind})" for c in self.aggregate.columns)
-                    + "; a change is added to the groups it touches, and a group is recomputed from its"
-                    " input only when a deleted value was its MIN/MAX (or part of a floating-point SUM)"
+                    + ", ".join(f"{c.name} ({c.kind})" for c in aggregate.columns)
+                    + "; a change is added to the groups it touches"
                 )
+                if aggregate.hidden:
+                    lines.append(
+                        f"- MIN/MAX: the {aggregate.min_max_cache} least/greatest values per group are kept"
+                        f" ({', '.join(aggregate.hidden)}); a group is reread from its input only when a"
+                        " change deletes all of them"
+                    )
+                if any(c.kind == "sum" for c in aggregate.columns):
+                    lines.append("- a SUM over floating point that loses a value is recomputed from its input")
         else:
             lines.append("one partition: the whole input is recomputed when it changes")
         lines += [f"- {op}" for op in self.operators]
@@ -677,8 +706,18 @@ def _unquote(expr: str) -> str:
 # ---------------------------------------------------------------------------------------- planning
 
 
-def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> PlannedView:
+def plan_query(
+    view: str,
+    tree: exp.Expression,
+    schema: Mapping[str, Sequence[str]],
+    internal: bool = False,
+    min_max_cache: int = DEFAULT_MIN_MAX_CACHE,
+) -> PlannedView:
     """Plan ``tree``, a *qualified* query (see :func:`epochal.pipeline.query.qualify_query`).
+
+    ``internal``: ``view`` is a stage the planner split off, whose table may hold hidden columns
+    (the kept values of its MIN/MAX, ``min_max_cache`` per group). A view people read never does:
+    a grouped MIN/MAX keeps its state in a stage, and the view projects it.
 
     Raises :class:`Unmaintainable` with the construct and a suggested rewrite when no plan exists."""
     tree = tree.copy()
@@ -711,7 +750,7 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
     if not is_stateful(tree):  # what needed state went into the stages
         plan = Plan("linear", query=tree.sql(dialect=DIALECT), operators=("filter, project, UNION ALL",))
         return PlannedView(plan, tuple(stages))
-    split = _split_partial(tree, f"{view}{STAGE_SEPARATOR}{len(stages) + 1}")
+    split = _split_partial(tree, f"{view}{STAGE_SEPARATOR}{len(stages) + 1}", internal)
     if split is not None:
         # The aggregate keeps its partial state in a stage (planned as a partial aggregate when the
         # loader plans it), and the view is a projection of that stage.
@@ -751,7 +790,7 @@ def plan_query(view: str, tree: exp.Expression, schema: Mapping[str, Sequence[st
         key_classes=tuple(name for name, _ in level.classes),
         operators=tuple(level.operators),
     )
-    aggregate = _partial_aggregate(tree, leaves)
+    aggregate = _partial_aggregate(tree, leaves, min_max_cache if internal else 0)
     if aggregate is not None:
         plan = replace(plan, rule=PARTIAL_RULE, aggregate=aggregate)
     return PlannedView(plan, tuple(stages))
@@ -949,13 +988,15 @@ def _signature(argument: exp.Expression | None, condition: exp.Expression | None
     return a, c
 
 
-def _canonical_columns(select: exp.Select) -> list[_AggregateColumn] | None:
+def _canonical_columns(select: exp.Select, extremes: bool) -> list[_AggregateColumn] | None:
     """When ``select`` is its own partial state, its columns as (name, kind, argument, condition),
     kind 'group' for the group columns; else None.
 
-    That is: every group expression is an output column, every other column is COUNT, SUM, MIN or
-    MAX (FILTER allowed), there is a COUNT(*) without filter (a group exists while it is above 0),
-    and every SUM has the COUNT of its argument beside it (the sum is NULL when that count is 0)."""
+    That is: every group expression is an output column, every other column is COUNT, SUM, or
+    (when ``extremes``: the table may keep hidden values for them) MIN or MAX, FILTER allowed;
+    there is a COUNT(*) without filter (a group exists while it is above 0), and every SUM, MIN and
+    MAX has the COUNT of its argument beside it (the sum is NULL when that count is 0; the kept
+    values of a MIN/MAX are all of the group's when there are as many as that count)."""
     if not _one_input_grouping(select) or select.args.get("having"):
         return None
     groups = {g.sql(dialect=DIALECT) for g in _group_expressions(select)}
@@ -969,7 +1010,7 @@ def _canonical_columns(select: exp.Select) -> list[_AggregateColumn] | None:
             columns.append((projection.alias_or_name, "group", inner, None))
             continue
         call = _aggregate_call(inner)
-        if call is None or call[0] == "avg":
+        if call is None or call[0] == "avg" or (call[0] in ("min", "max") and not extremes):
             return None
         columns.append((projection.alias_or_name, *call))
     if seen_groups != groups or len({name for name, *_ in columns}) != len(columns):
@@ -977,7 +1018,7 @@ def _canonical_columns(select: exp.Select) -> list[_AggregateColumn] | None:
     counts = {_signature(a, c) for _, kind, a, c in columns if kind == "count"}
     if ("", "") not in counts:
         return None
-    if any(kind == "sum" and _signature(a, c) not in counts for _, kind, a, c in columns):
+    if any(kind in ("sum", "min", "max") and _signature(a, c) not in counts for _, kind, a, c in columns):
         return None
     return columns
 
@@ -993,11 +1034,13 @@ def _local_sql(node: exp.Expression) -> str:
     return local.sql(dialect=DIALECT)
 
 
-def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf]) -> PartialAggregate | None:
-    """The partial-aggregate description of ``tree`` (its leaf already replaced), when it is one."""
+def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf], min_max_cache: int) -> PartialAggregate | None:
+    """The partial-aggregate description of ``tree`` (its leaf already replaced), when it is one.
+    ``min_max_cache``: values kept per MIN/MAX column and group; 0 for a table without hidden
+    columns, which then cannot be a partial aggregate with MIN/MAX."""
     if len(leaves) != 1 or not isinstance(tree, exp.Select):
         return None
-    columns = _canonical_columns(tree)
+    columns = _canonical_columns(tree, extremes=min_max_cache > 0)
     if columns is None:
         return None
     group_names = {_local_sql(expr): name for name, kind, expr, _ in columns if kind == "group" and expr is not None}
@@ -1020,8 +1063,9 @@ def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf]) -> PartialA
             conditions[c] = f"{_CONDITION_PREFIX}{len(conditions)}"
             # NULL is not TRUE: FILTER keeps a row only when its condition is TRUE
             projections.append(exp.alias_(exp.func("COALESCE", condition.copy(), exp.false()), conditions[c]))
-        nonnull = by_signature[(a, c)] if kind == "sum" else ""
-        partial_columns.append(PartialColumn(name, kind, arguments.get(a, ""), conditions.get(c, ""), nonnull))
+        nonnull = by_signature[(a, c)] if kind in ("sum", "min", "max") else ""
+        cache = f"{MIN_MAX_CACHE_PREFIX}{name}" if kind in ("min", "max") else ""
+        partial_columns.append(PartialColumn(name, kind, arguments.get(a, ""), conditions.get(c, ""), nonnull, cache))
     if not projections:  # COUNT(*) alone over all rows: a row needs a column
         projections.append(exp.alias_(exp.Literal.number(1), f"{_ARGUMENT_PREFIX}_row"))
     rows_select = exp.select(*projections).from_(tree.args["from_"].this.copy())
@@ -1033,14 +1077,16 @@ def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf]) -> PartialA
         rows=by_signature[("", "")],
         columns=tuple(partial_columns),
         key_groups=key_groups,
+        min_max_cache=min_max_cache,
     )
 
 
-def _split_partial(select: exp.Expression, name: str) -> tuple[Stage, exp.Select] | None:
+def _split_partial(select: exp.Expression, name: str, internal: bool) -> tuple[Stage, exp.Select] | None:
     """A grouped aggregate that is not its own partial state (AVG, HAVING, expressions over
-    aggregates or groups) becomes a partial-aggregate stage and a linear projection of it:
-    AVG(x) = SUM(x) / COUNT(x), HAVING = WHERE over the stage's columns."""
-    if not _one_input_grouping(select) or _canonical_columns(select) is not None:
+    aggregates or groups, or a MIN/MAX in a view people read) becomes a partial-aggregate stage
+    and a linear projection of it: AVG(x) = SUM(x) / COUNT(x), HAVING = WHERE over the stage's
+    columns; the stage keeps its MIN/MAX values in hidden columns the projection leaves out."""
+    if not _one_input_grouping(select) or _canonical_columns(select, extremes=internal) is not None:
         return None
     work = select.copy()
     having = work.args.get("having")
@@ -1082,6 +1128,8 @@ def _split_partial(select: exp.Expression, name: str) -> tuple[Stage, exp.Select
             total = column_of("sum", argument, condition)
             call.replace(exp.Paren(this=exp.Div(this=total, expression=count)) if kind == "avg" else total)
         else:
+            if kind in ("min", "max"):  # its count tells when the kept values are all of the group's
+                column_of("count", argument, condition)
             call.replace(column_of(kind, argument, condition))
     by_text = {group.sql(dialect=DIALECT): column for group, column in group_columns}
 

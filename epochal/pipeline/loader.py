@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 PIPELINE_ENV = "EPOCHAL_PIPELINE"
 #: WITH (...) keys a materialized view accepts; none yet.
-VIEW_OPTIONS: frozenset[str] = frozenset({"refresh"})
+VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache"})
+#: Bounds of WITH (min_max_cache = n): values kept per group and MIN/MAX column.
+MIN_MAX_CACHE_RANGE = (1, 10_000)
 #: How a view is maintained: from its inputs' changes, or by recomputing and diffing every epoch.
 REFRESH_MODES = ("incremental", "full")
 #: Source PRIMARY KEYs (upsert sources, see epochal/upsert.py); False refuses them all.
@@ -242,6 +244,14 @@ def _views(
         refresh = _refresh_mode(parsed.options)
         if refresh not in REFRESH_MODES:
             messages.append(f"refresh = '{refresh}' is not a refresh mode: use refresh = 'incremental' or 'full'")
+        if _min_max_cache(parsed.options.values) is None:
+            from epochal.incremental.planner import DEFAULT_MIN_MAX_CACHE
+
+            low, high = MIN_MAX_CACHE_RANGE
+            messages.append(
+                f"min_max_cache = '{parsed.options.values['min_max_cache']}' is not a number of values to keep "
+                f"per group: use a whole number from {low} to {high} (default {DEFAULT_MIN_MAX_CACHE})"
+            )
         issues.options(where, parsed.options, messages, f"view {name}")
         analysis = analyze_query(name, parsed.query_text, parsed.query_line, full_refresh=refresh == "full")
         analyses[name] = analysis
@@ -308,11 +318,12 @@ def _planned_views(
     """``view`` with its incremental plan, preceded by the internal stages the planner split off."""
     import sqlglot
 
-    from epochal.incremental.planner import Unmaintainable, plan_query
+    from epochal.incremental.planner import DEFAULT_MIN_MAX_CACHE, Unmaintainable, plan_query
     from epochal.pipeline.query import DIALECT, problem_at, qualify_query
 
+    cache = _min_max_cache(view.options) or DEFAULT_MIN_MAX_CACHE  # a bad value is reported already
     try:
-        planned = plan_query(view.name, qualify_query(tree, schema), schema)
+        planned = plan_query(view.name, qualify_query(tree, schema), schema, view.internal_of is not None, cache)
     except Unmaintainable as refusal:
         problem = problem_at(view.name, parsed.query_text, parsed.query_line, refusal.node, refusal.message)
         issues.add(view.location.file, problem.line, problem.message)
@@ -325,7 +336,8 @@ def _planned_views(
             query=stage.query,
             upstreams=stage.upstreams,
             columns=stage.columns,
-            options={},
+            # what the stage keeps follows the view's own options
+            options={k: v for k, v in view.options.items() if k == "min_max_cache"},
             location=view.location,
             internal_of=view.name,
         )
@@ -344,6 +356,18 @@ def _planned_views(
 
 def _refresh_mode(options: Options) -> str:
     return options.values.get("refresh", "incremental").strip().lower()
+
+
+def _min_max_cache(options: dict[str, str]) -> int | None:
+    """WITH (min_max_cache = n), the default when absent; None when it is not a valid number."""
+    from epochal.incremental.planner import DEFAULT_MIN_MAX_CACHE
+
+    text = options.get("min_max_cache")
+    if text is None:
+        return DEFAULT_MIN_MAX_CACHE
+    low, high = MIN_MAX_CACHE_RANGE
+    value = text.strip()
+    return int(value) if value.isdigit() and low <= int(value) <= high else None
 
 
 def _view_option_problems(options: Options) -> list[str]:
