@@ -40,8 +40,6 @@ _DELTA = "_delta_"
 _GONE = "_gone_"  # an inexact sum's "a value was deleted" flag
 _IN = "_in_"  # a MIN/MAX's best inserted values (at most min_max_cache of them, unordered)
 _OUT = "_out_"  # ... and its best deleted values
-_RANK = "_rank_"
-_INSERTS = "_inserts_"
 _REDO = "_epochal_recompute"
 
 
@@ -150,7 +148,6 @@ def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool
     """The change aggregated per group: weighted counts and exact sums, an inexact sum's inserted
     total and whether it lost a value, and per MIN/MAX its best inserted and deleted values (at
     most min_max_cache of each: no more can enter the kept values, or match one of them)."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     w = F.col(WEIGHT)
@@ -168,27 +165,14 @@ def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool
             aggregations.append(F.sum(F.when(_counted(c) & (w > 0), F.col(_q(c.argument)))).alias(_DELTA + c.name))
             aggregations.append(F.max(_counted(c) & (w < 0)).alias(_GONE + c.name))
         else:
-            # One sort per column ranks the group's inserts first, best first, then its deletes,
-            # best first: a delete's rank among deletes is its rank less the group's inserts.
-            # Both windows share the groups' partitioning with the aggregation (one shuffle).
+            # min_by/max_by with k keep a bounded heap per group (no sort of the change, and a
+            # bulk load aggregates partially before its shuffle); rows whose ordering value is
+            # NULL (not counted, or the other sign) are not taken.
             value = F.col(_q(c.argument))
-            insert, counted = w > 0, _counted(c)
-            best = value.asc_nulls_last() if c.kind == "min" else value.desc_nulls_last()
-            by_group = Window.partitionBy(*groups) if groups else Window.partitionBy()
-            rank, inserts = _RANK + c.name, _INSERTS + c.name
-            sorted_rows = rows.withColumns(
-                {
-                    rank: F.row_number().over(by_group.orderBy((~counted).asc(), (~insert).asc(), best)),
-                    inserts: F.sum(F.when(counted & insert, 1).otherwise(0)).over(by_group),
-                }
-            )
-            rows = sorted_rows
-            limit = spec.min_max_cache
-            r, n = F.col(rank), F.col(inserts)
-            aggregations.append(F.collect_list(F.when(counted & insert & (r <= limit), value)).alias(_IN + c.name))
-            aggregations.append(
-                F.collect_list(F.when(counted & ~insert & (r - n <= limit), value)).alias(_OUT + c.name)
-            )
+            best = F.min_by if c.kind == "min" else F.max_by
+            for label, sign in ((_IN, w > 0), (_OUT, w < 0)):
+                taken = F.when(_counted(c) & sign, value)
+                aggregations.append(best(taken, taken, spec.min_max_cache).alias(label + c.name))
     return rows.groupBy(*groups).agg(*aggregations)
 
 
@@ -207,7 +191,8 @@ def _kept_values(column: PartialColumn, limit: int, new_count: str) -> str:
     exist in the input unkept, so a delete past it never touched the kept ones and an insert
     past it cannot enter (unless the old kept values were all of the group's)."""
     kept, nonnull = _q(_OLD + column.cache), _q(_OLD + column.nonnull)
-    deleted, inserted = _q(_OUT + column.name), _q(_IN + column.name)
+    # (a group without deletes or inserts of this column may have NULL for them)
+    deleted, inserted = f"coalesce({_q(_OUT + column.name)}, array())", f"coalesce({_q(_IN + column.name)}, array())"
     at_most = "<=" if column.kind == "min" else ">="
     ascending = "true" if column.kind == "min" else "false"
     old = f"coalesce({kept}, array())"
