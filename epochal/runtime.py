@@ -197,10 +197,17 @@ class EpochRuntime:
         """An epoch with no record for the source: its change is empty, recorded without a file and
         without a Spark job (readers take a missing location as no change, ``_upstream_delta``).
         A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
-        empty = Collected(name, None, 0, 0, 0, None, time.time() - started, run_id)
-        recorded = self._collect(epoch, empty, [], release)
+        empty, recorded = self._record_idle(epoch, name, started, run_id, release, dead_letters=0)
         fault_point("source-written")
         return self._source_report(epoch, ranges, empty, started, recorded)
+
+    def _record_idle(
+        self, epoch: int, name: str, started: float, run_id: str | None, release: bool, dead_letters: int | None
+    ) -> tuple[Collected, bool]:
+        """Collect an empty change without a file (location None, 0 rows): what readers take as
+        no change (``_upstream_delta``). Returns what was collected and whether it was recorded."""
+        empty = Collected(name, None, 0, 0, dead_letters, None, time.time() - started, run_id)
+        return empty, self._collect(epoch, empty, [], release)
 
     @staticmethod
     def _source_report(
@@ -361,8 +368,7 @@ class EpochRuntime:
         empty by construction (linear over nothing, or the same keys before and after), so it is
         recorded like an idle source, without a file and without a Spark job. A quiet pipeline
         then costs a few meta-store transactions per view per epoch, not a Parquet commit each."""
-        empty = Collected(name, None, 0, 0, None, None, time.time() - started, run_id)
-        recorded = self._collect(epoch, empty, [], release)
+        _, recorded = self._record_idle(epoch, name, started, run_id, release, dead_letters=None)
         return StepReport(
             name,
             epoch,
@@ -384,9 +390,8 @@ class EpochRuntime:
         if entry is not None and entry.location is None and entry.rows_out == 0:
             # An idle epoch (_idle_source, _idle_view): no file, no change. A location that
             # compaction cleared has rows and still raises below.
-            return self.spark.createDataFrame(
-                [], StructType([*self._empty_rows(upstream).schema.fields, StructField(WEIGHT, LongType())])
-            )
+            weighted = StructType([*self.query_schema(upstream).fields, StructField(WEIGHT, LongType())])
+            return self.spark.createDataFrame([], weighted)
         if entry is None or entry.location is None:
             raise _not_written(view, upstream, epoch)
         return self.warehouse.read(self.spark, [entry.location])
@@ -623,8 +628,6 @@ class EpochRuntime:
 
     def _empty_rows(self, table: str) -> "DataFrame":
         """No rows, with the table's columns: what a table without change files holds."""
-        if table in self.pipeline.sources:
-            return self._declared_rows(table)
         return self.spark.createDataFrame([], self.query_schema(table))
 
     def query_schema(self, table: str) -> "StructType":
@@ -642,7 +645,7 @@ class EpochRuntime:
         if table in self._query_schemas:
             return self._query_schemas[table]
         if table in self.pipeline.sources:
-            schema = self._declared_rows(table).schema
+            schema = self._declared_schema(table)
         else:
             view = self.pipeline.views[table]
             tree = sqlglot.parse_one(view.query, read=DIALECT)
@@ -668,12 +671,11 @@ class EpochRuntime:
         self._query_schemas[table] = schema
         return schema
 
-    def _declared_rows(self, source: str) -> "DataFrame":
-        """No rows, with the source's declared columns."""
-        from pyspark.sql.types import StructType
-
+    def _declared_schema(self, source: str) -> "StructType":
+        """The source's declared columns and types, as Spark's parser reads the DDL (once per
+        source and runtime: ``query_schema`` remembers it)."""
         ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.pipeline.sources[source].columns)
-        return self.spark.createDataFrame([], StructType.fromDDL(ddl))
+        return self.spark.createDataFrame([], ddl).schema
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
