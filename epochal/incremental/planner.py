@@ -29,9 +29,10 @@ operator.
 A GROUP BY over one input whose aggregates are COUNT, SUM, AVG, MIN and MAX needs less than that:
 its output can be its own state (COUNT(*), and COUNT/SUM/MIN/MAX per argument), to which an epoch
 adds its change per group (:class:`PartialAggregate`, run by :mod:`epochal.incremental.partial`), so
-that only the touched groups' stored rows are read and the input only where a MIN/MAX lost its
-extreme. A query that is not already in that form (AVG, HAVING, expressions over aggregates) keeps
-the partial state in a stage and becomes a linear projection of it.
+that only the touched groups' stored rows are read, and the input only where a MIN/MAX lost every
+value it keeps. A query that is not already in that form (AVG, HAVING, expressions over aggregates,
+any MIN/MAX, whose kept values are hidden columns a view people read must not have) keeps the
+partial state in a stage and becomes a linear projection of it.
 
 Queries with no operator that needs state are *linear*: their change is the query over the delta.
 """
@@ -102,9 +103,9 @@ class PartialColumn:
     """One aggregate column of a partial-aggregate table, and how an epoch's change updates it."""
 
     name: str
-    #: 'count' and exact 'sum' add the change's weighted values; 'min', 'max' (and 'sum' over
-    #: floating point, decided by type at run time) absorb inserts and recompute a group from its
-    #: input only when a retraction could remove the extreme (or round the sum)
+    #: 'count' and exact 'sum' add the change's weighted values; 'min' and 'max' update their kept
+    #: values (:attr:`cache`); a 'sum' over floating point (decided by type at run time) adds
+    #: inserts and recomputes a group from its input when a value is retracted (rounding)
     kind: str
     #: column of :attr:`PartialAggregate.rows_sql` holding the argument; '' for COUNT(*)
     argument: str = ""
@@ -125,8 +126,9 @@ class PartialColumn:
 class PartialAggregate:
     """A GROUP BY whose output columns are the group keys plus COUNT/SUM/MIN/MAX: it is its own
     state. An epoch adds the change, aggregated by group, to the stored rows of the groups it
-    touches; the input is read only for groups whose MIN/MAX lost its extreme. This is
-    RisingWave's HashAgg with its intermediate state table, and DBSP's linear aggregate."""
+    touches; the input is read only for groups whose kept MIN/MAX values all went. This is
+    RisingWave's HashAgg with its intermediate state table (and its MIN/MAX cache), and DBSP's
+    linear aggregate."""
 
     #: SELECT over the leaf: the group columns, then the arguments (_epochal_a*) and FILTER conditions (_epochal_f*)
     rows_sql: str
