@@ -118,7 +118,7 @@ def compact_table(runtime: EpochRuntime, table: str, epoch: int) -> TableCompact
         (
             state.withColumn(VNODE, vnode_column(state.schema, key))
             .repartition(F.col(VNODE))
-            .write.mode("errorifexists")
+            .write.mode("error")  # (not "errorifexists": Spark Connect's client lacks that alias)
             .partitionBy(VNODE)
             .parquet(location)
         )

@@ -71,7 +71,8 @@ class Warehouse:
 
     def write(self, df: DataFrame, location: str) -> int:
         """Write ``df`` as the complete content of ``location``; returns the rows written."""
-        df.write.mode("errorifexists").parquet(location)
+        # "error", not its alias "errorifexists": the Spark Connect client knows only the former
+        df.write.mode("error").parquet(location)
         return self.row_count(location)
 
     def read(self, spark: SparkSession, locations: Iterable[str]) -> DataFrame:
