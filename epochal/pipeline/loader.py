@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from epochal.pipeline.query import QueryAnalysis
 
 PIPELINE_ENV = "EPOCHAL_PIPELINE"
-#: WITH (...) keys a materialized view accepts; none yet.
+#: WITH (...) keys a materialized view accepts.
 VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache"})
 #: Bounds of WITH (min_max_cache = n): values kept per group and MIN/MAX column.
 MIN_MAX_CACHE_RANGE = (1, 10_000)
