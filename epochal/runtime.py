@@ -270,8 +270,7 @@ class EpochRuntime:
         assert view.plan is not None
         collected = self.controller.begin_step(epoch, run_id).collected
         rows_in = self._rows_in(epoch, name, collected)
-        first = self._first_epoch(name, epoch)
-        if rows_in == 0 and not first:
+        if rows_in == 0 and not self._first_epoch(name, epoch):
             return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
 
@@ -282,6 +281,7 @@ class EpochRuntime:
             change = partial_change(self.spark, view.plan, name, view.columns, deltas, read, self.query_schema(name))
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
+            first = self._first_epoch(name, epoch)  # (a partial aggregate reads its own rows: no flag)
             # The view's first epoch has no rows before it: a one-partition query over empty inputs
             # still returns a row (count(*) = 0), which must not be retracted from a view never written.
             change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)

@@ -88,7 +88,6 @@ def partial_change(
         with bound_views(spark, {leaf.name: leaf_rows}):
             signed.append(_aggregated_rows(spark, spec, sign))
     rows = signed[0].unionByName(signed[1])
-    empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
     typed = {f.name: f.dataType for f in declared.fields}
     for c in spec.columns:
         if c.cache:
@@ -118,6 +117,7 @@ def partial_change(
         names = key_names(len(spec.key_groups))
         keys = redo.select(*(F.col(_q(g)).alias(k) for g, k in zip(spec.key_groups, names, strict=True)))
         redo_keys = cache(keys) if spec.groups else None
+        empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
         _, after, read = leaf_states(spark, leaf, redo_keys, deltas, read_state, empty, cache)
         rows_read += read
         with bound_views(spark, {leaf.name: after}):
