@@ -27,6 +27,7 @@ from epochal.controller import (
 from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
+from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline
 from epochal.settings import Settings
 from epochal.sinks.duckdb_sink import DuckDBSink
@@ -316,16 +317,13 @@ class EpochRuntime:
         view = self.pipeline.views[name]
         self.controller.begin_step(epoch, run_id)
         rows_read = 0
+        states = {}
         for upstream in view.upstreams:
             state, read = self.read_state(upstream, epoch, inclusive=True)
             rows_read += read
             assert state is not None, "an upstream collected this epoch, so it has at least one epoch"
-            state.createOrReplaceTempView(upstream)
-        try:
-            new = self.spark.sql(view.query).toDF(*view.columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
-        finally:
-            for upstream in view.upstreams:
-                self.spark.catalog.dropTempView(upstream)
+            states[upstream] = state
+        new = sql_over(self.spark, view.query, states).toDF(*view.columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
         # The view's own previous state, negated: unit_changes nets it with the new rows anyway,
         # so it is read un-netted (snapshot + later changes) and aggregated only once.
         previous, own_read = self._read_weighted(self.controller.state_parts(name, epoch, inclusive=False), None)
@@ -412,13 +410,8 @@ class EpochRuntime:
         query = view.plan.query if view.plan is not None and view.plan.query else view.query
         signed = []
         for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-            try:
-                for upstream, delta in deltas.items():
-                    delta.where(keep).drop(WEIGHT).createOrReplaceTempView(upstream)
-                out = self.spark.sql(query).toDF(*view.columns)  # analyzed now, bound to these rows
-            finally:
-                for upstream in view.upstreams:
-                    self.spark.catalog.dropTempView(upstream)
+            rows = {upstream: delta.where(keep).drop(WEIGHT) for upstream, delta in deltas.items()}
+            out = sql_over(self.spark, query, rows).toDF(*view.columns)
             if view.plan is not None and view.plan.typed_like_query:
                 out = out.select(
                     *(F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in self.query_schema(name).fields)
@@ -632,42 +625,18 @@ class EpochRuntime:
 
     def query_schema(self, table: str) -> "StructType":
         """``table``'s columns and types as its query, as written, gives them: Spark analyses the
-        query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime.
-
-        The inputs are bound under names of their own (``__epochal_schema_<table>``), never the
-        tables' names: a caller may have bound those names to real rows (a full-refresh view
-        binds its upstreams, then reads the state of the next one), and must keep them."""
-        import sqlglot
-        from sqlglot import exp
-
-        from epochal.pipeline.query import DIALECT
-
+        query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime."""
         if table in self._query_schemas:
             return self._query_schemas[table]
         if table in self.pipeline.sources:
             schema = self._declared_schema(table)
         else:
             view = self.pipeline.views[table]
-            tree = sqlglot.parse_one(view.query, read=DIALECT)
-            ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-            known = {*self.pipeline.sources, *self.pipeline.views}
-            hidden: dict[str, str] = {}
-            for node in tree.find_all(exp.Table):
-                name = node.name.lower()
-                if name in ctes or node.args.get("db") or name not in known:
-                    continue
-                if not node.alias:  # columns qualified by the table's name still resolve
-                    node.set("alias", exp.TableAlias(this=exp.to_identifier(node.name)))
-                hidden[f"__epochal_schema_{name}"] = name
-                node.set("this", exp.to_identifier(f"__epochal_schema_{name}"))
-            inputs = {alias: self.spark.createDataFrame([], self.query_schema(t)) for alias, t in hidden.items()}
-            try:
-                for name, frame in inputs.items():
-                    frame.createOrReplaceTempView(name)
-                schema = self.spark.sql(tree.sql(dialect=DIALECT)).toDF(*view.columns).schema
-            finally:
-                for name in inputs:
-                    self.spark.catalog.dropTempView(name)
+            # The query as written, over empty inputs: analysed, never run (no Spark job). A view
+            # the planner split reads its stages, but its query as written reads their inputs.
+            known = [*self.pipeline.sources, *self.pipeline.views]
+            inputs = {t: self.spark.createDataFrame([], self.query_schema(t)) for t in tables_read(view.query, known)}
+            schema = sql_over(self.spark, view.query, inputs).toDF(*view.columns).schema
         self._query_schemas[table] = schema
         return schema
 

@@ -16,12 +16,12 @@ whole table, so that snapshots laid out by vnode are read only at the vnodes of 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from epochal.incremental.binding import sql_over
 from epochal.incremental.planner import Leaf, Plan
 from epochal.storage.changes import net_rows
 from epochal.storage.warehouse import WEIGHT
@@ -47,18 +47,6 @@ class KeyedChange:
             frame.unpersist()
 
 
-@contextmanager
-def bound_views(spark: SparkSession, tables: Mapping[str, DataFrame]) -> Iterator[None]:
-    """Temp views for the duration of a query's analysis (spark.sql binds them when it is called)."""
-    try:
-        for name, frame in tables.items():
-            frame.createOrReplaceTempView(name)
-        yield
-    finally:
-        for name in tables:
-            spark.catalog.dropTempView(name)
-
-
 def key_names(width: int) -> list[str]:
     return [f"_epochal_k{i}" for i in range(width)]
 
@@ -69,11 +57,11 @@ def affected_keys(spark: SparkSession, plan: Plan, deltas: Mapping[str, DataFram
     if width == 0:
         return None
     names = key_names(width)
-    with bound_views(spark, {u: d.drop(WEIGHT) for u, d in deltas.items()}):
-        parts = []
-        for leaf in plan.leaves:
-            keys = ", ".join(f"{expr} AS {name}" for expr, name in zip(leaf.key, names, strict=True))
-            parts.append(spark.sql(f"SELECT {keys} FROM ({leaf.sql}) AS _leaf"))
+    changes = {u: d.drop(WEIGHT) for u, d in deltas.items()}
+    parts = []
+    for leaf in plan.leaves:
+        keys = ", ".join(f"{expr} AS {name}" for expr, name in zip(leaf.key, names, strict=True))
+        parts.append(sql_over(spark, f"SELECT {keys} FROM ({leaf.sql}) AS _leaf", changes))
     return reduce(lambda a, b: a.unionByName(b), parts).distinct()
 
 
@@ -130,8 +118,7 @@ def leaf_states(
             state, rows = read_state(upstream, inclusive, None)
             read += rows
             upstream_states[upstream] = state if state is not None else empty[upstream]
-        with bound_views(spark, upstream_states):
-            sides.append(_restrict(spark.sql(leaf.sql), leaf, keys))
+        sides.append(_restrict(sql_over(spark, leaf.sql, upstream_states), leaf, keys))
     return sides[0], sides[1], read
 
 
@@ -175,8 +162,7 @@ def keyed_change(
         return states[leaf.name]
 
     def run(bindings: Mapping[str, DataFrame], sign: int) -> DataFrame:
-        with bound_views(spark, bindings):
-            out = spark.sql(plan.query).toDF(*columns)
+        out = sql_over(spark, plan.query, bindings).toDF(*columns)
         return out.withColumn(WEIGHT, F.lit(sign).cast("bigint"))
 
     outputs: list[DataFrame] = []
@@ -189,15 +175,13 @@ def keyed_change(
                 continue
             others = {other.name: state_of(other)[1 if j < i else 0] for j, other in enumerate(plan.leaves) if j != i}
             for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-                with bound_views(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
-                    part = spark.sql(leaf.sql)
+                part = sql_over(spark, leaf.sql, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()})
                 outputs.append(run({**others, leaf.name: part}, sign))
     else:
         if not first:
             outputs.append(run({leaf.name: state_of(leaf)[0] for leaf in plan.leaves}, -1))
         outputs.append(run({leaf.name: state_of(leaf)[1] for leaf in plan.leaves}, 1))
     if not outputs:  # no input changed: the (empty) change, with the view's columns
-        with bound_views(spark, empty):
-            nothing = {leaf.name: spark.sql(leaf.sql) for leaf in plan.leaves}
+        nothing = {leaf.name: sql_over(spark, leaf.sql, empty) for leaf in plan.leaves}
         outputs.append(run(nothing, 1))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)

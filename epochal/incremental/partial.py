@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from epochal.incremental.keyed import KeyedChange, StateReader, bound_views, key_names, leaf_states
+from epochal.incremental.binding import sql_over
+from epochal.incremental.keyed import KeyedChange, StateReader, key_names, leaf_states
 from epochal.incremental.planner import PartialAggregate, PartialColumn, Plan
 from epochal.storage.warehouse import WEIGHT
 
@@ -83,10 +84,8 @@ def partial_change(
     # with their weights: the leaf and rows_sql are linear, so each sign is evaluated on its own.
     signed = []
     for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-        with bound_views(spark, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()}):
-            leaf_rows = spark.sql(leaf.sql)
-        with bound_views(spark, {leaf.name: leaf_rows}):
-            signed.append(_aggregated_rows(spark, spec, sign))
+        leaf_rows = sql_over(spark, leaf.sql, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()})
+        signed.append(_aggregated_rows(spark, spec, leaf.name, leaf_rows, sign))
     rows = signed[0].unionByName(signed[1])
     typed = {f.name: f.dataType for f in declared.fields}
     for c in spec.columns:
@@ -120,8 +119,7 @@ def partial_change(
         empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
         _, after, read = leaf_states(spark, leaf, redo_keys, deltas, read_state, empty, cache)
         rows_read += read
-        with bound_views(spark, {leaf.name: after}):
-            inserted = _aggregated_rows(spark, spec, 1)
+        inserted = _aggregated_rows(spark, spec, leaf.name, after, 1)
         nothing = spark.createDataFrame([], old.schema)
         rebuilt = _merged(spec, _per_group(spec, inserted, exact), nothing, exact, typed)
         rebuilt = rebuilt.where(present).select(*(_q(n) for n in stored))
@@ -129,11 +127,11 @@ def partial_change(
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
 
 
-def _aggregated_rows(spark: SparkSession, spec: PartialAggregate, sign: int) -> DataFrame:
-    """rows_sql over the bound leaf, each row weighted ``sign``."""
+def _aggregated_rows(spark: SparkSession, spec: PartialAggregate, leaf: str, rows: DataFrame, sign: int) -> DataFrame:
+    """rows_sql over ``rows`` (the leaf named ``leaf``), each row weighted ``sign``."""
     from pyspark.sql import functions as F
 
-    return spark.sql(spec.rows_sql).withColumn(WEIGHT, F.lit(sign).cast("bigint"))
+    return sql_over(spark, spec.rows_sql, {leaf: rows}).withColumn(WEIGHT, F.lit(sign).cast("bigint"))
 
 
 def _counted(column: PartialColumn) -> Column:
