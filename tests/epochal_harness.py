@@ -86,8 +86,9 @@ class Harness:
         )
 
     def run_subprocess(self, *extra_args: str, fault: str | None = None, timeout: int = 300,
-                       ) -> subprocess.CompletedProcess:
-        env = {**os.environ, **self.env}
+                       env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """``dagster job execute`` of epoch_job; ``env`` adds settings for this run only."""
+        env = {**os.environ, **self.env, **(env or {})}
         env.pop("EPOCHAL_FAULT", None)
         if fault:
             env["EPOCHAL_FAULT"] = fault
