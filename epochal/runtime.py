@@ -31,7 +31,7 @@ from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline
 from epochal.settings import Settings
 from epochal.sinks.duckdb_sink import DuckDBSink
-from epochal.storage.changes import net_rows, unit_changes
+from epochal.storage.changes import net_rows, signed_parts, unit_changes
 from epochal.storage.state_cache import StateCache
 from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
 
@@ -409,8 +409,7 @@ class EpochRuntime:
         # split the view, its query reads the stages that keep the state instead of the text as written.
         query = view.plan.query if view.plan is not None and view.plan.query else view.query
         signed = []
-        for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-            rows = {upstream: delta.where(keep).drop(WEIGHT) for upstream, delta in deltas.items()}
+        for sign, rows in signed_parts(deltas):
             out = sql_over(self.spark, query, rows).toDF(*view.columns)
             if view.plan is not None and view.plan.typed_like_query:
                 out = out.select(

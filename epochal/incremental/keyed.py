@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from epochal.incremental.binding import sql_over
 from epochal.incremental.planner import Leaf, Plan
-from epochal.storage.changes import net_rows
+from epochal.storage.changes import net_rows, signed_parts
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -174,8 +174,8 @@ def keyed_change(
             if not changed.intersection(leaf.upstreams):
                 continue
             others = {other.name: state_of(other)[1 if j < i else 0] for j, other in enumerate(plan.leaves) if j != i}
-            for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-                part = sql_over(spark, leaf.sql, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()})
+            for sign, rows in signed_parts(deltas):
+                part = sql_over(spark, leaf.sql, rows)
                 outputs.append(run({**others, leaf.name: part}, sign))
     else:
         if not first:

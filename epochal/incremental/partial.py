@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from epochal.incremental.binding import sql_over
 from epochal.incremental.keyed import KeyedChange, StateReader, key_names, leaf_states
 from epochal.incremental.planner import PartialAggregate, PartialColumn, Plan
+from epochal.storage.changes import signed_parts
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -83,8 +84,8 @@ def partial_change(
     # The change's rows as the aggregate sees them (WHERE applied, arguments and FILTER evaluated),
     # with their weights: the leaf and rows_sql are linear, so each sign is evaluated on its own.
     signed = []
-    for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0)):
-        leaf_rows = sql_over(spark, leaf.sql, {u: d.where(keep).drop(WEIGHT) for u, d in deltas.items()})
+    for sign, rows in signed_parts(deltas):
+        leaf_rows = sql_over(spark, leaf.sql, rows)
         signed.append(_aggregated_rows(spark, spec, leaf.name, leaf_rows, sign))
     rows = signed[0].unionByName(signed[1])
     typed = {f.name: f.dataType for f in declared.fields}

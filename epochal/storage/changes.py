@@ -7,6 +7,7 @@ runtime, the keyed view step and compaction agree on what a change means.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from epochal.storage.warehouse import WEIGHT
@@ -36,3 +37,17 @@ def unit_changes(weighted: DataFrame) -> DataFrame:
         .withColumn(WEIGHT, F.signum(F.col(WEIGHT)).cast("bigint"))
         .select(*columns, WEIGHT)
     )
+
+
+def signed_parts(deltas: Mapping[str, DataFrame]) -> list[tuple[int, dict[str, DataFrame]]]:
+    """The deltas split by sign, without ``_weight``: ``[(1, inserted rows), (-1, deleted rows)]``.
+
+    A linear query over changes is the query over the inserted rows minus the query over the
+    deleted ones (DBSP's linearity), and each stored row is one unit, so a row's sign is all the
+    weight there is to carry across the query."""
+    from pyspark.sql import functions as F
+
+    return [
+        (sign, {name: delta.where(keep).drop(WEIGHT) for name, delta in deltas.items()})
+        for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0))
+    ]
