@@ -262,3 +262,37 @@ def test_meta_store_under_concurrent_processes(tmp_path: Path, meta_url: str) ->
     assert [r.epoch for r in ctl.epochs([EpochState.COMMITTED])] == epochs
     ranges = [r for e in epochs for r in ctl.offsets(e, "src") if r.split == "0"]
     assert [(r.start, r.end) for r in ranges] == [(10 * i, 10 * i + 10) for i in range(32)]
+
+
+def test_duckdb_meta_store_is_not_held_open_between_transactions(tmp_path: Path) -> None:
+    """The DuckDB store is attached to a host kept for the process only for one transaction at a
+    time: another process can open the file in between (read-write, as DuckDB allows one process),
+    and our next transaction sees what it wrote. A failed transaction leaves nothing attached."""
+    from epochal.meta.backend import DuckDBBackend
+
+    path = tmp_path / "meta.duckdb"
+    backend = DuckDBBackend(path)
+    backend.transaction(lambda cur: cur.execute("CREATE TABLE t (v INTEGER)"))
+    backend.transaction(lambda cur: cur.execute("INSERT INTO t VALUES (1)"))
+
+    def boom(cur):
+        cur.execute("INSERT INTO t VALUES (100)")
+        raise RuntimeError("step failed mid-transaction")
+
+    with pytest.raises(RuntimeError, match="mid-transaction"):
+        backend.transaction(boom)
+    other = (
+        "import duckdb, sys\n"
+        "con = duckdb.connect(sys.argv[1])\n"
+        "assert con.execute('SELECT sum(v) FROM t').fetchone()[0] == 1, 'the failed insert was rolled back'\n"
+        "con.execute('INSERT INTO t VALUES (2)')\n"
+        "con.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", other, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert backend.transaction(lambda cur: cur.execute("SELECT sum(v) FROM t").fetchone()) == (3,)
+    # a second store in the same process uses the same host, one file at a time
+    second = DuckDBBackend(tmp_path / "other.duckdb")
+    second.transaction(lambda cur: cur.execute("CREATE TABLE u AS SELECT 7 AS w"))
+    assert backend.transaction(lambda cur: cur.execute("SELECT count(*) FROM t").fetchone()) == (2,)
+    assert second.transaction(lambda cur: cur.execute("SELECT w FROM u").fetchone()) == (7,)
