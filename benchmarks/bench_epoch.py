@@ -475,9 +475,10 @@ def render_in_process(r: InProcessResult) -> str:
 
 def bench_meta_store(pipe: BenchPipeline, root: Path, reps: int) -> Comparison:
     """A fixed mix of 24 meta-store transactions (reads and writes; an epoch took 24 before 49e96c5
-    and 18 since), on a copy of a real meta store: A as the DuckDB backend does them (open the file,
-    one transaction, close), B on one connection kept open for all 24 (what a backend that keeps its
-    connection for a run or a step would do)."""
+    and 18 since), on a copy of a real meta store: A as the DuckDB backend does them (attach the file
+    to the process's host DuckDB, one transaction, checkpoint, detach; until b82d11b a new database
+    per transaction), B on one connection kept open for all 24 (what a backend that keeps its
+    connection for a run or a step would do, locking every other process out meanwhile)."""
     import duckdb
 
     from epochal.controller import CheckpointController
@@ -531,7 +532,7 @@ def bench_meta_store(pipe: BenchPipeline, root: Path, reps: int) -> Comparison:
             backend.close()  # closed before A runs again: an open handle would let A share the database
         return time.perf_counter() - started
 
-    comparison = Comparison("meta store", "A  open + close per transaction", "B  one connection kept open")
+    comparison = Comparison("meta store", "A  attach + detach per transaction", "B  one connection kept open")
     for i in range(reps + 1):
         a = one_epoch_of_transactions(per_txn)
         b = one_epoch_of_transactions(kept)
@@ -899,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
                 budget.start_part("1")
                 r = bench_in_process(pipes["empty"], spark, reps, "1. empty epoch", budget)
                 reports.append(render_in_process(r) + f"\n(empty source: {empty_note})")
-                log("1b. meta-store transactions: open per transaction vs kept open")
+                log("1b. meta-store transactions: attach per transaction vs kept open")
                 reports.append(render_meta_store(bench_meta_store(pipes["empty"], root, reps)))
             if "2" in args.only:
                 log(f"2. 100k-row epoch (max.events.per.epoch = {EVENTS_FOR_100K_BIDS})")
