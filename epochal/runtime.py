@@ -178,7 +178,7 @@ class EpochRuntime:
             dlq_location = None
             # Almost every epoch has no dead letters: asking first (a job over the epoch's lines that
             # writes nothing) is cheaper than writing an empty Parquet dataset and deleting it again.
-            if batch.dead_letters is not None and not batch.dead_letters.isEmpty():
+            if batch.rejected is not None and not batch.rejected.isEmpty():
                 dlq_location = self.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
                 dead = self.warehouse.write(batch.dead_letters, dlq_location)

@@ -275,6 +275,9 @@ def test_log_bad_lines_become_dead_letters_and_good_lines_come_through(spark, tm
         ("0", 8, lines[8], "field 'id': expected BIGINT, got 1.5; field 'ts': expected TIMESTAMP, got true"),
     ]
 
+    # the runtime asks `rejected` whether there is any dead letter before building the reasons
+    assert batch.rejected is not None and batch.rejected.count() == len(dead)
+
     again = src.read(spark, ranges)
     assert sorted(again.rows.collect(), key=lambda r: r.id or 0) == rows
     assert collect(again.dead_letters) == dead

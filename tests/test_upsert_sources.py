@@ -206,6 +206,7 @@ def test_keyed_records_carry_op_split_and_offset(spark, tmp_path):
         (5, "n", "upsert", "eu", 6),
     ]
     assert batch.dead_letters is not None and batch.dead_letters.count() == 0
+    assert batch.rejected is not None and batch.rejected.isEmpty()
 
 
 def test_keyed_records_that_cannot_apply_become_dead_letters(spark, tmp_path):

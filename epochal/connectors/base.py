@@ -11,7 +11,7 @@ A connector does two separate things, at two separate times:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -44,8 +44,22 @@ class SourceBatch:
     #: rows with the source's declared columns, in declared order, with declared types; a source
     #: with a PRIMARY KEY adds ``_op``, ``_split`` and ``_offset`` after them (see epochal/upsert.py)
     rows: "DataFrame"
-    #: rows that could not be read (DEAD_LETTER_SCHEMA), or None when the connector cannot produce any
-    dead_letters: "DataFrame | None" = None
+    #: the lines that could not be read, with whatever columns ``explain`` needs, or None when the
+    #: connector cannot produce any. Ask it whether it is empty before asking for ``dead_letters``.
+    rejected: "DataFrame | None" = None
+    #: turns ``rejected`` into dead letters (DEAD_LETTER_SCHEMA). Called only when some line was
+    #: rejected: the log connector's reasons are dozens of expressions, about 0.1-0.2 s of Py4J calls
+    #: to build, and almost every epoch has no dead letter.
+    explain: "Callable[[DataFrame], DataFrame] | None" = None
+
+    @property
+    def dead_letters(self) -> "DataFrame | None":
+        """The rejected lines with the reason each was rejected (DEAD_LETTER_SCHEMA), or None."""
+        if self.rejected is None:
+            return None
+        if self.explain is None:
+            raise TypeError("a SourceBatch with rejected lines needs explain to turn them into dead letters")
+        return self.explain(self.rejected)
 
 
 class SourceConnector(Protocol):

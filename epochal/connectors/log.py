@@ -227,8 +227,12 @@ class LogSource:
         # values that do not convert to the declared type; it never returns NULL for a non-blank line
         good = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
         rows = parsed.where(good).select(*[F.col("_parsed").getField(c.name).alias(c.name) for c in self.columns])
-        dead = parsed.where(~good).select("split", "offset", "raw", _reason(F.col("raw"), self.columns).alias("reason"))
-        return SourceBatch(rows=rows, dead_letters=dead)
+        columns = self.columns
+
+        def explain(rejected: "DataFrame") -> "DataFrame":
+            return rejected.select("split", "offset", "raw", _reason(F.col("raw"), columns).alias("reason"))
+
+        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain)
 
     def _read_keyed(self, lines: "DataFrame") -> SourceBatch:
         """Records of a source with a primary key: the declared columns, then ``_op`` ('upsert' or
@@ -275,28 +279,33 @@ class LogSource:
             F.col("offset").cast("bigint").alias(OFFSET_COLUMN),
         )
 
-        # only the fields a record needs can make it a misfit: the key for a delete, all for an upsert
-        # (a delete whose key does not fit is still known as one because from_json keeps the fields
-        # that did parse, spark.sql.json.enablePartialResults; without it the reason lists all fields)
-        misfit = F.when(is_delete, _reason(raw, keys)).otherwise(_reason(raw, self.columns))
-        unknown_op = F.concat(
-            F.lit(f'unknown {OP_KEY} "'), _shorten(op_text), F.lit('": use insert, update or delete')
-        )
-        absent = F.concat_ws(
-            "; ",
-            *[
-                F.when(m, F.lit(f"primary key column '{k.name}' is missing or null"))
-                for k, m in zip(keys, missing, strict=True)
-            ],
-        )
-        reason = (
-            F.when(~head_fits, misfit)  # malformed, not an object, or a key of the wrong type
-            .when(op.isNull(), unknown_op)
-            .when(key_missing, absent)
-            .otherwise(misfit)  # an upsert whose other fields do not fit
-        )
-        dead = parsed.where(~good).select("split", "offset", "raw", reason.alias("reason"))
-        return SourceBatch(rows=rows, dead_letters=dead)
+        columns = self.columns
+
+        def explain(rejected: "DataFrame") -> "DataFrame":
+            # only the fields a record needs can make it a misfit: the key for a delete, all for an
+            # upsert (a delete whose key does not fit is still known as one because from_json keeps
+            # the fields that did parse, spark.sql.json.enablePartialResults; without it the reason
+            # lists all fields)
+            misfit = F.when(is_delete, _reason(raw, keys)).otherwise(_reason(raw, columns))
+            unknown_op = F.concat(
+                F.lit(f'unknown {OP_KEY} "'), _shorten(op_text), F.lit('": use insert, update or delete')
+            )
+            absent = F.concat_ws(
+                "; ",
+                *[
+                    F.when(m, F.lit(f"primary key column '{k.name}' is missing or null"))
+                    for k, m in zip(keys, missing, strict=True)
+                ],
+            )
+            reason = (
+                F.when(~head_fits, misfit)  # malformed, not an object, or a key of the wrong type
+                .when(op.isNull(), unknown_op)
+                .when(key_missing, absent)
+                .otherwise(misfit)  # an upsert whose other fields do not fit
+            )
+            return rejected.select("split", "offset", "raw", reason.alias("reason"))
+
+        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain)
 
 
 def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:

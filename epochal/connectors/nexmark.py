@@ -252,7 +252,7 @@ class NexmarkSource:
         generated = _generate(events, self.config)
         # validate() matched the declared names case-insensitively; the generator's are lower case
         rows = generated.select(*[F.col(c.name.lower()).alias(c.name) for c in self.columns])
-        return SourceBatch(rows=rows, dead_letters=None)
+        return SourceBatch(rows=rows)
 
     def _check_splits(self, splits: Iterable[str]) -> None:
         # offsets mean different event numbers under another split count, so reading on would
