@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter, defaultdict
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -281,6 +282,24 @@ def test_log_bad_lines_become_dead_letters_and_good_lines_come_through(spark, tm
     again = src.read(spark, ranges)
     assert sorted(again.rows.collect(), key=lambda r: r.id or 0) == rows
     assert collect(again.dead_letters) == dead
+
+
+@pytest.mark.parametrize("keyed, parses", [(False, 1), (True, 2)])
+def test_log_read_parses_each_line_once_per_parse(spark, tmp_path, keyed, parses, capsys):
+    """The optimizer used to copy each parse into every expression that read it: a keyed read's
+    plan held 13 from_json calls per line (1.6 s for 100,000 lines, 0.8-1.1 s parsed once)."""
+    columns = (Column("id", "BIGINT"), Column("name", "STRING"))
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "0.jsonl").write_text('{"id": 1, "name": "a"}\n{"id": 2, "_op": "delete"}\n')
+    key = ("id",) if keyed else ()
+    src = LogConnectorSpec().create(replace(source_def("log", columns, {"path": "events"}), primary_key=key), tmp_path)
+    batch = src.read(spark, src.plan({}))
+    for frame in (batch.rows, batch.rejected):
+        assert frame is not None
+        capsys.readouterr()
+        frame.explain()  # the physical plan: what each line goes through
+        assert capsys.readouterr().out.count("from_json(") == parses
+    assert sorted(tuple(r)[:2] for r in batch.rows.collect()) == [(1, "a"), (2, None)]  # and the rows still come
 
 
 def test_log_without_files_plans_nothing_and_reads_empty_frames(spark, tmp_path):
