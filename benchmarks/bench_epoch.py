@@ -509,28 +509,18 @@ def bench_meta_store(pipe: BenchPipeline, root: Path, reps: int) -> Comparison:
     for f in pipe.home.glob("meta.duckdb*"):
         shutil.copy(f, copy / f.name)
     settings = pipe.settings()
-    tables = dict(sources=["bid"], views=["big_bids"], sinks=["big_bids_out"])
+    tables = BENCH_TABLES
     per_txn = DuckDBBackend(copy / "meta.duckdb")
     kept = KeptOpenBackend(copy / "meta.duckdb")
     epoch = CheckpointController(settings, backend=per_txn, **tables).committed_epoch()
 
     def one_epoch_of_transactions(backend: DuckDBBackend) -> float:
-        started = time.perf_counter()
-        controller = CheckpointController(settings, backend=backend, **tables)  # schema check: 1 txn
-        for _ in range(4):  # 1 + 4 * 6 - 1 = 24 transactions, reads and writes mixed as in an epoch
-            controller.epoch(epoch)
-            controller.offsets(epoch, "bid")
-            controller.collected(epoch)
-            backend.transaction(
-                lambda cur: cur.execute("UPDATE epochs SET heartbeat_at = ? WHERE epoch = ?", [time.time(), epoch])
-            )
-            controller.committed_epoch()
-        controller.in_flight()
-        controller.in_flight()
-        controller.in_flight()
+        seconds = transaction_mix(settings, tables, epoch, backend)
         if isinstance(backend, KeptOpenBackend):
+            started = time.perf_counter()
             backend.close()  # closed before A runs again: an open handle would let A share the database
-        return time.perf_counter() - started
+            seconds += time.perf_counter() - started
+        return seconds
 
     comparison = Comparison("meta store", "A  attach + detach per transaction", "B  one connection kept open")
     for i in range(reps + 1):
@@ -540,6 +530,81 @@ def bench_meta_store(pipe: BenchPipeline, root: Path, reps: int) -> Comparison:
             comparison.a.append(a)
             comparison.b.append(b)
     return comparison
+
+
+#: The tables of the benchmark pipeline, as the controller knows them.
+BENCH_TABLES = dict(sources=["bid"], views=["big_bids"], sinks=["big_bids_out"])
+
+
+def transaction_mix(settings: Any, tables: dict[str, list[str]], epoch: int, backend: Any) -> float:
+    """Seconds for 24 meta-store transactions, reads and writes mixed as in an epoch."""
+    from epochal.controller import CheckpointController
+
+    started = time.perf_counter()
+    controller = CheckpointController(settings, backend=backend, **tables)  # schema check: 1 txn
+    for _ in range(4):  # 1 + 4 * 6 - 1 = 24 transactions
+        controller.epoch(epoch)
+        controller.offsets(epoch, "bid")
+        controller.collected(epoch)
+        backend.transaction(
+            lambda cur: cur.execute("UPDATE epochs SET heartbeat_at = ? WHERE epoch = ?", [time.time(), epoch])
+        )
+        controller.committed_epoch()
+    controller.in_flight()
+    controller.in_flight()
+    controller.in_flight()
+    return time.perf_counter() - started
+
+
+def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparison:
+    """The same 24 transactions on a PostgreSQL meta store (a fresh database, one committed epoch):
+    A as the backend does them (connections kept between transactions), B connecting for each one
+    (what it did before it kept them)."""
+    import uuid
+
+    import psycopg
+
+    from epochal.connectors.base import SplitRange
+    from epochal.controller import CheckpointController, Collected
+    from epochal.meta.backend import PostgresBackend
+    from epochal.settings import Settings
+
+    class ConnectPerTransaction(PostgresBackend):
+        MAX_IDLE = 0  # every connection is closed when its transaction ends
+
+    name = f"epochal_bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        settings = Settings.from_env({"EPOCHAL_HOME": str(root / "pg-home"), "EPOCHAL_META_URL": url})
+        controller = CheckpointController(settings, **BENCH_TABLES)
+        controller.recover(controller.recovery_reason() or "bootstrap", discard=lambda locations: None)
+        epoch = controller.inject(lambda source, starts: [SplitRange("0", 0, 10)]).epoch
+        for table in ("bid", "big_bids"):
+            controller.collect(epoch, Collected(table, f"/loc/{table}/{epoch}"))
+        kept, per_txn = PostgresBackend(url), ConnectPerTransaction(url)
+        comparison = Comparison("postgres meta store", "A  connections kept", "B  connect per transaction")
+        for i in range(reps + 1):
+            a = transaction_mix(settings, BENCH_TABLES, epoch, kept)
+            b = transaction_mix(settings, BENCH_TABLES, epoch, per_txn)
+            if i:
+                comparison.a.append(a)
+                comparison.b.append(b)
+        return comparison
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def render_postgres_meta_store(c: Comparison, admin_url: str) -> str:
+    return "\n".join(
+        [
+            f"== 1c. the same 24 transactions on a PostgreSQL meta store ({admin_url.rsplit('/', 1)[0]})",
+            c.render(),
+            f"per transaction: A {1000 * median(c.a) / 24:.1f} ms, B {1000 * median(c.b) / 24:.1f} ms",
+        ]
+    )
 
 
 def render_meta_store(c: Comparison) -> str:
@@ -855,6 +920,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the whole run may take before repetitions are cut "
         "(default 570, --quick 170); minimum repetitions always run",
     )
+    parser.add_argument(
+        "--postgres",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL URL whose user may create databases, for part 1c (a fresh database, dropped "
+        "after); 'none' skips 1c",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, warehouse, meta store)")
     parser.add_argument("--verbose", action="store_true", help="let Dagster/Spark log to the terminal")
     args = parser.parse_args(argv)
@@ -902,6 +973,10 @@ def main(argv: list[str] | None = None) -> int:
                 reports.append(render_in_process(r) + f"\n(empty source: {empty_note})")
                 log("1b. meta-store transactions: attach per transaction vs kept open")
                 reports.append(render_meta_store(bench_meta_store(pipes["empty"], root, reps)))
+                if args.postgres != "none":
+                    log("1c. the same on a PostgreSQL meta store: connections kept vs connect per transaction")
+                    c = bench_postgres_meta_store(args.postgres, root, reps)
+                    reports.append(render_postgres_meta_store(c, args.postgres))
             if "2" in args.only:
                 log(f"2. 100k-row epoch (max.events.per.epoch = {EVENTS_FOR_100K_BIDS})")
                 budget.start_part("2")

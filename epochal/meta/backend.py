@@ -214,12 +214,68 @@ class _DuckCursor:
 
 
 class PostgresBackend:
+    """Transactions on pooled connections to one PostgreSQL database.
+
+    A connection is kept for the next transaction rather than closed: connecting costs about
+    5 ms here against 0.5 ms for a transaction on an open connection, and an epoch runs about
+    twenty meta-store transactions. Idle connections hold no transaction (each one ends in
+    COMMIT or ROLLBACK before it goes back), so they block nothing on the server. One that the
+    server closed meanwhile (a restart, an idle timeout, pg_terminate_backend) fails at BEGIN,
+    before anything ran: it is dropped and the transaction starts again on a new connection."""
+
+    #: Idle connections per URL, kept by this process; guarded by _pool_lock. Connections inherited
+    #: through fork belong to the parent's sessions: a child drops the pool unclosed (psycopg does
+    #: not close another process's connection when it is collected) and connects for itself.
+    _pool: "tuple[int, dict[str, list[Any]]] | None" = None
+    _pool_lock = threading.Lock()
+    #: More idle connections than this per URL are closed on return: a process's meta-store
+    #: concurrency is a few threads (the webserver, a sensor), not a pool's worth.
+    MAX_IDLE = 4
+
     def __init__(self, url: str):
         self.url = url
         try:
             import psycopg  # noqa: F401
         except ImportError as exc:  # pragma: no cover - psycopg is a dependency
             raise ConfigError("a postgresql:// meta store needs psycopg: pip install 'psycopg[binary]'") from exc
+
+    @classmethod
+    def _idle(cls, url: str) -> list[Any]:
+        import os
+
+        if cls._pool is None or cls._pool[0] != os.getpid():
+            cls._pool = (os.getpid(), {})
+        return cls._pool[1].setdefault(url, [])
+
+    def _checkout(self) -> tuple[Any, bool]:
+        """An open connection, and whether it was kept from an earlier transaction."""
+        import psycopg
+
+        with self._pool_lock:
+            idle = self._idle(self.url)
+            while idle:
+                conn = idle.pop()
+                if not conn.closed:
+                    return conn, True
+        try:
+            # autocommit: BEGIN and COMMIT are ours, so a failed BEGIN is known to have run nothing
+            return psycopg.connect(self.url, connect_timeout=10, autocommit=True), False
+        except psycopg.OperationalError as exc:
+            raise EpochalError(
+                f"cannot reach the PostgreSQL meta store at {_redact(self.url)}: "
+                f"{str(exc).strip().splitlines()[0]}; start the server or fix EPOCHAL_META_URL"
+            ) from exc
+
+    def _checkin(self, conn: Any) -> None:
+        from psycopg.pq import TransactionStatus
+
+        if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+            with self._pool_lock:
+                idle = self._idle(self.url)
+                if len(idle) < self.MAX_IDLE:
+                    idle.append(conn)
+                    return
+        conn.close()
 
     def transaction(self, fn: Callable[[Cursor], T]) -> T:
         import psycopg
@@ -228,26 +284,47 @@ class PostgresBackend:
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         attempt = 0
         while True:
-            try:
-                conn = psycopg.connect(self.url, connect_timeout=10)
-            except psycopg.OperationalError as exc:
-                raise EpochalError(
-                    f"cannot reach the PostgreSQL meta store at {_redact(self.url)}: "
-                    f"{str(exc).strip().splitlines()[0]}; start the server or fix EPOCHAL_META_URL"
-                ) from exc
+            conn, kept = self._checkout()
             try:
                 # SERIALIZABLE makes racing commits of one epoch fail over to a retry instead of
                 # both succeeding; the retry then sees the committed state.
-                conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-                with conn.transaction():
-                    return fn(_PgCursor(conn.cursor()))
+                conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+            except psycopg.OperationalError:
+                conn.close()
+                if kept:
+                    continue  # closed by the server while idle; nothing ran, so a new one takes over
+                raise
+            try:
+                result = fn(_PgCursor(conn.cursor()))
+                conn.execute("COMMIT")
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation):
+                # The server rolled the transaction back (at COMMIT too, for a serialization failure).
+                _rollback(conn)
+                self._checkin(conn)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(_backoff(attempt))
                 attempt += 1
-            finally:
-                conn.close()
+                continue
+            except BaseException:
+                _rollback(conn)
+                self._checkin(conn)
+                raise
+            self._checkin(conn)
+            return result
+
+
+def _rollback(conn: Any) -> None:
+    """End whatever transaction ``conn`` is in; a connection that cannot is closed, not kept."""
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error:
+        conn.close()
 
 
 class _PgCursor:
