@@ -570,7 +570,11 @@ def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparis
     from epochal.settings import Settings
 
     class ConnectPerTransaction(PostgresBackend):
-        MAX_IDLE = 0  # every connection is closed when its transaction ends
+        def _checkout(self) -> tuple[Any, bool]:
+            return self._connect(), False  # never one from the pool A keeps
+
+        def _checkin(self, conn: Any) -> None:
+            conn.close()
 
     name = f"epochal_bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as admin:

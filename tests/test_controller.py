@@ -327,3 +327,14 @@ def test_postgres_meta_store_keeps_its_connection_and_replaces_one_the_server_cl
     backend.transaction(lambda cur: cur.execute("INSERT INTO t VALUES (2)"))
     assert backend.transaction(lambda cur: cur.execute("SELECT count(*), sum(v) FROM t").fetchone()) == (2, 3)
     assert backend.transaction(lambda cur: cur.execute("SELECT pg_backend_pid()").fetchone()[0]) != session
+
+
+def test_postgres_meta_store_that_is_down_says_so_and_how_to_fix_it() -> None:
+    from epochal.errors import EpochalError
+    from epochal.meta.backend import PostgresBackend
+
+    down = PostgresBackend("postgresql://epochal:secret@127.0.0.1:1/meta")  # nothing listens on port 1
+    with pytest.raises(EpochalError, match="cannot reach the PostgreSQL meta store at") as raised:
+        down.transaction(lambda cur: cur.execute("SELECT 1"))
+    assert "start the server or fix EPOCHAL_META_URL" in str(raised.value)
+    assert "secret" not in str(raised.value)  # the URL is shown without its credentials

@@ -239,27 +239,31 @@ class PostgresBackend:
         except ImportError as exc:  # pragma: no cover - psycopg is a dependency
             raise ConfigError("a postgresql:// meta store needs psycopg: pip install 'psycopg[binary]'") from exc
 
-    @classmethod
-    def _idle(cls, url: str) -> list[Any]:
+    @staticmethod
+    def _idle(url: str) -> list[Any]:
         import os
 
-        if cls._pool is None or cls._pool[0] != os.getpid():
-            cls._pool = (os.getpid(), {})
-        return cls._pool[1].setdefault(url, [])
+        # PostgresBackend's, not cls's: every backend of a process shares one pool per URL
+        if PostgresBackend._pool is None or PostgresBackend._pool[0] != os.getpid():
+            PostgresBackend._pool = (os.getpid(), {})
+        return PostgresBackend._pool[1].setdefault(url, [])
 
     def _checkout(self) -> tuple[Any, bool]:
         """An open connection, and whether it was kept from an earlier transaction."""
-        import psycopg
-
         with self._pool_lock:
             idle = self._idle(self.url)
             while idle:
                 conn = idle.pop()
                 if not conn.closed:
                     return conn, True
+        return self._connect(), False
+
+    def _connect(self) -> Any:
+        import psycopg
+
         try:
             # autocommit: BEGIN and COMMIT are ours, so a failed BEGIN is known to have run nothing
-            return psycopg.connect(self.url, connect_timeout=10, autocommit=True), False
+            return psycopg.connect(self.url, connect_timeout=10, autocommit=True)
         except psycopg.OperationalError as exc:
             raise EpochalError(
                 f"cannot reach the PostgreSQL meta store at {_redact(self.url)}: "
