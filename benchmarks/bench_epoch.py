@@ -11,6 +11,10 @@ shares the machine's momentary load).
 1. empty epoch    epoch_job in-process (one shared SparkSession, ephemeral Dagster instance) vs the
                   same Spark work done directly: connector read -> Parquet -> view SQL -> Parquet ->
                   DuckDB insert, with no Dagster and no meta store.
+1b. meta store    24 controller transactions on a copy of part 1's DuckDB meta store, as the backend
+                  does them vs on one connection kept open.
+1c. PostgreSQL    the same 24 on a fresh PostgreSQL database (--postgres): connections kept, as the
+                  backend does, vs connecting for each transaction.
 2. 100k-row epoch the same with ~100k Nexmark bids per epoch.
 3. executor       `dagster job execute` as a subprocess, in-process executor (the default) vs the
                   same graph with the multiprocess executor; wall time and JVMs started.
@@ -978,9 +982,16 @@ def main(argv: list[str] | None = None) -> int:
                 log("1b. meta-store transactions: attach per transaction vs kept open")
                 reports.append(render_meta_store(bench_meta_store(pipes["empty"], root, reps)))
                 if args.postgres != "none":
+                    import psycopg
+
                     log("1c. the same on a PostgreSQL meta store: connections kept vs connect per transaction")
-                    c = bench_postgres_meta_store(args.postgres, root, reps)
-                    reports.append(render_postgres_meta_store(c, args.postgres))
+                    try:
+                        c = bench_postgres_meta_store(args.postgres, root, reps)
+                        reports.append(render_postgres_meta_store(c, args.postgres))
+                    except psycopg.OperationalError as exc:
+                        first = str(exc).strip().splitlines()[0]
+                        reports.append(f"== 1c. skipped: no PostgreSQL server at {args.postgres} ({first}); "
+                                       "pass --postgres URL, or --postgres none")
             if "2" in args.only:
                 log(f"2. 100k-row epoch (max.events.per.epoch = {EVENTS_FOR_100K_BIDS})")
                 budget.start_part("2")
