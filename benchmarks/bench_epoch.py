@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parents[1]
 # This checkout first, here and in every subprocess (PYTHONPATH): the editable install is not a
@@ -583,7 +584,7 @@ def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparis
     name = f"epochal_bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    url = urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}"))  # keeps the user, host and ?options
     try:
         settings = Settings.from_env({"EPOCHAL_HOME": str(root / "pg-home"), "EPOCHAL_META_URL": url})
         controller = CheckpointController(settings, **BENCH_TABLES)
@@ -606,9 +607,11 @@ def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparis
 
 
 def render_postgres_meta_store(c: Comparison, admin_url: str) -> str:
+    from epochal.meta.backend import _redact
+
     return "\n".join(
         [
-            f"== 1c. the same 24 transactions on a PostgreSQL meta store ({admin_url.rsplit('/', 1)[0]})",
+            f"== 1c. the same 24 transactions on a PostgreSQL meta store ({_redact(admin_url)})",
             c.render(),
             f"per transaction: A {1000 * median(c.a) / 24:.1f} ms, B {1000 * median(c.b) / 24:.1f} ms",
         ]
@@ -984,13 +987,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.postgres != "none":
                     import psycopg
 
+                    from epochal.meta.backend import _redact
+
                     log("1c. the same on a PostgreSQL meta store: connections kept vs connect per transaction")
                     try:
                         c = bench_postgres_meta_store(args.postgres, root, reps)
                         reports.append(render_postgres_meta_store(c, args.postgres))
                     except psycopg.OperationalError as exc:
                         first = str(exc).strip().splitlines()[0]
-                        reports.append(f"== 1c. skipped: no PostgreSQL server at {args.postgres} ({first}); "
+                        reports.append(f"== 1c. skipped: no PostgreSQL server at {_redact(args.postgres)} ({first}); "
                                        "pass --postgres URL, or --postgres none")
             if "2" in args.only:
                 log(f"2. 100k-row epoch (max.events.per.epoch = {EVENTS_FOR_100K_BIDS})")
