@@ -690,6 +690,9 @@ class EpochRuntime:
             return self.spark.createDataFrame([], schema), 0
         if restrict is not None:
             _check_restriction(snapshot.table, schema, restrict[0], restrict[1])
+            small = self.state_cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows)
+            if small is not None:
+                return _semi_join(small, restrict), snapshot.rows
         dirs = self.warehouse.vnode_dirs(snapshot.location)
         chosen: list[int] | None = None  # None: every vnode
         if restrict is not None and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames()):

@@ -328,10 +328,14 @@ def test_compaction_op_reports_in_epoch_job(spark, tmp_path: Path, monkeypatch) 
     assert compact.returncode == 0, compact.stderr
 
 
-def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp_path: Path) -> None:
+def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp_path: Path, monkeypatch) -> None:
     """A read that touches most of a snapshot scans Spark's cached copy (filled once), a read of a
-    few keys still opens only their vnodes, a newer snapshot evicts the older, and every answer is
-    the one the same read gives with EPOCHAL_STATE_CACHE=off."""
+    few keys of a large snapshot still opens only their vnodes, a small cached one answers it from
+    memory without a Spark job, a newer snapshot evicts the older, and every answer is the one the
+    same read gives with EPOCHAL_STATE_CACHE=off."""
+    from epochal.storage import state_cache
+
+    monkeypatch.setattr(state_cache, "SMALL_ROWS", 0)  # orders counts as large until said otherwise
     h = make_harness(tmp_path, FILES)
     runtime = h.runtime(spark)
     uncached = h.runtime(spark, env={"EPOCHAL_STATE_CACHE": "off"})
@@ -355,6 +359,19 @@ def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp
     assert runtime.state_cache.hits == hits + 2 and few_read < 20  # a few vnodes: read directly, not from memory
     cached = runtime.state_cache.get("orders", runtime.controller.snapshots("orders")[-1].location)
     assert cached is not None and cached.is_cached
+
+    # Small and cached: finding the keys' vnodes would be a Spark job costing more than the scan.
+    monkeypatch.setattr(state_cache, "SMALL_ROWS", 1_000)
+    keys = spark.createDataFrame([(3,), (5,), (7,)], "id BIGINT")
+    looked_up: list[str] = []
+    vnode_dirs = runtime.warehouse.vnode_dirs
+    monkeypatch.setattr(runtime.warehouse, "vnode_dirs", lambda loc: looked_up.append(loc) or vnode_dirs(loc))
+    hits = runtime.state_cache.hits
+    rows, rows_read = runtime.read_state("orders", e, inclusive=True, restrict=(("id",), keys))
+    assert looked_up == []  # no vnode was chosen, so no Spark job ran to choose them
+    assert runtime.state_cache.hits == hits + 1 and rows_read == 400 + 3  # the whole cached copy, filtered
+    assert multiset(rows.collect()) == few
+    monkeypatch.setattr(state_cache, "SMALL_ROWS", 0)
 
     # Compaction publishes a newer snapshot: the next wide read caches it and releases the old one.
     runtime.compact(e, every=1)
