@@ -336,8 +336,8 @@ def test_compaction_op_reports_in_epoch_job(spark, tmp_path: Path, monkeypatch) 
 def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp_path: Path, monkeypatch) -> None:
     """A read that touches most of a snapshot scans Spark's cached copy (filled once), a read of a
     few keys of a large snapshot still opens only their vnodes, a small cached one answers it from
-    memory without a Spark job, a newer snapshot evicts the older, and every answer is the one the
-    same read gives with EPOCHAL_STATE_CACHE=off."""
+    memory without the Spark job that looks the vnodes up, a newer snapshot evicts the older, and
+    every answer is the one the same read gives with EPOCHAL_STATE_CACHE=off."""
     from epochal.storage import state_cache
 
     monkeypatch.setattr(state_cache, "SMALL_ROWS", 0)  # orders counts as large until said otherwise
