@@ -348,10 +348,10 @@ def _parsed_once(lines: "DataFrame", parses: Mapping[str, "SparkColumn"]) -> "Da
 
     Added with ``withColumn``, a parse is an alias the optimizer may copy into every expression
     that reads it: the record filter is pushed below the projection and each of its references
-    becomes a from_json call of its own, and so does each field read afterwards. A keyed read's plan
-    then held 13 from_json calls per line (100,000 lines: 1.6 s to read, 0.8-1.1 s parsed once). Generator
-    outputs are never inlined, so producing the parses with ``inline`` of a one-element array is
-    a barrier the filter stays above."""
+    becomes a from_json call of its own, and so does each field read afterwards. A keyed read's
+    plan then held 13 from_json calls per line (100,000 lines: 1.6 s to read, 0.8-1.1 s parsed
+    once). Generator outputs are never inlined, so producing the parses with ``inline`` of a
+    one-element array is a barrier the filter stays above."""
     from pyspark.sql import functions as F
 
     once = F.struct(*[parse.alias(name) for name, parse in parses.items()])

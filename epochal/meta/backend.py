@@ -303,32 +303,29 @@ class PostgresBackend:
                 conn.execute("COMMIT")
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation):
                 # The transaction failed whole (a serialization failure may come at COMMIT): end it, try again.
-                _rollback(conn)
-                self._checkin(conn)
+                self._release(conn)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(_backoff(attempt))
                 attempt += 1
                 continue
             except BaseException:
-                _rollback(conn)
-                self._checkin(conn)
+                self._release(conn)
                 raise
             self._checkin(conn)
             return result
 
+    def _release(self, conn: Any) -> None:
+        """Roll back whatever transaction ``conn`` is in and keep it; one that cannot is closed."""
+        import psycopg
+        from psycopg.pq import TransactionStatus
 
-def _rollback(conn: Any) -> None:
-    """End whatever transaction ``conn`` is in; a connection that cannot is closed, not kept."""
-    import psycopg
-    from psycopg.pq import TransactionStatus
-
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
-        return
-    try:
-        conn.execute("ROLLBACK")
-    except psycopg.Error:
-        conn.close()
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                conn.close()
+        self._checkin(conn)
 
 
 class _PgCursor:
