@@ -20,6 +20,7 @@ import pytest
 from epochal.connectors.log import append_records
 from tests.consistency import assert_view_matches_batch
 from tests.epochal_harness import make_harness
+from tests.test_connectors import assert_log_read_parses_once
 from tests.test_incremental_views import EPOCHS, SOURCES, VIEWS
 
 # One view per way a step computes its change, so that each reaches the server at least once:
@@ -112,3 +113,21 @@ def test_every_kind_of_view_runs_on_spark_connect_and_matches_batch(spark, conne
             assert snapshots and snapshots[-1].epoch == committed[-1], f"{table}: no snapshot at epoch {committed[-1]}"
         for name, query in checked.items():
             assert_view_matches_batch(runtime, name, query)
+
+
+@pytest.mark.parametrize("keyed, parses", [(False, 1), (True, 2)])
+def test_log_read_parses_each_line_once_on_spark_connect(
+    connect_url: str, tmp_path: Path, keyed: bool, parses: int, capsys, monkeypatch
+) -> None:
+    """On Connect the server's optimizer plans the read: the parse-once plan must hold there too
+    (the explain() text comes from the server)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    # pyspark.sql.functions builds Connect columns only while this is set. For this test alone: the
+    # other tests' classic sessions in this process must keep their classic columns.
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    remote = ConnectSession.builder.remote(connect_url).create()
+    try:
+        assert_log_read_parses_once(remote, tmp_path, keyed, parses, capsys)
+    finally:
+        remote.stop()
