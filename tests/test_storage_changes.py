@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from epochal.storage.changes import net_rows, unit_changes
+from epochal.storage.warehouse import Warehouse
 from tests.consistency import frame, multiset
 
 DDL = "k BIGINT, name STRING, x DOUBLE"
@@ -16,3 +20,33 @@ def test_unit_changes_expand_net_weights(spark) -> None:
     units = multiset(unit_changes(weighted).collect())
     assert units == multiset([(1, "a", 1.0, 1), (1, "a", 1.0, 1), (2, "b", None, -1), (2, "b", None, -1)])
     assert multiset(net_rows(weighted).collect()) == multiset([(1, "a", 1.0), (1, "a", 1.0)])
+
+
+def test_change_files_are_read_with_the_schema_spark_wrote_and_no_job_of_their_own(spark, tmp_path) -> None:
+    """Reading a change file used to start a Spark job to infer its schema (70 ms and one job per
+    read). The footer's record gives the same schema, types and nesting included, without one."""
+    warehouse = Warehouse(str(tmp_path / "warehouse"))
+    rows = spark.sql(
+        "SELECT 1L AS id, CAST(9.5 AS DECIMAL(12,2)) AS price, TIMESTAMP'2026-01-01 10:00:00' AS at, "
+        "TIMESTAMP_NTZ'2026-01-01 10:00:00' AS local, array(1.0D, 2.0D) AS kept, map('a', 1) AS tags, "
+        "named_struct('name', 'ann', 'n', 3) AS who, 1L AS _weight"
+    )
+    old, new = warehouse.new_location("t", 1), warehouse.new_location("t", 2)
+    warehouse.write(rows, old)
+    warehouse.write(rows.withColumn("extra", rows.id * 2), new)
+    inferred = spark.read.parquet(new).schema
+
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = max(tracker.getJobIdsForGroup(), default=-1)
+    read = warehouse.read(spark, [old, new])
+    schema = read.schema
+    assert max(tracker.getJobIdsForGroup(), default=-1) == jobs_before, "reading planned a Spark job"
+    # the newest file's schema (older files lack "extra": Spark reads it as NULL there)
+    assert schema == inferred
+    assert [r.extra for r in read.orderBy("extra").collect()] == [None, 2]  # nulls first
+    # a location Spark did not write (no record in its footer) is inferred as before
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    pq.write_table(pa.table({"id": [1, 2]}), foreign / "part-0.parquet")
+    assert warehouse.written_schema([str(foreign)]) is None
+    assert [r.id for r in warehouse.read(spark, [str(foreign)]).collect()] == [1, 2]
