@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from epochal.storage.changes import net_rows, unit_changes
-from epochal.storage.warehouse import Warehouse
+from epochal.storage.warehouse import SPARK_SCHEMA_KEY, Warehouse
 from tests.consistency import frame, multiset
 
 DDL = "k BIGINT, name STRING, x DOUBLE"
@@ -44,9 +44,11 @@ def test_change_files_are_read_with_the_schema_spark_wrote_and_no_job_of_their_o
     # the newest file's schema (older files lack "extra": Spark reads it as NULL there)
     assert schema == inferred
     assert [r.extra for r in read.orderBy("extra").collect()] == [None, 2]  # nulls first
-    # a location Spark did not write (no record in its footer) is inferred as before
-    foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    pq.write_table(pa.table({"id": [1, 2]}), foreign / "part-0.parquet")
-    assert warehouse.written_schema([str(foreign)]) is None
-    assert [r.id for r in warehouse.read(spark, [str(foreign)]).collect()] == [1, 2]
+    # a location Spark did not write (no record in its footer), or whose record names a type this
+    # pyspark does not know, is inferred by Spark as before
+    unknown = b'{"type": "struct", "fields": [{"name": "id", "type": "wibble", "nullable": true, "metadata": {}}]}'
+    for name, metadata in (("foreign", None), ("newer", {SPARK_SCHEMA_KEY: unknown})):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": [1, 2]}).replace_schema_metadata(metadata), tmp_path / name / "part-0.parquet")
+        assert warehouse.written_schema([str(tmp_path / name)]) is None
+        assert [r.id for r in warehouse.read(spark, [str(tmp_path / name)]).collect()] == [1, 2]

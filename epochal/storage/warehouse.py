@@ -102,7 +102,13 @@ class Warehouse:
             if files:
                 with self.fs.open_input_file(self._path(files[0])) as fh:
                     recorded = (pq.ParquetFile(fh).metadata.metadata or {}).get(SPARK_SCHEMA_KEY)
-                return None if recorded is None else StructType.fromJson(json.loads(recorded))
+                if recorded is None:
+                    return None
+                try:
+                    return StructType.fromJson(json.loads(recorded))
+                except ValueError:  # a type this pyspark cannot name (a newer writer): Spark infers
+                    log.debug("%s: unreadable schema record in %s; Spark infers it", location, files[0])
+                    return None
         return None
 
     # ------------------------------------------------------------------ files, for DuckDB and stats
