@@ -668,8 +668,8 @@ class EpochRuntime:
         if not parts.changes:
             return base, rows_read
         locations = [loc for _, loc in parts.changes]
-        rows_read += sum(self.warehouse.row_count(loc) for loc in locations)
-        changes = self.warehouse.read(self.spark, locations)
+        changes, change_rows = self.warehouse.read_counted(self.spark, locations)
+        rows_read += change_rows
         if restrict is not None:
             changes = _semi_join(changes, restrict)
         if base is not None:

@@ -44,6 +44,8 @@ def test_change_files_are_read_with_the_schema_spark_wrote_and_no_job_of_their_o
     # the newest file's schema (older files lack "extra": Spark reads it as NULL there)
     assert schema == inferred
     assert [r.extra for r in read.orderBy("extra").collect()] == [None, 2]  # nulls first
+    counted, rows = warehouse.read_counted(spark, [old, new])  # the same read, with the footers' row count
+    assert counted.schema == inferred and rows == 2
     # a location Spark did not write (no record in its footer), or whose record names a type this
     # pyspark does not know, is inferred by Spark as before
     unknown = b'{"type": "struct", "fields": [{"name": "id", "type": "wibble", "nullable": true, "metadata": {}}]}'

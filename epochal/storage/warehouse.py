@@ -51,6 +51,30 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(normalized)
 
 
+def _with_schema(spark: SparkSession, locations: list[str], schema: StructType | None) -> DataFrame:
+    # Without a schema, Spark infers it with a Spark job of its own per read (it opens one footer
+    # on an executor: 70 ms of analysis per read here, and one job per read) to find what the
+    # footer's record already says.
+    return (spark.read if schema is None else spark.read.schema(schema)).parquet(*locations)
+
+
+def _recorded_schema(footer: pq.FileMetaData) -> StructType | None:
+    """The schema Spark recorded in ``footer``; None if there is none, or it names a type this
+    pyspark cannot (a newer writer): then Spark infers."""
+    import json
+
+    from pyspark.sql.types import StructType
+
+    recorded = (footer.metadata or {}).get(SPARK_SCHEMA_KEY)
+    if recorded is None:
+        return None
+    try:
+        return StructType.fromJson(json.loads(recorded))
+    except ValueError:
+        log.debug("unreadable Spark schema record in a Parquet footer; Spark infers the schema")
+        return None
+
+
 class Warehouse:
     def __init__(self, root: str):
         self.root = root.rstrip("/")
@@ -81,11 +105,16 @@ class Warehouse:
     def read(self, spark: SparkSession, locations: Iterable[str]) -> DataFrame:
         """The rows at ``locations`` (one table's change files), with the schema Spark wrote."""
         locations = list(locations)
-        schema = self.written_schema(locations)
-        # Without a schema, Spark infers it with a Spark job of its own per read (it opens one
-        # footer on an executor: 70 ms of analysis per read here, and one job per read) to find
-        # what the footer below already says.
-        return (spark.read if schema is None else spark.read.schema(schema)).parquet(*locations)
+        return _with_schema(spark, locations, self.written_schema(locations))
+
+    def read_counted(self, spark: SparkSession, locations: Iterable[str]) -> tuple[DataFrame, int]:
+        """``read``, and the rows the files hold: each location is listed and each footer opened
+        once for both."""
+        locations = list(locations)
+        footers = [self._footers(self.parquet_files(location)) for location in locations]
+        newest = next((found[0] for found in reversed(footers) if found), None)
+        schema = None if newest is None else _recorded_schema(newest)
+        return _with_schema(spark, locations, schema), sum(f.num_rows for found in footers for f in found)
 
     def written_schema(self, locations: Iterable[str]) -> StructType | None:
         """The Spark schema recorded in a file footer at the last of ``locations`` that has a file,
@@ -93,22 +122,10 @@ class Warehouse:
         to merge). Locations come oldest first, and the newest writer's columns are the table's
         (a partial aggregate written before it kept hidden columns has fewer; readers add them).
         None when there is no file, or Spark did not write it: then Spark infers."""
-        import json
-
-        from pyspark.sql.types import StructType
-
         for location in reversed(list(locations)):
             files = self.parquet_files(location)
             if files:
-                with self.fs.open_input_file(self._path(files[0])) as fh:
-                    recorded = (pq.ParquetFile(fh).metadata.metadata or {}).get(SPARK_SCHEMA_KEY)
-                if recorded is None:
-                    return None
-                try:
-                    return StructType.fromJson(json.loads(recorded))
-                except ValueError:  # a type this pyspark cannot name (a newer writer): Spark infers
-                    log.debug("%s: unreadable schema record in %s; Spark infers it", location, files[0])
-                    return None
+                return _recorded_schema(self._footers(files[:1])[0])
         return None
 
     # ------------------------------------------------------------------ files, for DuckDB and stats
@@ -132,11 +149,14 @@ class Warehouse:
 
     def files_row_count(self, files: Iterable[str]) -> int:
         # Parquet footers hold the counts: no second Spark job to count what was just written.
-        total = 0
+        return sum(footer.num_rows for footer in self._footers(files))
+
+    def _footers(self, files: Iterable[str]) -> list[pq.FileMetaData]:
+        footers = []
         for path in files:
             with self.fs.open_input_file(self._path(path)) as fh:
-                total += pq.ParquetFile(fh).metadata.num_rows
-        return total
+                footers.append(pq.ParquetFile(fh).metadata)
+        return footers
 
     # ------------------------------------------------------------------ snapshots (one directory per vnode)
 
