@@ -167,6 +167,25 @@ class StepStart:
     record: EpochRecord
     offsets: list[SplitRange]
     collected: dict[str, Collected]
+    #: whether the step's table (``begin_step(table=...)``) has a snapshot or a change file from an
+    #: earlier epoch that was not aborted; None when no table was named
+    written_before: bool | None = None
+
+
+@dataclass(frozen=True)
+class CommitStep:
+    """One attempt of a run's commit step on its epoch, read in the transaction that tried it."""
+
+    #: the epochs this attempt committed (any run's, oldest first)
+    committed: list[int]
+    record: EpochRecord
+    #: tables that have not collected the epoch yet
+    missing: list[str]
+    #: the run is done with the epoch (it is committed, or a barrier waiting for its checkpoint),
+    #: and its claim was released in the same transaction
+    released: bool
+    committed_epoch: int | None
+    in_flight: list[EpochRecord]
 
 
 @dataclass(frozen=True)
@@ -683,9 +702,12 @@ class CheckpointController:
 
     # ------------------------------------------------------------------ liveness
 
-    def begin_step(self, epoch: int, run_id: str | None, source: str | None = None) -> StepStart:
+    def begin_step(
+        self, epoch: int, run_id: str | None, source: str | None = None, table: str | None = None
+    ) -> StepStart:
         """Claim ``epoch`` for the calling process (if it dies, the epoch is recovered) and read what a
-        step needs, in one transaction: the epoch, a source's offsets, and what has been collected."""
+        step needs, in one transaction: the epoch, a source's offsets, what has been collected, and
+        whether ``table`` has written before (a view's first epoch is never idle)."""
 
         def begin(cur: Cursor) -> StepStart:
             record = self._epoch(cur, epoch)
@@ -695,13 +717,23 @@ class CheckpointController:
                 [Owner.host, os.getpid(), run_id, time.time(), epoch],
             )
             offsets = self._offsets(cur, epoch, source) if source is not None else []
-            return StepStart(record, offsets, self._collected(cur, epoch))
+            written = self._written_before(cur, table, epoch) if table is not None else None
+            return StepStart(record, offsets, self._collected(cur, epoch), written)
 
         return self.backend.transaction(begin)
 
-    def release(self, epoch: int) -> None:
-        """End the calling process's claim on ``epoch``."""
-        self.backend.transaction(lambda cur: self._release(cur, epoch))
+    @staticmethod
+    def _written_before(cur: Cursor, table: str, epoch: int) -> bool:
+        """A snapshot, or a change file of an epoch before ``epoch`` that was not aborted: what
+        ``state_parts(table, epoch, inclusive=False)`` would find something in. Unlike it, this
+        does not ask for every earlier epoch (an idle view's empty change needs none of them)."""
+        row = cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM snapshots WHERE table_name = ? AND state = 'READY' AND epoch < ?) "
+            "OR EXISTS (SELECT 1 FROM collected c JOIN epochs e ON e.epoch = c.epoch WHERE c.asset = ? "
+            "AND c.location IS NOT NULL AND e.state <> 'ABORTED' AND c.epoch < ?)",
+            [table, epoch, table, epoch],
+        ).fetchone()
+        return bool(row[0])
 
     @staticmethod
     def _release(cur: Cursor, epoch: int) -> None:
@@ -801,16 +833,31 @@ class CheckpointController:
             log.info("committed epoch(s) %s", result.committed)
         return result
 
-    def try_commit(self) -> list[int]:
-        """Commit every epoch that is ready, oldest first, in one transaction. Returns what this call committed.
+    def commit_step(self, epoch: int) -> CommitStep:
+        """Commit every epoch that is ready, oldest first, and read where ``epoch`` stands, in one
+        transaction; when the calling run is done with ``epoch`` (it is committed, or a barrier
+        that waits for its checkpoint), its claim ends in the same transaction.
 
         Safe to call from any number of racing processes: the state checks and updates happen in
-        one transaction, so each epoch moves to COMMITTED exactly once.
-        """
-        committed = self.backend.transaction(self._commit_ready)
-        if committed:
-            log.info("committed epoch(s) %s", committed)
-        return committed
+        one transaction, so each epoch moves to COMMITTED exactly once. One transaction rather
+        than one per question: an idle epoch costs a handful of them in all, so each one counts."""
+
+        def attempt(cur: Cursor) -> CommitStep:
+            committed = self._commit_ready(cur)
+            record = self._epoch(cur, epoch)
+            collected = self._collected(cur, epoch)
+            missing = [t for t in self.tables if t not in collected]
+            done = record.state is EpochState.COMMITTED or (
+                record.state is not EpochState.ABORTED and not missing and not record.is_checkpoint
+            )
+            if done:
+                self._release(cur, epoch)
+            return CommitStep(committed, record, missing, done, self._committed_epoch(cur), self._in_flight(cur))
+
+        step = self.backend.transaction(attempt)
+        if step.committed:
+            log.info("committed epoch(s) %s", step.committed)
+        return step
 
     def _commit_ready(self, cur: Cursor) -> list[int]:
         tables = self.tables

@@ -269,9 +269,10 @@ class EpochRuntime:
         started = time.time()
         view = self.pipeline.views[name]
         assert view.plan is not None
-        collected = self.controller.begin_step(epoch, run_id).collected
+        begun = self.controller.begin_step(epoch, run_id, table=name)
+        collected, first = begun.collected, not begun.written_before
         rows_in = self._rows_in(epoch, name, collected)
-        if rows_in == 0 and not self._first_epoch(name, epoch):
+        if rows_in == 0 and not first:
             return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
 
@@ -282,9 +283,9 @@ class EpochRuntime:
             change = partial_change(self.spark, view.plan, name, view.columns, deltas, read, self.query_schema(name))
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
-            first = self._first_epoch(name, epoch)  # (a partial aggregate reads its own rows: no flag)
             # The view's first epoch has no rows before it: a one-partition query over empty inputs
-            # still returns a row (count(*) = 0), which must not be retracted from a view never written.
+            # still returns a row (count(*) = 0), which must not be retracted from a view never
+            # written. (A partial aggregate reads its own rows, so it needs no such flag.)
             change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)
         try:
             rows, recorded = self._publish_view_change(
@@ -354,13 +355,6 @@ class EpochRuntime:
                 raise _not_written(view, upstream, epoch)
         return sum((collected[u].rows_out or 0) for u in self.pipeline.views[view].upstreams)
 
-    def _first_epoch(self, view: str, epoch: int) -> bool:
-        """True when ``view`` has written no change before ``epoch``. Its first epoch is never idle:
-        an aggregate over all rows has a row (COUNT 0) even over empty inputs, and only computing
-        the epoch writes it."""
-        parts = self.controller.state_parts(view, epoch, inclusive=False)
-        return parts.snapshot is None and not parts.changes
-
     def _idle_view(self, epoch: int, name: str, started: float, run_id: str | None, release: bool) -> StepReport:
         """An incremental view whose inputs did not change, after its first epoch: its change is
         empty by construction (linear over nothing, or the same keys before and after), so it is
@@ -399,11 +393,11 @@ class EpochRuntime:
 
         started = time.time()
         view = self.pipeline.views[name]
-        collected = self.controller.begin_step(epoch, run_id).collected
-        rows_in = self._rows_in(epoch, name, collected)
-        if rows_in == 0 and not self._first_epoch(name, epoch):
+        begun = self.controller.begin_step(epoch, run_id, table=name)
+        rows_in = self._rows_in(epoch, name, begun.collected)
+        if rows_in == 0 and begun.written_before:
             return self._idle_view(epoch, name, started, run_id, release)
-        deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
+        deltas = {u: self._upstream_delta(epoch, name, u, begun.collected) for u in view.upstreams}
         # The view's operators are linear (filter, project, UNION ALL), so the change of the output
         # is the query over the inserted rows minus the query over the deleted rows. When the planner
         # split the view, its query reads the stages that keep the state instead of the text as written.
@@ -465,35 +459,31 @@ class EpochRuntime:
         started = time.time()
         by_this_call: list[int] = []
         while True:
-            newly = self.controller.try_commit()
-            if newly:
+            # The step's questions and, when it is done, the end of its claim: one transaction.
+            # A barrier still waiting for its checkpoint is then bounded by the epoch timeout,
+            # not by this process staying alive.
+            step = self.controller.commit_step(epoch)
+            if step.committed:
                 fault_point("committed")
-            by_this_call += newly
-            record = self.controller.epoch(epoch)
+            by_this_call += step.committed
+            record = step.record
             if record.state is EpochState.ABORTED:
                 raise EpochAborted(f"epoch {epoch} was aborted by a recovery before it could commit")
-            if record.state is EpochState.COMMITTED:
-                break
-            missing = [t for t in self.controller.tables if t not in self.controller.collected(epoch)]
-            if missing:
+            if step.missing and record.state is not EpochState.COMMITTED:
                 raise EpochalError(
-                    f"epoch {epoch} cannot commit: {', '.join(missing)} have not written it; materialize them "
-                    "for this partition first"
+                    f"epoch {epoch} cannot commit: {', '.join(step.missing)} have not written it; materialize "
+                    "them for this partition first"
                 )
-            if not record.is_checkpoint:
-                break  # a barrier: it commits with the next checkpoint
-            older = [r.epoch for r in self.controller.in_flight() if r.epoch < epoch]
+            if step.released:
+                break  # committed, or a barrier that commits with the next checkpoint
+            older = [r.epoch for r in step.in_flight if r.epoch < epoch]
             if time.time() - started > COMMIT_WAIT_S:
                 raise EpochalError(
                     f"epoch {epoch} is collected but older epoch(s) {older} have not committed after "
                     f"{COMMIT_WAIT_S:.0f}s; their runs may be stuck: see `epochal status`"
                 )
             time.sleep(0.2)  # an older epoch's run is finishing; ours commits right after it
-        # The run's work on the epoch is done: a barrier still waiting for its checkpoint is now
-        # bounded by the epoch timeout, not by this process staying alive.
-        self.controller.release(epoch)
-        committed = self.controller.committed_epoch()
-        in_flight = self.controller.in_flight()
+        committed, in_flight = step.committed_epoch, step.in_flight
         return StepReport(
             "epoch_commit",
             epoch,

@@ -157,6 +157,82 @@ def test_collect_after_commit_is_not_recorded(tmp_path: Path, meta_url: str) -> 
     assert ctl.committed_locations("v1") == [(e, f"/loc/v1/{e}")]
 
 
+def test_begin_step_tells_a_view_whether_it_wrote_before(tmp_path: Path, meta_url: str) -> None:
+    """A view's first epoch is never idle (an aggregate over all rows has a row even over nothing),
+    so its step asks whether it wrote before. The answer comes with begin_step's transaction and
+    must agree with the state the view would read: idle epochs and aborted epochs wrote nothing."""
+    ctl = controller(tmp_path, meta_url)
+    start(ctl)
+
+    def written(epoch: int) -> bool:
+        answer = ctl.begin_step(epoch, None, table="v1").written_before
+        parts = ctl.state_parts("v1", epoch, inclusive=False)
+        assert answer == (parts.snapshot is not None or bool(parts.changes)), epoch
+        return answer
+
+    idle = ctl.inject(plan_ten).epoch
+    assert ctl.begin_step(idle, None).written_before is None  # no table named, no question asked
+    assert not written(idle)
+    for t in ("src", "v1", "v2"):
+        ctl.collect(idle, Collected(t, None, 0, 0))  # idle epochs: no file
+    aborted = ctl.inject(plan_ten).epoch
+    assert not written(aborted)
+    ctl.collect(aborted, Collected("v1", f"/loc/v1/{aborted}", 1, 1))
+    ctl.recover("test", discard=lambda locations: None)
+    first = ctl.inject(plan_ten).epoch
+    assert not written(first)  # the aborted epoch's file is not the view's
+    collect_all(ctl, first)
+    after = ctl.inject(plan_ten).epoch
+    assert written(after) and not written(first)
+    # A snapshot alone (its change files gone to retention) is something written, too.
+    ctl.begin_snapshot("v1", first, "/w/v1/snap", ("k",), "{}")
+    assert ctl.publish_snapshot("/w/v1/snap", 10, 1, keep=1).recorded
+    assert written(after)
+
+
+def test_commit_step_commits_and_releases_in_one_transaction(tmp_path: Path, meta_url: str) -> None:
+    """The commit step of an idle epoch is one meta-store transaction, not one per question, and
+    says what the run needs: what it committed, what is missing, whether the run is done."""
+    ctl = controller(tmp_path, meta_url, EPOCHAL_CHECKPOINT_FREQUENCY="2", EPOCHAL_MAX_IN_FLIGHT="5")
+    start(ctl)
+    transactions = 0
+    begin = ctl.backend.transaction
+
+    def counted(fn):  # noqa: ANN001, ANN202
+        nonlocal transactions
+        transactions += 1
+        return begin(fn)
+
+    ctl.backend.transaction = counted
+
+    def owner(epoch: int) -> int | None:
+        return begin(lambda cur: cur.execute("SELECT owner_pid FROM epochs WHERE epoch = ?", [epoch]).fetchone()[0])
+
+    initial = ctl.inject(plan_ten, claim=True).epoch
+    collect_all(ctl, initial, tables=("src", "v1"))
+    transactions = 0
+    waiting = ctl.commit_step(initial)
+    assert transactions == 1
+    assert waiting.missing == ["v2"] and not waiting.released and waiting.committed == []
+    assert owner(initial) == os.getpid()  # not done: the claim stays, its death is noticed
+    ctl.collect(initial, Collected("v2", None, 0, 0))  # the last collect commits
+    done = ctl.commit_step(initial)
+    assert done.released and done.record.state is EpochState.COMMITTED and done.committed_epoch == initial
+    barrier = ctl.inject(plan_ten, claim=True)
+    assert barrier.kind is BarrierKind.BARRIER
+    collect_all(ctl, barrier.epoch)
+    transactions = 0
+    parked = ctl.commit_step(barrier.epoch)
+    assert transactions == 1
+    # A barrier commits with the next checkpoint: the run is done with it and lets it go.
+    assert parked.released and parked.record.state is EpochState.COLLECTED and parked.committed == []
+    assert [r.epoch for r in parked.in_flight] == [barrier.epoch] and parked.committed_epoch == initial
+    assert owner(barrier.epoch) is None
+    checkpoint = ctl.inject(plan_ten).epoch
+    collect_all(ctl, checkpoint)
+    assert ctl.commit_step(checkpoint).committed_epoch == checkpoint
+
+
 def test_alignment_mismatch_names_the_tables(tmp_path: Path, meta_url: str) -> None:
     ctl = controller(tmp_path, meta_url)
     start(ctl)
