@@ -15,7 +15,9 @@ state the previous one left.
 
 1. agg / join   Epochal change epoch (start_epoch, run_source, run_view, commit, in-process, one
                 warm SparkSession) against a full recompute of the same view by Spark batch over
-                the same state (Parquet in, Parquet out), interleaved pair by pair.
+                the same state (Parquet in, Parquet out), interleaved pair by pair; beside them,
+                Spark running the view over the change's new rows alone, the floor under any
+                design that computes each epoch with Spark.
 2. sdp          The same views as Spark Declarative Pipelines materialized views over catalog
                 tables t and d (spark-pipelines' own launcher: a local Spark Connect server and the
                 pipelines client in one JVM + Python pair). After the initial run, t is pointed at
