@@ -191,8 +191,9 @@ def test_begin_step_tells_a_view_whether_it_wrote_before(tmp_path: Path, meta_ur
 
 
 def test_commit_step_commits_and_releases_in_one_transaction(tmp_path: Path, meta_url: str) -> None:
-    """The commit step of an idle epoch is one meta-store transaction, not one per question, and
-    says what the run needs: what it committed, what is missing, whether the run is done."""
+    """A run's commit step is one meta-store transaction, not one per question (every epoch pays
+    it, idle ones too), and says what the run needs: what it committed, what is missing, whether
+    the run is done with the epoch (then its claim is released in the same transaction)."""
     ctl = controller(tmp_path, meta_url, EPOCHAL_CHECKPOINT_FREQUENCY="2", EPOCHAL_MAX_IN_FLIGHT="5")
     start(ctl)
     transactions = 0
