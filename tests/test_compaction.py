@@ -14,10 +14,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from epochal.checkpoint.records import Collected, StateCompacted
 from epochal.connectors.base import SplitRange
-from epochal.controller import CheckpointController, Collected, StateCompacted
+from epochal.controller import CheckpointController
 from epochal.settings import Settings
-from tests.consistency import assert_sink_exactly_once, assert_view_matches_batch, multiset
+from tests.consistency import assert_sink_exactly_once, assert_view_matches_batch, assert_views_match_batch, multiset
 from tests.epochal_harness import make_harness
 
 FILES = {
@@ -107,7 +108,7 @@ def test_compaction_never_changes_what_a_reader_sees(spark, tmp_path: Path) -> N
             assert spark_rows(runtime, table, e) == seen[(table, e)], (table, e)
     assert {t: duckdb_rows(runtime, t) for t in TABLES} == queried
     # The state at the snapshot's epoch is the snapshot alone: read without netting.
-    parts = runtime.controller.state_parts("orders", epochs[-1], inclusive=True)
+    parts = runtime.controller.catalog.state_parts("orders", epochs[-1], inclusive=True)
     assert parts.snapshot is not None and parts.snapshot.epoch == epochs[-1] and parts.changes == []
 
     run(2)
@@ -126,14 +127,13 @@ def test_compaction_never_changes_what_a_reader_sees(spark, tmp_path: Path) -> N
         with pytest.raises(StateCompacted):
             runtime.read_state(table, epochs[0], inclusive=True)
         with pytest.raises(StateCompacted):
-            runtime.controller.committed_locations(table)
+            runtime.controller.catalog.committed_locations(table)
     status = runtime.controller.status()["snapshots"]
     assert {t: status[t]["epoch"] for t in TABLES} == dict.fromkeys(TABLES, epochs[-1])
 
     # Changes after the snapshot, then every reader path still agrees with the oracles.
     run(1)
-    for name, query in VIEWS.items():
-        assert_view_matches_batch(runtime, name, query)
+    assert_views_match_batch(runtime, VIEWS)
     assert_sink_exactly_once(runtime, "large_out")
     assert {t: duckdb_rows(runtime, t) for t in TABLES} == {t: seen[(t, epochs[-1])] for t in TABLES}
 
@@ -176,7 +176,7 @@ def test_restricted_reads_open_only_the_keys_vnodes(spark, tmp_path: Path, monke
     spend_keys = spark.createDataFrame([tuple(row)], spend.schema)
     rows, read = runtime.read_state("spend", first, inclusive=True, restrict=(("customer", "n", "total"), spend_keys))
     assert multiset(rows.collect()) == multiset([row])
-    assert read < runtime.controller.snapshots("spend")[-1].rows == 7
+    assert read < runtime.controller.catalog.snapshots("spend")[-1].rows == 7
 
 
 def test_files_stay_bounded_and_a_lagging_sink_keeps_its_changes(spark, tmp_path: Path, monkeypatch) -> None:
@@ -199,7 +199,7 @@ def test_files_stay_bounded_and_a_lagging_sink_keeps_its_changes(spark, tmp_path
             # Every epoch the sink has not delivered still has its change files, listed and on disk.
             delivered = runtime.sink("large_out").delivered_epoch()
             assert delivered == epochs[lag[0] - 1]
-            pending = runtime.controller.committed_locations("large", after=delivered)
+            pending = runtime.controller.catalog.committed_locations("large", after=delivered)
             assert [e for e, _ in pending] == epochs[lag[0] :]
             assert all(runtime.warehouse.parquet_files(loc) for _, loc in pending)
     print("files per epoch:", counts)
@@ -234,14 +234,14 @@ def test_crash_mid_compaction_is_swept_by_recovery(spark, tmp_path: Path, monkey
     h.produce(records(random.Random(3), 20))
     e = run_epoch(runtime, compact=False)
     runtime.compact(e, every=1)
-    recorded = runtime.controller.snapshots("orders")[-1].location
+    recorded = runtime.controller.catalog.snapshots("orders")[-1].location
     h.produce(records(random.Random(4), 20))
     e = run_epoch(runtime)
     expected = spark_rows(runtime, "orders", e)
     # A compaction that died after writing its files: announced by a process that is gone...
     state, _ = runtime.read_state("orders", e, inclusive=True)
     orphan = runtime.warehouse.new_snapshot_location("orders", e)
-    runtime.controller.begin_snapshot("orders", e, orphan, ("id",), state.schema.json())
+    runtime.controller.catalog.begin_snapshot("orders", e, orphan, ("id",), state.schema.json())
     state.write.parquet(orphan)
     pid = dead_pid()
     runtime.controller.backend.transaction(
@@ -253,7 +253,7 @@ def test_crash_mid_compaction_is_swept_by_recovery(spark, tmp_path: Path, monkey
     report = runtime.recover("test: a compaction died")
     assert set(report.discarded_locations) >= {orphan, silent}
     assert not Path(orphan).exists() and not Path(silent).exists()
-    assert Path(recorded).exists() and runtime.controller.snapshots("orders")[-1].location == recorded
+    assert Path(recorded).exists() and runtime.controller.catalog.snapshots("orders")[-1].location == recorded
     assert spark_rows(runtime, "orders", e) == expected
 
 
@@ -271,46 +271,46 @@ def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str)
     ctl.recover("bootstrap", discard=lambda locs: None)
     epochs = []
     for _ in range(6):
-        e = ctl.inject(plan_one).epoch
-        ctl.collect(e, Collected("src", f"/w/src/{e}"))
+        e = ctl.epoch_log.inject(plan_one).epoch
+        ctl.epoch_log.collect(e, Collected("src", f"/w/src/{e}"))
         epochs.append(e)
     with pytest.raises(Exception, match="only committed epochs"):
-        in_flight = ctl.inject(plan_one).epoch
-        ctl.begin_snapshot("src", in_flight, "/w/src/snap-x", (), "{}")
+        in_flight = ctl.epoch_log.inject(plan_one).epoch
+        ctl.catalog.begin_snapshot("src", in_flight, "/w/src/snap-x", (), "{}")
 
     def snapshot(epoch: int, name: str) -> bool:
-        ctl.begin_snapshot("src", epoch, f"/w/src/{name}", ("id",), "{}")
-        return ctl.publish_snapshot(f"/w/src/{name}", 10, 1, sinks=["out"]).recorded
+        ctl.catalog.begin_snapshot("src", epoch, f"/w/src/{name}", ("id",), "{}")
+        return ctl.catalog.publish_snapshot(f"/w/src/{name}", 10, 1, sinks=["out"]).recorded
 
     # Two compactions of one epoch: the first to publish wins; an older one loses to a newer one.
-    ctl.begin_snapshot("src", epochs[2], "/w/src/b", ("id",), "{}")
+    ctl.catalog.begin_snapshot("src", epochs[2], "/w/src/b", ("id",), "{}")
     assert snapshot(epochs[2], "a")
-    assert not ctl.publish_snapshot("/w/src/b", 10, 1).recorded
+    assert not ctl.catalog.publish_snapshot("/w/src/b", 10, 1).recorded
     assert not snapshot(epochs[1], "old")
-    assert [s.location for s in ctl.snapshots("src")] == ["/w/src/a"]
-    parts = ctl.state_parts("src", epochs[4], inclusive=True)
+    assert [s.location for s in ctl.catalog.snapshots("src")] == ["/w/src/a"]
+    parts = ctl.catalog.state_parts("src", epochs[4], inclusive=True)
     assert parts.snapshot.location == "/w/src/a" and [e for e, _ in parts.changes] == epochs[3:5]
-    assert [e for e, _ in ctl.state_parts("src", epochs[1], inclusive=True).changes] == epochs[:2]
+    assert [e for e, _ in ctl.catalog.state_parts("src", epochs[1], inclusive=True).changes] == epochs[:2]
 
     # A second snapshot releases the change files up to the first, once the sink has them.
-    ctl.mark_sink("out", epochs[0], "COMMITTED")
-    ctl.begin_snapshot("src", epochs[4], "/w/src/c", ("id",), "{}")
-    result = ctl.publish_snapshot("/w/src/c", 10, 1, sinks=["out"])
+    ctl.ledger.mark_sink("out", epochs[0], "COMMITTED")
+    ctl.catalog.begin_snapshot("src", epochs[4], "/w/src/c", ("id",), "{}")
+    result = ctl.catalog.publish_snapshot("/w/src/c", 10, 1, sinks=["out"])
     assert result.recorded and result.garbage == [f"/w/src/{epochs[0]}"] and result.changes_dropped_upto == epochs[0]
     for e in epochs[3:5]:
-        ctl.mark_sink("out", e, "COMMITTED")
-    ctl.mark_sink("out", epochs[1], "COMMITTED")
-    ctl.mark_sink("out", epochs[2], "COMMITTED")
-    ctl.begin_snapshot("src", epochs[5], "/w/src/d", ("id",), "{}")
-    result = ctl.publish_snapshot("/w/src/d", 10, 1, sinks=["out"])
+        ctl.ledger.mark_sink("out", e, "COMMITTED")
+    ctl.ledger.mark_sink("out", epochs[1], "COMMITTED")
+    ctl.ledger.mark_sink("out", epochs[2], "COMMITTED")
+    ctl.catalog.begin_snapshot("src", epochs[5], "/w/src/d", ("id",), "{}")
+    result = ctl.catalog.publish_snapshot("/w/src/d", 10, 1, sinks=["out"])
     # Keeps the newest two snapshots (c, d) and the changes after c.
     assert sorted(result.garbage) == sorted(["/w/src/a", *(f"/w/src/{e}" for e in epochs[1:5])])
-    assert ctl.committed_locations("src", after=epochs[4]) == [(epochs[5], f"/w/src/{epochs[5]}")]
+    assert ctl.catalog.committed_locations("src", after=epochs[4]) == [(epochs[5], f"/w/src/{epochs[5]}")]
     with pytest.raises(StateCompacted):
-        ctl.committed_locations("src", after=epochs[2])
+        ctl.catalog.committed_locations("src", after=epochs[2])
     with pytest.raises(StateCompacted):
-        ctl.state_parts("src", epochs[3], inclusive=True)
-    assert ctl.state_parts("src", epochs[5], inclusive=True).snapshot.location == "/w/src/d"
+        ctl.catalog.state_parts("src", epochs[3], inclusive=True)
+    assert ctl.catalog.state_parts("src", epochs[5], inclusive=True).snapshot.location == "/w/src/d"
     assert ctl.status()["snapshots"]["src"]["epoch"] == epochs[5]
 
 
@@ -362,7 +362,7 @@ def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp
     few, few_read = read(runtime, [3, 5, 7])
     assert few == read(uncached, [3, 5, 7])[0] == multiset([(3, "new", 99.0), (7, "c0", 7.0)])
     assert runtime.state_cache.hits == hits + 2 and few_read < 20  # a few vnodes: read directly, not from memory
-    cached = runtime.state_cache.get("orders", runtime.controller.snapshots("orders")[-1].location)
+    cached = runtime.state_cache.get("orders", runtime.controller.catalog.snapshots("orders")[-1].location)
     assert cached is not None and cached.is_cached
 
     # Small and cached: finding the keys' vnodes would be a Spark job costing more than the scan.
@@ -380,7 +380,7 @@ def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp
 
     # Compaction publishes a newer snapshot: the next wide read caches it and releases the old one.
     runtime.compact(e, every=1)
-    newest = runtime.controller.snapshots("orders")[-1]
+    newest = runtime.controller.catalog.snapshots("orders")[-1]
     assert newest.epoch == e
     assert read(runtime, spread)[0] == expected
     assert not cached.is_cached

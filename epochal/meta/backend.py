@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from epochal.errors import ConfigError, EpochalError
+from epochal.redaction import redact_url
+from epochal.retry import retrying
 
 log = logging.getLogger("epochal.meta")
 
@@ -32,6 +33,10 @@ T = TypeVar("T")
 # Longer than any one meta-store transaction can hold the file: a waiter gives up only when
 # something is truly stuck, and then says which file and why.
 LOCK_WAIT_SECONDS = 120.0
+# Waits between tries of a locked file or a conflicting transaction: 2 ms doubling up to 100 ms,
+# with full jitter, so concurrent waiters spread out instead of retrying in lockstep.
+BACKOFF_BASE_S = 0.002
+BACKOFF_CAP_S = 0.1
 
 
 class Cursor(Protocol):
@@ -45,11 +50,6 @@ class Backend(Protocol):
 
     def transaction(self, fn: Callable[[Cursor], T]) -> T:
         """Run ``fn`` in one transaction, retrying it whole on lock/serialization conflicts."""
-
-
-def _backoff(attempt: int) -> float:
-    # Full jitter: concurrent waiters spread out instead of retrying in lockstep.
-    return random.uniform(0, min(0.1, 0.002 * (2**attempt)))
 
 
 # The meta store needs no extension, and autoloading them made every database creation a third slower.
@@ -134,20 +134,17 @@ class DuckDBBackend:
         epoch, a collect), about one run in four. An flock belongs to its open file description, so
         nothing DuckDB opens or closes inside can release it early."""
         with open(self.path.with_name(self.path.name + ".lock"), "a+b") as handle:
-            attempt = 0
-            while True:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise EpochalError(
-                            f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s; another process "
-                            "holds it: stop it, or use a PostgreSQL meta store (EPOCHAL_META_URL=postgresql://...) "
-                            "for many concurrent writers"
-                        ) from None
-                    time.sleep(_backoff(attempt))
-                    attempt += 1
+            retrying(
+                retry_on=lambda exc: isinstance(exc, BlockingIOError),
+                base=BACKOFF_BASE_S,
+                cap=BACKOFF_CAP_S,
+                deadline=deadline,
+                give_up=lambda exc, attempts: EpochalError(
+                    f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s; another process "
+                    "holds it: stop it, or use a PostgreSQL meta store (EPOCHAL_META_URL=postgresql://...) "
+                    "for many concurrent writers"
+                ),
+            )(fcntl.flock, handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
                 yield
             finally:
@@ -157,45 +154,47 @@ class DuckDBBackend:
         import duckdb
 
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        attempt = 0
-        while True:
+        return retrying(
+            retry_on=lambda exc: isinstance(exc, duckdb.Error) and self._retryable(exc),
+            base=BACKOFF_BASE_S,
+            cap=BACKOFF_CAP_S,
+            deadline=deadline,
+            give_up=lambda exc, attempts: EpochalError(
+                f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s ({exc}); "
+                "another process holds it open: stop it, or use a PostgreSQL meta store "
+                "(EPOCHAL_META_URL=postgresql://...) for many concurrent writers"
+            ),
+        )(self._attempt, fn, deadline)
+
+    def _attempt(self, fn: Callable[[Cursor], T], deadline: float) -> T:
+        """One try of ``fn`` in a transaction; a failure before COMMIT rolls it back and is raised."""
+        import duckdb
+
+        # One transaction at a time per process: DuckDB would otherwise turn two threads'
+        # writes into a conflict error; across processes the file lock serializes us.
+        with self._process_lock, self._file_lock(deadline), self._attached() as con:
+            committed = False
             try:
-                # One transaction at a time per process: DuckDB would otherwise turn two threads'
-                # writes into a conflict error; across processes the file lock serializes us.
-                with self._process_lock, self._file_lock(deadline), self._attached() as con:
-                    committed = False
-                    try:
-                        con.execute("BEGIN TRANSACTION")
-                        result = fn(_DuckCursor(con))
-                        con.execute("COMMIT")
-                        committed = True
-                        # Fold the WAL into the file while this process still holds the lock, so the
-                        # next process to open it reads the commit from the file itself.
-                        con.execute(f"CHECKPOINT {_ATTACHED}")
-                        return result
-                    except BaseException as exc:
-                        if committed and isinstance(exc, duckdb.Error):
-                            # The transaction is durable (in the WAL at least): running it again would
-                            # repeat its effects, e.g. inject a second epoch and orphan the first, which
-                            # then blocks every later commit. Only a failure before COMMIT is retried.
-                            log.warning("meta store %s: %s after commit, ignored", self.path, exc)
-                            return result
-                        try:
-                            con.execute("ROLLBACK")
-                        except duckdb.Error:
-                            pass
-                        raise
-            except duckdb.Error as exc:
-                if not self._retryable(exc):
-                    raise
-                if time.monotonic() > deadline:
-                    raise EpochalError(
-                        f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s ({exc}); "
-                        "another process holds it open: stop it, or use a PostgreSQL meta store "
-                        "(EPOCHAL_META_URL=postgresql://...) for many concurrent writers"
-                    ) from exc
-                time.sleep(_backoff(attempt))
-                attempt += 1
+                con.execute("BEGIN TRANSACTION")
+                result = fn(_DuckCursor(con))
+                con.execute("COMMIT")
+                committed = True
+                # Fold the WAL into the file while this process still holds the lock, so the
+                # next process to open it reads the commit from the file itself.
+                con.execute(f"CHECKPOINT {_ATTACHED}")
+                return result
+            except BaseException as exc:
+                if committed and isinstance(exc, duckdb.Error):
+                    # The transaction is durable (in the WAL at least): running it again would
+                    # repeat its effects, e.g. inject a second epoch and orphan the first, which
+                    # then blocks every later commit. Only a failure before COMMIT is retried.
+                    log.warning("meta store %s: %s after commit, ignored", self.path, exc)
+                    return result
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
 
 
 class _DuckCursor:
@@ -266,7 +265,7 @@ class PostgresBackend:
             return psycopg.connect(self.url, connect_timeout=10, autocommit=True)
         except psycopg.OperationalError as exc:
             raise EpochalError(
-                f"cannot reach the PostgreSQL meta store at {_redact(self.url)}: "
+                f"cannot reach the PostgreSQL meta store at {redact_url(self.url)}: "
                 f"{str(exc).strip().splitlines()[0]}; start the server or fix EPOCHAL_META_URL"
             ) from exc
 
@@ -282,38 +281,46 @@ class PostgresBackend:
         conn.close()
 
     def transaction(self, fn: Callable[[Cursor], T]) -> T:
-        import psycopg
         from psycopg import errors as pg_errors
 
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        attempt = 0
+        # These fail the transaction whole (a serialization failure may come at COMMIT), so it is
+        # rolled back and run again; the retry then sees what the winner committed.
+        conflicts = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation)
+        return retrying(
+            retry_on=lambda exc: isinstance(exc, conflicts),
+            base=BACKOFF_BASE_S,
+            cap=BACKOFF_CAP_S,
+            deadline=time.monotonic() + LOCK_WAIT_SECONDS,
+        )(self._attempt, fn)
+
+    def _attempt(self, fn: Callable[[Cursor], T]) -> T:
+        """One try of ``fn`` in a transaction; on any failure it is rolled back and raised."""
+        conn = self._begin()
+        try:
+            result = fn(_PgCursor(conn))
+            conn.execute("COMMIT")
+        except BaseException:
+            self._release(conn)
+            raise
+        self._checkin(conn)
+        return result
+
+    def _begin(self) -> Any:
+        """A connection in a new transaction. A kept connection the server closed while idle fails
+        at BEGIN, before anything ran: it is dropped and the next one (or a new one) takes over."""
+        import psycopg
+
         while True:
             conn, kept = self._checkout()
             try:
                 # SERIALIZABLE makes racing commits of one epoch fail over to a retry instead of
                 # both succeeding; the retry then sees the committed state.
                 conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                return conn
             except psycopg.OperationalError:
                 conn.close()
-                if kept:
-                    continue  # closed by the server while idle; nothing ran, so a new one takes over
-                raise
-            try:
-                result = fn(_PgCursor(conn.cursor()))
-                conn.execute("COMMIT")
-            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation):
-                # The transaction failed whole (a serialization failure may come at COMMIT): end it, try again.
-                self._release(conn)
-                if time.monotonic() > deadline:
+                if not kept:
                     raise
-                time.sleep(_backoff(attempt))
-                attempt += 1
-                continue
-            except BaseException:
-                self._release(conn)
-                raise
-            self._checkin(conn)
-            return result
 
     def _release(self, conn: Any) -> None:
         """Roll back whatever transaction ``conn`` is in and keep it; one that cannot is closed."""
@@ -329,11 +336,18 @@ class PostgresBackend:
 
 
 class _PgCursor:
-    def __init__(self, cur: Any):
-        self._cur = cur
+    """The meta store's cursor on PostgreSQL: its ``?`` parameters become ``$n`` and are bound by the
+    server (a ``RawCursor`` sends the text as written, so a ``?`` or ``%`` in a literal stays)."""
+
+    def __init__(self, conn: Any):
+        import psycopg
+
+        self._cur = psycopg.RawCursor(conn)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> "_PgCursor":
-        self._cur.execute(sql.replace("?", "%s"), list(params))
+        from epochal.sql import numbered_placeholders
+
+        self._cur.execute(numbered_placeholders(sql), list(params))
         return self
 
     def fetchall(self) -> list[tuple]:
@@ -343,11 +357,6 @@ class _PgCursor:
         return self._cur.fetchone()
 
 
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
 
 
 def open_backend(url: str) -> Backend:
@@ -356,5 +365,5 @@ def open_backend(url: str) -> Backend:
     if url.startswith("duckdb:///"):
         return DuckDBBackend(Path(url[len("duckdb:///") :]))
     raise ConfigError(
-        f"unsupported meta store URL '{url}': use duckdb:///path/to/meta.duckdb or postgresql://user@host/db"
+        f"unsupported meta store URL '{redact_url(url)}': use duckdb:///path/to/meta.duckdb or postgresql://user@host/db"
     )

@@ -93,4 +93,24 @@ DDL = (
         table_name VARCHAR PRIMARY KEY,
         changes_dropped_upto BIGINT NOT NULL
     )""",
+    # Per source split, where its next epoch starts (``reserved_end``: the end of the newest epoch that
+    # is not aborted) and where its committed records end (``committed_end``). Injection reads and
+    # writes one row per split instead of scanning ``epoch_offsets``; commit advances
+    # ``committed_end``; recovery sets ``reserved_end`` back to it. Stores from before it get it
+    # filled once from ``epoch_offsets`` (``CheckpointController`` on open).
+    """CREATE TABLE IF NOT EXISTS split_frontier (
+        source VARCHAR NOT NULL,
+        split VARCHAR NOT NULL,
+        reserved_end BIGINT NOT NULL,
+        committed_end BIGINT,
+        PRIMARY KEY (source, split)
+    )""",
+    # A compaction renews its snapshot's lease while it writes (epochal/checkpoint/catalog.py):
+    # recovery reaps a WRITING snapshot whose lease is older than the epoch timeout, not one whose
+    # compaction is merely long.
+    "ALTER TABLE snapshots ADD COLUMN IF NOT EXISTS heartbeat_at DOUBLE PRECISION",
+    # The indexes the controller's queries need (the primary keys cover lookups by epoch).
+    "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
+    "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",
+    "CREATE INDEX IF NOT EXISTS snapshots_by_table ON snapshots (table_name, state, epoch)",
 )

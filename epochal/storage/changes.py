@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from epochal.sql import quote
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ def net_rows(changes: DataFrame) -> DataFrame:
     A row whose net weight is negative (deleted more often than inserted) is not there at all."""
     from pyspark.sql import functions as F
 
-    columns = [f"`{c}`" for c in changes.columns if c != WEIGHT]
+    columns = [quote(c) for c in changes.columns if c != WEIGHT]
     net = changes.groupBy(*columns).agg(F.sum(WEIGHT).alias("_n")).where("_n > 0")
     return net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.col("_n")))).select(*columns)
 
@@ -30,7 +31,7 @@ def unit_changes(weighted: DataFrame) -> DataFrame:
     """Net weights per row, as the one-row-per-unit (+1/-1) changes the storage layout keeps."""
     from pyspark.sql import functions as F
 
-    columns = [f"`{c}`" for c in weighted.columns if c != WEIGHT]
+    columns = [quote(c) for c in weighted.columns if c != WEIGHT]
     net = weighted.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
     return (
         net.withColumn("_i", F.explode(F.sequence(F.lit(1), F.abs(F.col(WEIGHT)))))

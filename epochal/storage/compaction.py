@@ -6,10 +6,10 @@ commit, never holding the epoch's claim), every table with at least ``EPOCHAL_CO
 committed epochs of changes after its last snapshot gets a new one:
 
 1. **plan**: ``plan(runtime, every)`` lists (table, committed epoch S) to snapshot;
-2. **write**: the state at S (previous snapshot + the changes after it, ``runtime.read_state``) is
-   written by Spark to a fresh ``{table}/snapshot=S/{attempt}/`` partitioned by ``_vnode``, after the
-   meta store was told a snapshot is being written there by this process (so recovery keeps the
-   files while we live, and sweeps them if we die);
+2. **write**: the state at S (previous snapshot + the changes after it, ``StateReader.read_state``)
+   is written by Spark to a fresh ``{table}/snapshot=S/{attempt}/`` partitioned by ``_vnode``, after
+   the meta store was told a snapshot is being written there by this process (so recovery keeps the
+   files while we live and renew the snapshot's lease, and sweeps them if we die or stop renewing);
 3. **publish**: one meta-store transaction makes it READY and applies retention; a racing
    compaction that published S or later first wins, and the loser deletes its files;
 4. **retention**: the newest two snapshots stay, and the change files after the older of them, so a
@@ -18,21 +18,21 @@ committed epochs of changes after its last snapshot gets a new one:
    the publishing transaction, so a deleted file is never listed again; the files are deleted after.
 
 Readers never see a difference: a snapshot at S is exactly the multiset the changes up to S add up
-to, and only committed epochs are snapshotted. Dagster-free; the Dagster shell runs
-``EpochRuntime.compact`` as its own step after the commit, and ``epochal compact`` from the shell.
+to, and only committed epochs are snapshotted. Dagster-free, and below the runtime: it is handed
+the state reader, the tables and how each is laid out. The Dagster shell runs ``EpochRuntime.compact``
+as its own step after the commit, and ``epochal compact`` from the shell.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from epochal.storage.state_reader import StateReader
 from epochal.storage.vnode import VNODE, vnode_column
-
-if TYPE_CHECKING:
-    from epochal.runtime import EpochRuntime
 
 log = logging.getLogger("epochal.compaction")
 
@@ -59,6 +59,8 @@ class CompactionReport:
     committed_epoch: int | None
     tables: list[TableCompaction] = field(default_factory=list)
     reaped: int = 0
+    #: old epochs whose meta-store rows were pruned after this compaction
+    pruned_epochs: int = 0
     seconds: float = 0.0
 
     @property
@@ -76,63 +78,66 @@ class CompactionReport:
             "files_after": sum(t.files_after for t in self.tables),
             "locations_deleted": sum(t.deleted_locations for t in self.tables),
             "abandoned_snapshots_removed": self.reaped,
+            "epochs_pruned": self.pruned_epochs,
             "failures": "; ".join(f"{t.table}: {t.outcome}" for t in self.failed) or "none",
             "seconds": round(self.seconds, 3),
         }
 
 
-def plan(runtime: EpochRuntime, every: int, tables: list[str] | None = None) -> list[tuple[str, int]]:
+@dataclass(frozen=True)
+class Layout:
+    """What compaction needs to know about the pipeline, handed down by the layer above."""
+
+    tables: list[str]
+    #: the columns whose hash places a table's rows in vnodes
+    distribution_key: Callable[[str], tuple[str, ...]]
+    #: the sinks reading a table: retention keeps change files until they delivered them
+    sinks_of: Callable[[str], list[str]]
+
+
+def plan(reader: StateReader, every: int, tables: list[str]) -> list[tuple[str, int]]:
     """(table, committed epoch) for every table whose committed change epochs after its newest
     snapshot number at least ``every``."""
     todo = []
-    for table in tables if tables is not None else runtime.pipeline.tables:
-        latest, pending, committed = runtime.controller.change_epochs_since_snapshot(table)
+    for table in tables:
+        latest, pending, committed = reader.catalog.change_epochs_since_snapshot(table)
         if committed is not None and pending >= every and (latest is None or committed > latest):
             todo.append((table, committed))
     return todo
 
 
-def table_files(runtime: EpochRuntime, table: str) -> int:
-    """Parquet files under the table's directory: what "files per table" means."""
-    return runtime.warehouse.table_file_count(table)
-
-
-def _sinks_of(runtime: EpochRuntime, table: str) -> list[str]:
-    return [name for name, sink in runtime.pipeline.sinks.items() if sink.from_table == table]
-
-
-def compact_table(runtime: EpochRuntime, table: str, epoch: int) -> TableCompaction:
+def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -> TableCompaction:
     """Write, publish and apply retention for one snapshot of ``table`` at committed ``epoch``."""
     from pyspark.sql import functions as F
 
     started = time.time()
-    controller, warehouse = runtime.controller, runtime.warehouse
-    files_before = table_files(runtime, table)
-    state, _ = runtime.read_state(table, epoch, inclusive=True)
-    assert state is not None, "plan only picks tables with committed change files"
-    key = runtime.distribution_key(table)
+    catalog, warehouse = reader.catalog, reader.warehouse
+    files_before = warehouse.table_file_count(table)
+    state, _ = reader.read_state(table, epoch, inclusive=True)
+    key = layout.distribution_key(table)
     location = warehouse.new_snapshot_location(table, epoch)
-    controller.begin_snapshot(table, epoch, location, key, state.schema.json())
+    catalog.begin_snapshot(table, epoch, location, key, state.schema.json())
     try:
-        # One shuffle by vnode: every vnode's rows end up in one task, so a vnode is one file.
-        (
-            state.withColumn(VNODE, vnode_column(state.schema, key))
-            .repartition(F.col(VNODE))
-            .write.mode("error")  # (not "errorifexists": Spark Connect's client lacks that alias)
-            .partitionBy(VNODE)
-            .parquet(location)
-        )
+        with catalog.snapshot_lease(location):
+            # One shuffle by vnode: every vnode's rows end up in one task, so a vnode is one file.
+            (
+                state.withColumn(VNODE, vnode_column(state.schema, key))
+                .repartition(F.col(VNODE))
+                .write.mode("error")  # (not "errorifexists": Spark Connect's client lacks that alias)
+                .partitionBy(VNODE)
+                .parquet(location)
+            )
         files = warehouse.snapshot_files(location)
         rows = warehouse.files_row_count(files)
-        result = controller.publish_snapshot(location, rows, len(files), _sinks_of(runtime, table), KEEP_SNAPSHOTS)
+        result = catalog.publish_snapshot(location, rows, len(files), layout.sinks_of(table), KEEP_SNAPSHOTS)
     except BaseException:
         warehouse.delete([location], prune_parents=True)
-        controller.abandon_snapshot(location)
+        catalog.abandon_snapshot(location)
         raise
     if not result.recorded:
         warehouse.delete([location], prune_parents=True)
         log.info("%s: a snapshot at or after epoch %s was published first; ours is deleted", table, epoch)
-        return TableCompaction(table, epoch, "lost a race", 0, files_before, table_files(runtime, table))
+        return TableCompaction(table, epoch, "lost a race", 0, files_before, warehouse.table_file_count(table))
     warehouse.delete(result.garbage, prune_parents=True)
     report = TableCompaction(
         table,
@@ -140,7 +145,7 @@ def compact_table(runtime: EpochRuntime, table: str, epoch: int) -> TableCompact
         "compacted",
         rows,
         files_before,
-        table_files(runtime, table),
+        warehouse.table_file_count(table),
         len(result.garbage),
         result.changes_dropped_upto,
         time.time() - started,
@@ -157,28 +162,42 @@ def compact_table(runtime: EpochRuntime, table: str, epoch: int) -> TableCompact
     return report
 
 
-def compact_tables(runtime: EpochRuntime, every: int, tables: list[str] | None = None) -> CompactionReport:
-    """Compact every table the plan picks. A table that fails is logged and reported, never raised:
-    compaction runs after the commit, and its failure must not fail the epoch."""
+def compact_tables(
+    reader: StateReader,
+    layout: Layout,
+    every: int,
+    tables: list[str] | None = None,
+    prune: Callable[[], int] | None = None,
+) -> CompactionReport:
+    """Compact every table the plan picks (of ``tables``, default all), then ``prune()`` old epochs'
+    meta-store rows. A table that fails is logged and reported, never raised: compaction runs
+    after the commit, and its failure must not fail the epoch."""
     started = time.time()
     report = CompactionReport(None)
+    catalog, warehouse = reader.catalog, reader.warehouse
     try:
-        reaped = runtime.controller.reap_abandoned_snapshots()
+        reaped = catalog.reap_abandoned_snapshots()
         if reaped:
-            runtime.warehouse.delete(reaped, prune_parents=True)
+            warehouse.delete(reaped, prune_parents=True)
             log.warning("removed %d snapshot(s) a dead compaction left unpublished", len(reaped))
         report.reaped = len(reaped)
-        report.committed_epoch = runtime.controller.committed_epoch()
-        todo = plan(runtime, every, tables)
+        report.committed_epoch = catalog.committed_epoch()
+        todo = plan(reader, every, tables if tables is not None else layout.tables)
     except Exception as exc:  # the meta store or the warehouse is unreachable: try again next epoch
         log.exception("compaction could not plan")
         report.tables.append(TableCompaction("*", 0, f"failed: {type(exc).__name__}: {exc}"[:500]))
         todo = []
     for table, epoch in todo:
         try:
-            report.tables.append(compact_table(runtime, table, epoch))
+            report.tables.append(compact_table(reader, layout, table, epoch))
         except Exception as exc:
             log.exception("compaction of %s at epoch %s failed", table, epoch)
             report.tables.append(TableCompaction(table, epoch, f"failed: {type(exc).__name__}: {exc}"[:500]))
+    if prune is not None and todo:
+        try:
+            report.pruned_epochs = prune()
+        except Exception as exc:
+            log.exception("pruning old epochs failed")
+            report.tables.append(TableCompaction("*", 0, f"failed: pruning: {type(exc).__name__}: {exc}"[:500]))
     report.seconds = time.time() - started
     return report

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from epochal.sql import quote
+
 if TYPE_CHECKING:
     from pyspark.sql import Column
     from pyspark.sql.types import StructType
@@ -29,7 +31,7 @@ def vnode_column(schema: "StructType", key: Sequence[str]) -> "Column":
     names = list(key) or list(fields)
     parts = []
     for name in names:
-        column = F.col(f"`{name}`")
+        column = F.col(quote(name))
         if isinstance(fields[name].dataType, FloatType | DoubleType):
             # -0.0 = 0.0 for the join that applies a restriction, but their bits (and hashes) differ:
             # hash one of them, so both land in the same vnode. NULL keeps NULL (the condition is NULL).

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
@@ -209,19 +209,22 @@ class Warehouse:
                 except OSError:  # a writer created an attempt there meanwhile: it stays
                     pass
 
-    def sweep(self, tables: Iterable[str], keep: set[str], upto: int | None) -> list[str]:
-        """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep`` does not hold,
-        and snapshot attempts ``keep`` does not hold, whatever their epoch.
+    def sweep(self, tables: Iterable[str], keep: Callable[[], set[str]], upto: int | None) -> list[str]:
+        """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep()`` does not
+        hold, and snapshot attempts it does not hold, whatever their epoch.
 
         They are what a run (or a compaction) wrote before it died, and before it could record the
-        write. Newer epochs may be being written right now by a live run, so they are never touched;
-        a live compaction's snapshot is in ``keep`` from before its first file is written."""
-        removed: list[str] = []
+        write. Newer epochs may be being written right now by a live run, so they are never touched.
+        The directories are listed *before* ``keep()`` is asked: a compaction announces its snapshot
+        before it creates the directory, so every directory listed was announced before ``keep()``
+        reads the meta store, and one announced after that read was not listed. (Asking first would
+        let a snapshot announced between the read and the listing be deleted while it is written.)"""
+        candidates: list[tuple[str, str]] = []  # (attempt path, its parent: an epoch= or snapshot= dir)
+        parents: set[str] = set()  # directories to remove once empty
         for table in tables:
             root = self._path(self.table_root(table))
             if self.fs.get_file_info(root).type == pafs.FileType.NotFound:
                 continue
-            kept = {self._path(loc) for loc in keep}
             for epoch_dir in self.fs.get_file_info(pafs.FileSelector(root)):
                 if epoch_dir.type != pafs.FileType.Directory:
                     continue
@@ -234,12 +237,26 @@ class Warehouse:
                     continue
                 elif upto is None or int(epoch_dir.base_name[len("epoch=") :]) > upto:
                     continue
-                for attempt in self.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
-                    if attempt.type == pafs.FileType.Directory and attempt.path not in kept:
-                        self.fs.delete_dir(attempt.path)
-                        removed.append(attempt.path)
-                if not self.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
-                    self.fs.delete_dir(epoch_dir.path)
+                attempts = self.fs.get_file_info(pafs.FileSelector(epoch_dir.path))
+                if not attempts:
+                    parents.add(epoch_dir.path)  # emptied by the discard of an aborted epoch
+                for attempt in attempts:
+                    if attempt.type == pafs.FileType.Directory:
+                        candidates.append((attempt.path, epoch_dir.path))
+        kept = {self._path(loc) for loc in keep()} if candidates else set()
+        removed: list[str] = []
+        for path, parent in candidates:
+            if path not in kept:
+                self.fs.delete_dir(path)
+                removed.append(path)
+                parents.add(parent)
+        for parent in parents:
+            # An epoch's directory gets no new attempt once its epoch is aborted, but a snapshot
+            # epoch's may (the next compaction at that epoch): a recursive delete could take its
+            # files, so snapshot directories are left for compaction's own pruning.
+            name = parent.rsplit("/", 1)[-1]
+            if name.startswith("epoch=") and not self.fs.get_file_info(pafs.FileSelector(parent)):
+                self.fs.delete_dir(parent)
         if removed:
             log.warning("recovery removed %d unreferenced attempt(s): %s", len(removed), removed[:5])
         return removed

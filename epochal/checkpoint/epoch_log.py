@@ -1,0 +1,527 @@
+"""The epoch log: injects epochs with their source offsets, tracks which run works on each (a lease
+it renews while work runs), collects each table's output and commits epochs in order, for every
+table at once. The Dagster-free counterpart of RisingWave's global barrier worker, with its state in
+the meta store rather than in memory: the "workers" are Dagster runs in processes that come and go.
+Every decision is one meta-store transaction, so runs, the sensor and the shell can race freely.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+
+from epochal.checkpoint import queries as q
+from epochal.checkpoint.records import (
+    Collected,
+    CollectResult,
+    CommitStep,
+    EpochAborted,
+    EpochRecord,
+    EpochState,
+    InjectionBlocked,
+    InvariantViolation,
+    OrderWaitAbandoned,
+    Owner,
+    StepStart,
+    UnknownEpoch,
+)
+from epochal.connectors.base import SplitRange
+from epochal.epoch import barrier_kind, next_epoch
+from epochal.errors import EpochalError
+from epochal.meta.backend import Backend, Cursor
+from epochal.settings import Settings
+
+log = logging.getLogger("epochal.controller")
+
+#: How often, as a share of the epoch timeout, a lease is renewed: a few renewals can fail (a meta
+#: store hiccup) before a live run looks dead to recovery.
+LEASE_RENEWALS_PER_TIMEOUT = 4
+#: Polling while a step waits for an earlier epoch: starts short (the earlier step is often about
+#: to collect), backs off to a second (a long wait costs a transaction a second, not more).
+ORDER_POLL_FIRST_S = 0.05
+ORDER_POLL_MAX_S = 1.0
+
+
+class Lease:
+    """Renews a claim from a background thread while the work it covers runs, so a step that is
+    slow but alive is never taken for dead. ``renew()`` returns False once the claim is gone (the
+    epoch was recovered): renewing stops, and the writer meets the fence on its next collect."""
+
+    def __init__(self, what: str, renew: Callable[[], bool], interval_s: float):
+        self.what = what
+        self._renew = renew
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease:{what}", daemon=True)
+        self.lost = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                if not self._renew():
+                    self.lost = True
+                    log.warning("%s: the claim is gone (recovered under this run); renewing stops", self.what)
+                    return
+            except Exception:  # a meta-store hiccup: the next renewal may get through
+                log.warning("%s: lease renewal failed; retrying in %.1fs", self.what, self._interval, exc_info=True)
+
+    def __enter__(self) -> Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class EpochLog:
+    def __init__(self, settings: Settings, backend: Backend, sources: Iterable[str], tables: Iterable[str]):
+        self.settings = settings
+        self.backend = backend
+        self.sources = list(sources)
+        #: the state tables whose commit is aligned: every source and view
+        self.tables = list(tables)
+
+    # ------------------------------------------------------------------ flags
+
+    def _flag(self, key: str, value: bool) -> None:
+        self.backend.transaction(lambda cur: q.set_flag(cur, key, "1" if value else None))
+
+    def pause(self) -> None:
+        self._flag("paused", True)
+
+    def resume(self) -> None:
+        self._flag("paused", False)
+
+    def set_pause_on_next_start(self, value: bool) -> None:
+        self._flag("pause_on_next_start", value)
+
+    # ------------------------------------------------------------------ reading
+
+    def committed_epoch(self) -> int | None:
+        return self.backend.transaction(q.committed_epoch)
+
+    def in_flight(self) -> list[EpochRecord]:
+        return self.backend.transaction(q.in_flight)
+
+    def epoch(self, epoch: int) -> EpochRecord:
+        return self.backend.transaction(lambda cur: q.epoch_record(cur, epoch))
+
+    def epochs(self, states: Iterable[EpochState] = tuple(EpochState)) -> list[EpochRecord]:
+        names = [s.value for s in states]
+        marks = ", ".join("?" for _ in names)
+        return self.backend.transaction(
+            lambda cur: [
+                q.record(r)
+                for r in cur.execute(
+                    f"SELECT {q.EPOCH_COLUMNS} FROM epochs WHERE state IN ({marks}) ORDER BY epoch", names
+                ).fetchall()
+            ]
+        )
+
+    def offsets(self, epoch: int, source: str) -> list[SplitRange]:
+        return self.backend.transaction(lambda cur: q.offsets(cur, epoch, source))
+
+    def collected(self, epoch: int) -> dict[str, Collected]:
+        return self.backend.transaction(lambda cur: q.collected(cur, epoch))
+
+    # ------------------------------------------------------------------ injection
+
+    def inject(
+        self, plan: Callable[[str, Mapping[str, int]], list[SplitRange]], run_id: str | None = None, claim: bool = False
+    ) -> EpochRecord:
+        """Allocate the next epoch and fix the offsets each source split covers in it.
+
+        ``plan(source, start_offsets)`` is the connectors' planner. It runs outside any transaction
+        (it may read files). The transaction that records the epoch reads the split starts again
+        and records only if they are the ones the plan started from; otherwise it plans again. So
+        a plan is never recorded over state it did not see: not over another injector's epoch
+        (two injectors would hand out one range twice), and not over a recovery that handed an
+        aborted epoch's range back (the new epoch would start past it, and the range would never
+        be read)."""
+        sources = self.sources
+        for _ in range(50):
+            seen = self.backend.transaction(self._injection_starts)
+            planned = {s: plan(s, seen.get(s, {})) for s in sources}
+
+            def record(cur: Cursor) -> EpochRecord | None:
+                self._check_can_inject(cur)
+                if q.reserved_starts(cur) != seen:
+                    return None  # an injection or a recovery moved the starts: plan again from them
+                latest = cur.execute("SELECT max(epoch) FROM epochs").fetchone()[0]
+                prev = cur.execute("SELECT max(epoch) FROM epochs WHERE state <> 'ABORTED'").fetchone()[0]
+                seq = int(q.get_flag(cur, "barrier_seq", "0") or 0)
+                kind = barrier_kind(seq, self.settings.checkpoint_frequency)
+                epoch = next_epoch(latest)
+                now = time.time()
+                cur.execute(
+                    "INSERT INTO epochs (epoch, prev_epoch, kind, state, injected_at, "
+                    "owner_host, owner_pid, owner_run, heartbeat_at) "
+                    "VALUES (?, ?, ?, 'INJECTED', ?, ?, ?, ?, ?)",
+                    [epoch, prev, kind.value, now, Owner.host if claim else None, os.getpid() if claim else None]
+                    + [run_id, now],
+                )
+                for source, ranges in planned.items():
+                    for r in ranges:
+                        start = seen.get(source, {}).get(r.split)
+                        if start is not None and r.start != start:
+                            raise InvariantViolation(
+                                f"the {source} connector planned split {r.split} from offset {r.start}, "
+                                f"but it was asked to start at {start}: records would be skipped or read twice"
+                            )
+                        cur.execute(
+                            "INSERT INTO epoch_offsets VALUES (?, ?, ?, ?, ?)", [epoch, source, r.split, r.start, r.end]
+                        )
+                        cur.execute(
+                            "INSERT INTO split_frontier (source, split, reserved_end) VALUES (?, ?, ?) "
+                            "ON CONFLICT (source, split) DO UPDATE SET reserved_end = excluded.reserved_end",
+                            [source, r.split, r.end],
+                        )
+                q.set_flag(cur, "barrier_seq", str(seq + 1))
+                return EpochRecord(epoch, prev, kind, EpochState.INJECTED, now)
+
+            injected = self.backend.transaction(record)
+            if injected is not None:
+                log.info("injected epoch %s (prev %s, %s)", injected.epoch, injected.prev, injected.kind.value)
+                return injected
+        raise EpochalError("could not inject an epoch: 50 concurrent injections or recoveries won every race; retry")
+
+    def _injection_starts(self, cur: Cursor) -> dict[str, dict[str, int]]:
+        self._check_can_inject(cur)
+        return q.reserved_starts(cur)
+
+    def _check_can_inject(self, cur: Cursor) -> None:
+        # A table that joined after epochs were committed would run from here on without its
+        # history (a linear view reads no state to notice): refused before any epoch reaches it.
+        q.check_alignment(cur, self.tables, q.committed_epoch(cur))
+        if q.get_flag(cur, "paused"):
+            raise InjectionBlocked("injection is paused: run `epochal resume` to inject epochs again")
+        if q.get_flag(cur, "recovery_requested"):
+            raise InjectionBlocked(
+                f"a recovery is pending ({q.get_flag(cur, 'recovery_requested')}): it runs at the start of "
+                "the next epoch_job run or barrier sensor tick"
+            )
+        n = cur.execute(f"SELECT count(*) FROM epochs WHERE state IN {q.IN_FLIGHT}").fetchone()[0]
+        if n >= self.settings.max_in_flight:
+            raise InjectionBlocked(
+                f"{n} epochs are in flight, the limit (EPOCHAL_MAX_IN_FLIGHT) is {self.settings.max_in_flight}: "
+                "wait for them to commit, or raise the limit"
+            )
+
+    def can_inject(self) -> str | None:
+        """None if an epoch can be injected now, else the reason it cannot."""
+        try:
+            self.backend.transaction(self._check_can_inject)
+        except InjectionBlocked as blocked:
+            return str(blocked)
+        return None
+
+    # ------------------------------------------------------------------ liveness
+
+    def begin_step(
+        self, epoch: int, run_id: str | None, source: str | None = None, table: str | None = None
+    ) -> StepStart:
+        """Claim ``epoch`` for the calling process (if it dies, the epoch is recovered) and read what a
+        step needs, in one transaction: the epoch, a source's offsets, what has been collected, and
+        whether ``table`` has written before (a view's first epoch is never idle).
+
+        Raises EpochAborted when a recovery aborted ``epoch``: its output could never be collected,
+        so the step must not start its work. (A run goes on with the steps that do not depend on a
+        failed one: without this, a run whose keyed source found its epoch aborted went on to read
+        and write its other sources, starting a JVM, only to be refused at collect.)"""
+
+        def begin(cur: Cursor) -> StepStart:
+            record = q.epoch_record(cur, epoch)
+            if record.state is EpochState.ABORTED:
+                raise EpochAborted(
+                    f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
+                    "by a later epoch. Run epoch_job without a partition to go on"
+                )
+            cur.execute(
+                "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
+                f"WHERE epoch = ? AND state IN {q.IN_FLIGHT}",
+                [Owner.host, os.getpid(), run_id, time.time(), epoch],
+            )
+            ranges = q.offsets(cur, epoch, source) if source is not None else []
+            written = self._written_before(cur, table, epoch) if table is not None else None
+            return StepStart(record, ranges, q.collected(cur, epoch), written)
+
+        return self.backend.transaction(begin)
+
+    def lease(self, epoch: int) -> Lease:
+        """``with log.lease(epoch):`` renews the epoch's heartbeat while the block runs, so recovery
+        does not take a step that runs longer than ``EPOCHAL_EPOCH_TIMEOUT_S`` for a dead one."""
+        interval = max(0.05, self.settings.epoch_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
+        return Lease(f"epoch {epoch}", lambda: self.renew(epoch), interval)
+
+    def renew(self, epoch: int) -> bool:
+        """Move the epoch's heartbeat to now; False when it is no longer in flight."""
+
+        def touch(cur: Cursor) -> bool:
+            rows = cur.execute(
+                f"UPDATE epochs SET heartbeat_at = ? WHERE epoch = ? AND state IN {q.IN_FLIGHT} RETURNING epoch",
+                [time.time(), epoch],
+            ).fetchall()
+            return bool(rows)
+
+        return self.backend.transaction(touch)
+
+    @staticmethod
+    def _written_before(cur: Cursor, table: str, epoch: int) -> bool:
+        """A snapshot, or a change file of an epoch before ``epoch`` that was not aborted: what
+        ``state_parts(table, epoch, inclusive=False)`` would find something in. Unlike it, this
+        does not ask for every earlier epoch (an idle view's empty change needs none of them)."""
+        row = cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM snapshots WHERE table_name = ? AND state = 'READY' AND epoch < ?) "
+            "OR EXISTS (SELECT 1 FROM collected c JOIN epochs e ON e.epoch = c.epoch WHERE c.asset = ? "
+            "AND c.location IS NOT NULL AND e.state <> 'ABORTED' AND c.epoch < ?)",
+            [table, epoch, table, epoch],
+        ).fetchone()
+        return bool(row[0])
+
+    def release(self, epoch: int) -> None:
+        """End this process's claim on ``epoch`` (it waits for others now, not for this run)."""
+        self.backend.transaction(lambda cur: self._release(cur, epoch))
+
+    def blocked_by(self, epoch: int) -> str | None:
+        """Why an epoch older than ``epoch`` cannot finish (failed, its run died or hung), or None."""
+        return self.backend.transaction(lambda cur: self._stuck(cur, before=epoch))
+
+    @staticmethod
+    def _release(cur: Cursor, epoch: int) -> None:
+        # The epoch now waits for other steps, bounded by the epoch timeout, not by this process.
+        cur.execute(
+            "UPDATE epochs SET owner_pid = NULL, heartbeat_at = ? WHERE epoch = ? AND owner_pid = ? AND owner_host = ?",
+            [time.time(), epoch, os.getpid(), Owner.host],
+        )
+
+    def fail(self, epoch: int, error: str) -> bool:
+        """A step failed on ``epoch``: if the epoch is in flight, record why and ask for a recovery.
+
+        A failed re-run of a committed (or aborted) epoch changes nothing: committed data stays,
+        and recovering would abort other runs' in-flight epochs for no reason. Returns whether a
+        recovery was requested."""
+
+        def mark(cur: Cursor) -> bool:
+            if not q.epoch_record(cur, epoch).state.in_flight:
+                return False
+            cur.execute("UPDATE epochs SET failure = ?, owner_pid = NULL WHERE epoch = ?", [error[:2000], epoch])
+            q.set_flag(cur, "recovery_requested", f"epoch {epoch} failed: {error.splitlines()[0][:300]}")
+            return True
+
+        return self.backend.transaction(mark)
+
+    def recovery_reason(self) -> str | None:
+        """Why a recovery is needed before injecting more, or None."""
+
+        def check(cur: Cursor) -> str | None:
+            requested = q.get_flag(cur, "recovery_requested")
+            if requested:
+                return requested
+            if q.get_flag(cur, "bootstrapped") is None:
+                return "bootstrap"
+            return self._stuck(cur, before=None)
+
+        return self.backend.transaction(check)
+
+    def _stuck(self, cur: Cursor, before: int | None) -> str | None:
+        """Why an in-flight epoch (before ``before``, if given) cannot finish: it failed, its run
+        died, or its run showed no sign of life for the epoch timeout. Only INJECTED epochs have
+        work left; a COLLECTED one only waits for older epochs (or, a barrier, for its checkpoint),
+        so how long it waits says nothing about whether anyone is alive."""
+        now = time.time()
+        rows = cur.execute(
+            "SELECT epoch, state, owner_host, owner_pid, heartbeat_at, failure FROM epochs "
+            f"WHERE state IN {q.IN_FLIGHT} AND epoch < ? ORDER BY epoch",
+            [before if before is not None else 2**63 - 1],
+        ).fetchall()
+        for epoch, state, host, pid, heartbeat, failure in rows:
+            if failure:
+                return f"epoch {epoch} failed: {failure.splitlines()[0][:300]}"
+            if state != EpochState.INJECTED.value:
+                continue
+            if pid is not None and host == Owner.host and not Owner.pid_alive(pid):
+                return f"epoch {epoch}: its run (pid {pid}) died"
+            if heartbeat is not None and now - heartbeat > self.settings.epoch_timeout_s:
+                return f"epoch {epoch}: no progress for {now - heartbeat:.0f}s (EPOCHAL_EPOCH_TIMEOUT_S)"
+        return None
+
+    def wait_for_order(self, epoch: int, tables: Iterable[str], what: str) -> float:
+        """Wait until every epoch before ``epoch`` that is not aborted has been collected by each of
+        ``tables``: what a step that reads their state inside ``epoch`` needs (several epochs in
+        flight is the normal state, and their runs start in any order). Returns the seconds waited.
+
+        Waiting is never a failure. It ends with OrderWaitAbandoned when an earlier epoch failed or
+        its run died (the recovery that calls for aborts this epoch too), and with EpochAborted
+        when this epoch was aborted meanwhile. The caller holds the epoch's lease, so a long wait
+        is not taken for a dead run."""
+        tables = set(tables)
+        if not tables:
+            return 0.0
+        started = time.time()
+        delay = ORDER_POLL_FIRST_S
+
+        def check(cur: Cursor) -> tuple[EpochState, list[tuple[int, list[str]]], str | None]:
+            state = q.epoch_record(cur, epoch).state
+            missing: list[tuple[int, list[str]]] = []
+            # Committed and COLLECTED epochs were collected by every table: only INJECTED ones matter.
+            for (earlier,) in cur.execute(
+                "SELECT epoch FROM epochs WHERE state = 'INJECTED' AND epoch < ? ORDER BY epoch", [epoch]
+            ).fetchall():
+                done = {r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [earlier]).fetchall()}
+                if tables - done:
+                    missing.append((earlier, sorted(tables - done)))
+            return state, missing, self._stuck(cur, before=epoch) if missing else None
+
+        logged = False
+        while True:
+            state, missing, stuck = self.backend.transaction(check)
+            if state is EpochState.ABORTED:
+                raise EpochAborted(f"epoch {epoch} was aborted by a recovery while {what} waited for earlier epochs")
+            if not missing:
+                waited = time.time() - started
+                if logged:
+                    log.info("%s at epoch %s: earlier epochs done after %.1fs", what, epoch, waited)
+                return waited
+            if stuck:
+                raise OrderWaitAbandoned(
+                    f"{what} at epoch {epoch} waits for earlier epoch(s) that cannot finish ({stuck}): the "
+                    f"recovery this calls for aborts epoch {epoch} too. Run epoch_job without a partition to go on"
+                )
+            if not logged and time.time() - started > 5:
+                logged = True
+                first, waiting_for = missing[0]
+                log.info(
+                    "%s at epoch %s waits for epoch %s (%s not written yet)", what, epoch, first, ", ".join(waiting_for)
+                )
+            time.sleep(delay)
+            delay = min(ORDER_POLL_MAX_S, delay * 1.5)
+
+    # ------------------------------------------------------------------ collect & commit
+
+    def collect(self, epoch: int, collected: Collected, release: bool = False) -> CollectResult:
+        """Record that ``collected.asset`` has written its output for ``epoch`` and commit what is ready,
+        in one transaction; ``release`` also ends this process's claim on the epoch.
+
+        Raises EpochAborted when a recovery aborted the epoch meanwhile: a writer whose epoch was
+        recovered under it never gets its output recorded (aborted is final), whatever it wrote."""
+
+        def record(cur: Cursor) -> bool:
+            row = cur.execute("SELECT state FROM epochs WHERE epoch = ?", [epoch]).fetchone()
+            if row is None:
+                raise UnknownEpoch(f"epoch {epoch} was never injected")
+            state = EpochState(row[0])
+            if state is EpochState.ABORTED:
+                raise EpochAborted(
+                    f"epoch {epoch} was aborted by a recovery; its output is discarded. Run epoch_job "
+                    "without a partition to go on from the committed epoch"
+                )
+            if state is EpochState.COMMITTED:
+                return False
+            cur.execute("DELETE FROM collected WHERE epoch = ? AND asset = ?", [epoch, collected.asset])
+            cur.execute(
+                "INSERT INTO collected VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    epoch,
+                    collected.asset,
+                    collected.location,
+                    collected.rows_in,
+                    collected.rows_out,
+                    collected.dead_letters,
+                    collected.dead_letter_location,
+                    collected.seconds,
+                    collected.run_id,
+                    time.time(),
+                ],
+            )
+            cur.execute("UPDATE epochs SET heartbeat_at = ? WHERE epoch = ?", [time.time(), epoch])
+            return True
+
+        def record_and_commit(cur: Cursor) -> CollectResult:
+            recorded = record(cur)
+            committed = self._commit_ready(cur) if recorded else []
+            if release:
+                self._release(cur, epoch)
+            return CollectResult(recorded=recorded, committed=committed)
+
+        result = self.backend.transaction(record_and_commit)
+        if result.committed:
+            log.info("committed epoch(s) %s", result.committed)
+        return result
+
+    def commit_step(self, epoch: int) -> CommitStep:
+        """Commit every epoch that is ready, oldest first, and read where ``epoch`` stands, in one
+        transaction; when the calling run is done with ``epoch`` (it is committed, or a barrier
+        that waits for its checkpoint), its claim ends in the same transaction.
+
+        Safe to call from any number of racing processes: the state checks and updates happen in
+        one transaction, so each epoch moves to COMMITTED exactly once. One transaction rather
+        than one per question: an idle epoch costs a handful of them in all, so each one counts."""
+
+        def attempt(cur: Cursor) -> CommitStep:
+            committed = self._commit_ready(cur)
+            record = q.epoch_record(cur, epoch)
+            done_tables = q.collected(cur, epoch)
+            missing = [t for t in self.tables if t not in done_tables]
+            done = record.state is EpochState.COMMITTED or (
+                record.state is not EpochState.ABORTED and not missing and not record.is_checkpoint
+            )
+            if done:
+                self._release(cur, epoch)
+            return CommitStep(committed, record, missing, done, q.committed_epoch(cur), q.in_flight(cur))
+
+        step = self.backend.transaction(attempt)
+        if step.committed:
+            log.info("committed epoch(s) %s", step.committed)
+        return step
+
+    def _commit_ready(self, cur: Cursor) -> list[int]:
+        tables = self.tables
+        committed = q.committed_epoch(cur)
+        ready: list[EpochRecord] = []  # the collected epochs right after the committed one
+        gap = False
+        for rec in q.in_flight(cur):
+            done = {r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [rec.epoch]).fetchall()}
+            complete = set(tables) <= done
+            if complete and rec.state is EpochState.INJECTED:
+                q.transition(cur, rec.epoch, EpochState.INJECTED, EpochState.COLLECTED)
+            if gap or not complete:
+                gap = True
+                continue
+            # Each ready epoch must follow the one before it: a gap would mean an epoch was lost
+            # without a recovery, and the committed cut would be inconsistent.
+            expected_prev = ready[-1].epoch if ready else committed
+            if rec.prev != expected_prev and not (not ready and committed is None):
+                raise InvariantViolation(
+                    f"epoch {rec.epoch} follows {rec.prev}, but the epoch before it is {expected_prev}: an epoch "
+                    "was lost without a recovery; run `epochal recover`"
+                )
+            ready.append(rec)
+        # Barriers wait for the checkpoint after them; commit up to the last collected checkpoint.
+        last_checkpoint = max((i for i, r in enumerate(ready) if r.is_checkpoint), default=None)
+        if last_checkpoint is None:
+            return []
+        to_commit = ready[: last_checkpoint + 1]
+        now = time.time()
+        for rec in to_commit:
+            q.transition(cur, rec.epoch, EpochState.COLLECTED, EpochState.COMMITTED, committed_at=now, owner_pid=None)
+            # The committed frontier: where recovery sends each split back to.
+            for source, split, end in cur.execute(
+                "SELECT source, split, end_offset FROM epoch_offsets WHERE epoch = ?", [rec.epoch]
+            ).fetchall():
+                cur.execute(
+                    "UPDATE split_frontier SET committed_end = ? WHERE source = ? AND split = ?", [end, source, split]
+                )
+        top = to_commit[-1].epoch
+        # Commit alignment: every table advances to the same epoch in the same transaction.
+        for table in tables:
+            cur.execute(
+                "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
+                "ON CONFLICT (table_name) DO UPDATE SET committed_epoch = excluded.committed_epoch",
+                [table, top],
+            )
+        return [r.epoch for r in to_commit]

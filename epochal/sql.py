@@ -1,0 +1,69 @@
+"""SQL text that Epochal writes itself, spelled by sqlglot rather than by hand.
+
+``quote`` names a column or table in generated Spark, DuckDB or PostgreSQL SQL; ``string_list`` writes
+a list of strings (file paths) as a DuckDB list literal; ``numbered_placeholders`` turns the meta store's
+``?`` parameters into PostgreSQL's ``$1, $2, ...``. All go through sqlglot, which knows each dialect's
+quoting and escaping and where string literals, quoted identifiers and comments are, so a ``?`` or a
+quote character inside one is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import lru_cache
+
+import sqlglot
+import sqlglot.errors
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.tokens import TokenType
+
+#: Spark is the dialect of every query Epochal plans and runs; DuckDB's is named where it is used.
+SPARK = "spark"
+DUCKDB = "duckdb"
+
+
+@lru_cache(maxsize=4096)
+def quote(name: str, dialect: str = SPARK, *, when_needed: bool = False) -> str:
+    """``name`` as an identifier of ``dialect``: ```a``b``` for Spark, ``"a""b"`` for DuckDB and PostgreSQL.
+
+    ``when_needed`` leaves a plain name (``auction``) bare and quotes any other (```a b```), as sqlglot
+    writes a column in the SQL it generates, so the result compares equal to that SQL's text.
+    """
+    return exp.to_identifier(name, quoted=None if when_needed else True).sql(dialect=dialect)
+
+
+@lru_cache(maxsize=4096)
+def unquote(expr: str, dialect: str = SPARK) -> str:
+    """The column name ``expr`` spells when it is one (```a``b``` -> ``a`b``, ``auction`` -> ``auction``),
+    the inverse of ``quote``; any other expression (``t.a``, ``date_trunc('hour', ts)``) as written."""
+    try:
+        node = sqlglot.parse_one(expr, read=dialect)
+    except sqlglot.errors.SqlglotError:
+        return expr
+    return node.name if isinstance(node, exp.Column) and not node.table else expr
+
+
+def string_list(values: Iterable[str], dialect: str = DUCKDB) -> str:
+    """``values`` as a list literal of ``dialect``, e.g. ``['a.parquet', 'it''s.parquet']``."""
+    return exp.Array(expressions=[exp.Literal.string(v) for v in values]).sql(dialect=dialect)
+
+
+@lru_cache(maxsize=1024)
+def numbered_placeholders(sql: str, dialect: str = "postgres") -> str:
+    """``sql`` with each ``?`` parameter replaced by ``$1``, ``$2``, ... in order.
+
+    The meta store's SQL is written once with DuckDB's ``?`` parameters and shared by both backends;
+    PostgreSQL binds ``$n`` parameters server-side. Only placeholder tokens are replaced: a ``?`` in a
+    string literal, a quoted identifier or a comment stays as written. Cached per statement text,
+    which the meta store repeats every epoch."""
+    pieces: list[str] = []
+    done = 0
+    number = 0
+    for token in Dialect.get_or_raise(dialect).tokenize(sql):
+        if token.token_type is TokenType.PLACEHOLDER and token.text == "?":
+            number += 1
+            pieces += [sql[done : token.start], f"${number}"]
+            done = token.end + 1
+    pieces.append(sql[done:])
+    return "".join(pieces)

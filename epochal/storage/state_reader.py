@@ -1,0 +1,169 @@
+"""The state read path: a table's rows as seen inside an epoch, from its newest snapshot and the
+change files after it, optionally restricted to a few keys (read at their vnodes only), through the
+warm snapshot cache. Views, keyed sources, compaction and `EpochRuntime.state` all read state here,
+so how state is stored (change files, vnode snapshots, the cache) is decided in this one place."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+from epochal.checkpoint.catalog import SnapshotCatalog
+from epochal.checkpoint.records import Snapshot, StateParts
+from epochal.errors import EpochalError
+from epochal.sql import quote
+from epochal.storage.changes import net_rows
+from epochal.storage.state_cache import StateCache
+from epochal.storage.warehouse import WEIGHT, Warehouse
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+class StateReader:
+    def __init__(
+        self,
+        spark: Callable[[], SparkSession],
+        catalog: SnapshotCatalog,
+        warehouse: Warehouse,
+        cache: StateCache,
+        schema_of: Callable[[str], StructType],
+    ):
+        self._spark = spark
+        self.catalog = catalog
+        self.warehouse = warehouse
+        self.cache = cache
+        #: a table's columns and types, for a table that has no file yet
+        self.schema_of = schema_of
+
+    @property
+    def spark(self) -> SparkSession:
+        return self._spark()
+
+    def read_state(
+        self, table: str, epoch: int, inclusive: bool, restrict: tuple[tuple[str, ...], DataFrame] | None = None
+    ) -> tuple[DataFrame, int]:
+        """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
+        and how many stored rows were read to get them; a table without change files
+        (none ran, or every one was idle) is empty, with its columns.
+
+        The rows are the newest snapshot at or before the epoch plus the change files after it
+        (committed or in flight, ``SnapshotCatalog.state_parts``), never older change files.
+        ``restrict = (columns, keys)`` keeps only rows whose ``columns`` equal (null-safe) a row of
+        the small DataFrame ``keys``; it is applied before netting, and when ``columns`` is the
+        snapshot's distribution key only the keys' vnode directories of the snapshot are read."""
+        weighted, rows_read = self.read_weighted(self.catalog.state_parts(table, epoch, inclusive), restrict)
+        if weighted is None:
+            # No change file yet (every epoch so far was idle, or none ran): the table is empty.
+            return self.spark.createDataFrame([], self.schema_of(table)), 0
+        if WEIGHT not in weighted.columns:
+            return weighted, rows_read  # a snapshot alone is already net: no aggregation
+        return net_rows(weighted), rows_read
+
+    def read_weighted(
+        self, parts: StateParts, restrict: tuple[tuple[str, ...], DataFrame] | None
+    ) -> tuple[DataFrame | None, int]:
+        """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
+        the snapshot as it is (no ``_weight`` column: every row counts once); otherwise the snapshot
+        rows with weight +1 followed by the changes."""
+        from pyspark.sql import functions as F
+
+        if parts.snapshot is None and not parts.changes:
+            return None, 0
+        base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict)
+        if not parts.changes:
+            return base, rows_read
+        locations = [loc for _, loc in parts.changes]
+        changes, change_rows = self.warehouse.read_counted(self.spark, locations)
+        rows_read += change_rows
+        if restrict is not None:
+            changes = semi_join(changes, restrict)
+        if base is not None:
+            changes = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
+        return changes, rows_read
+
+    def _read_snapshot(
+        self, snapshot: Snapshot, restrict: tuple[tuple[str, ...], DataFrame] | None
+    ) -> tuple[DataFrame, int]:
+        from pyspark.sql.types import StructType
+
+        from epochal.storage.vnode import vnode_column
+
+        schema = StructType.fromJson(json.loads(snapshot.spark_schema))
+        if snapshot.rows == 0:
+            return self.spark.createDataFrame([], schema), 0
+        if restrict is not None:
+            check_restriction(snapshot.table, schema, restrict[0], restrict[1])
+            small = self.cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows)
+            if small is not None:
+                return semi_join(small, restrict), snapshot.rows
+        dirs = self.warehouse.vnode_dirs(snapshot.location)
+        chosen: list[int] | None = None  # None: every vnode
+        if restrict is not None and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames()):
+            # At most 256 small ints come to the driver: which vnode directories hold the keys.
+            columns, keys = restrict
+            typed = _typed_keys(schema, columns, keys, names=list(columns))
+            vnodes = [r[0] for r in typed.select(vnode_column(schema, snapshot.distribution_key)).distinct().collect()]
+            chosen = [v for v in sorted(vnodes) if v in dirs]
+            if not chosen:
+                return self.spark.createDataFrame([], schema), 0
+        wanted = sorted(dirs) if chosen is None else chosen
+        if self.cache.worth_caching(len(wanted), len(dirs)):
+            # Most of the snapshot is read anyway: scan it from memory (filled on first use).
+            rows = self.cache.get(snapshot.table, snapshot.location)
+            if rows is None:
+                files = self.warehouse.all_snapshot_files(snapshot.location)
+                rows = self.cache.put(snapshot.table, snapshot.location, self._parquet_rows(schema, files))
+            rows_read = snapshot.rows
+        else:
+            files = [f for v in wanted for f in self.warehouse.parquet_files(dirs[v])]
+            rows_read = snapshot.rows if chosen is None else self.warehouse.files_row_count(files)
+            rows = self._parquet_rows(schema, files)
+        return (rows if restrict is None else semi_join(rows, restrict)), rows_read
+
+    def _parquet_rows(self, schema: Any, files: list[str]) -> DataFrame:
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        # Files, not directories: no partition discovery (a vnode is not a column) and no listing.
+        return self.spark.read.schema(schema).parquet(*files).select(*quoted(schema.fieldNames()))
+
+
+def quoted(names: list[str] | tuple[str, ...]) -> list[str]:
+    return [quote(n) for n in names]
+
+
+def check_restriction(table: str, schema: Any, columns: tuple[str, ...], keys: DataFrame) -> None:
+    unknown = [c for c in columns if c not in schema.fieldNames()]
+    if not columns or unknown:
+        raise EpochalError(f"cannot restrict {table} by columns {list(columns)}: {unknown or 'none given'}")
+    missing = [c for c in columns if c not in keys.columns]
+    if missing:
+        raise EpochalError(f"the restriction keys of {table} lack column(s) {missing}")
+
+
+def _typed_keys(schema: Any, columns: tuple[str, ...], keys: DataFrame, names: list[str]) -> DataFrame:
+    """``keys`` cast to the table's column types: the vnode hash and the null-safe comparison
+    must see the same values as when the rows were written."""
+    from pyspark.sql import functions as F
+
+    types = {f.name: f.dataType for f in schema.fields}
+    return keys.select(*[F.col(quote(c)).cast(types[c]).alias(n) for c, n in zip(columns, names, strict=True)])
+
+
+def semi_join(rows: DataFrame, restrict: tuple[tuple[str, ...], DataFrame]) -> DataFrame:
+    """The rows whose restriction columns equal (null-safe) some row of the keys: a left-semi join
+    against the broadcast keys, so the state is filtered where it is scanned, without a shuffle."""
+    from pyspark.sql import functions as F
+
+    columns, keys = restrict
+    check_restriction("the table", rows.schema, tuple(columns), keys)
+    names = [f"__epochal_key_{i}" for i in range(len(columns))]
+    typed = _typed_keys(rows.schema, tuple(columns), keys, names)
+    condition = reduce(
+        lambda a, b: a & b,
+        [rows[quote(c)].eqNullSafe(typed[n]) for c, n in zip(columns, names, strict=True)],
+    )
+    return rows.join(F.broadcast(typed), condition, "left_semi")
