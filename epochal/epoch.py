@@ -60,7 +60,8 @@ class Barrier:
     kind: BarrierKind
 
     def __post_init__(self) -> None:
-        assert self.prev is None or self.prev < self.curr, "epochs only grow"
+        if self.prev is not None and self.prev >= self.curr:
+            raise ValueError(f"a barrier's epochs only grow: prev {self.prev} is not before curr {self.curr}")
 
 
 def barrier_kind(sequence: int, checkpoint_frequency: int) -> BarrierKind:

@@ -19,7 +19,8 @@ FAULT_POINTS = (
 
 
 def fault_point(point: str) -> None:
-    assert point in FAULT_POINTS, point
+    if point not in FAULT_POINTS:
+        raise ValueError(f"unknown fault point {point!r}: one of {', '.join(FAULT_POINTS)}")
     if os.environ.get("EPOCHAL_FAULT") == point:
         sys.stderr.write(f"EPOCHAL_FAULT: killing pid {os.getpid()} at {point}\n")
         sys.stderr.flush()

@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from epochal.connectors.base import SourceConnector, SplitRange
-from epochal.controller import (
-    CheckpointController,
+from epochal.checkpoint.records import (
     Collected,
     EpochAborted,
     EpochRecord,
     EpochState,
+    InvariantViolation,
+    OrderWaitAbandoned,
     RecoveryReport,
-    Snapshot,
-    StateParts,
+    StepStart,
 )
+from epochal.connectors.base import SourceConnector, SplitRange
+from epochal.controller import CheckpointController
 from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
@@ -31,8 +32,10 @@ from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline
 from epochal.settings import Settings
 from epochal.sinks.duckdb_sink import DuckDBSink
-from epochal.storage.changes import net_rows, signed_parts, unit_changes
+from epochal.sql import quote, unquote
+from epochal.storage.changes import signed_parts, unit_changes
 from epochal.storage.state_cache import StateCache
+from epochal.storage.state_reader import StateReader, quoted
 from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
 
 if TYPE_CHECKING:
@@ -41,7 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epochal.runtime")
 
-# How long a commit step waits for an older epoch (owned by another run) to commit first.
+# How long a commit step waits for an older epoch (owned by another, live run) to commit first, so
+# that this run's sinks deliver its epoch. Past it the step ends without error: the epoch is
+# collected by every table, and the run that commits the older epochs commits it with them.
 COMMIT_WAIT_S = 120.0
 
 
@@ -76,8 +81,23 @@ class EpochRuntime:
         )
         self.warehouse = Warehouse(settings.warehouse)
         self.state_cache = StateCache(enabled=settings.state_cache)
+        self.reader = StateReader(
+            lambda: self.spark, self.controller.catalog, self.warehouse, self.state_cache, self.query_schema
+        )
         self._connectors: dict[str, SourceConnector] = {}
         self._query_schemas: dict[str, "StructType"] = {}
+        self._plans_checked = False
+
+    def check_plans(self) -> None:
+        """Once per runtime, before its first step touches data: Spark analyses every plan of the
+        pipeline over empty inputs, so that one it refuses is an error naming its view, never a
+        failed epoch (:mod:`epochal.incremental.analysis`; skipped, without starting Spark, when
+        EPOCHAL_HOME holds the fingerprint of these plans already analysed)."""
+        if not self._plans_checked:
+            from epochal.incremental.analysis import check_pipeline
+
+            check_pipeline(lambda: self.spark, self.pipeline, self.query_schema, self.settings.home)
+            self._plans_checked = True
 
     def close(self) -> None:
         """Release what this runtime holds in the Spark session (its cached snapshots)."""
@@ -94,7 +114,10 @@ class EpochRuntime:
 
             definition = self.pipeline.sources[source]
             spec = connector_spec(definition.connector)
-            assert spec is not None, "the loader rejects unknown connectors"
+            if spec is None:
+                raise InvariantViolation(
+                    f"source {source} has connector {definition.connector!r}, which the loader refuses"
+                )
             self._connectors[source] = spec.create(definition, self.settings.home)
         return self._connectors[source]
 
@@ -121,34 +144,45 @@ class EpochRuntime:
                 epoch = int(partition)
             except ValueError:
                 raise EpochalError(f"partition key {partition!r} is not an epoch number") from None
-            record = self.controller.begin_step(epoch, run_id).record
+            record = self.controller.epoch_log.begin_step(epoch, run_id).record
             if record.state is EpochState.ABORTED:
                 raise EpochAborted(
                     f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
                     "by a later epoch. Run epoch_job without a partition to go on"
                 )
+            self.check_plans()
             return record, None
+        self.check_plans()  # before injecting: a plan Spark refuses is an error, never a failed epoch
         report = None
-        reason = self.controller.recovery_reason()
+        reason = self.controller.epoch_log.recovery_reason()
         if reason:
             report = self.recover(reason)
-        return self.controller.inject(self.plan, run_id=run_id, claim=True), report
+        return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
+
+    def _begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
+        """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an
+        aborted epoch fails before it starts Spark, and one that goes on never runs a refused plan."""
+        begun = self.controller.epoch_log.begin_step(epoch, run_id, **which)
+        self.check_plans()
+        return begun
 
     def _guard(self, epoch: int, step: Callable[[], StepReport]) -> StepReport:
-        """Run a step; a failure marks the epoch failed so the next run recovers."""
+        """Run a step under the epoch's lease (renewed while it runs, so a slow step is not taken
+        for a dead one); a failure marks the epoch failed so the next run recovers."""
         try:
-            return step()
+            with self.controller.epoch_log.lease(epoch):
+                return step()
         except EpochAborted:
             raise
         except Exception as exc:
             try:
-                self.controller.fail(epoch, f"{type(exc).__name__}: {exc}")
+                self.controller.epoch_log.fail(epoch, f"{type(exc).__name__}: {exc}")
             except Exception:  # the meta store itself may be what failed
                 log.exception("could not record the failure of epoch %s", epoch)
             raise
 
     def _collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:
-        result = self.controller.collect(epoch, collected, release=release)
+        result = self.controller.epoch_log.collect(epoch, collected, release=release)
         if not result.recorded:
             # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
             self.warehouse.delete(garbage)
@@ -165,7 +199,10 @@ class EpochRuntime:
 
     def _run_source(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         started = time.time()
-        ranges = self.controller.begin_step(epoch, run_id, source=name).offsets
+        if self.pipeline.sources[name].primary_key:
+            # Upserts resolve against the source's rows before this epoch: its earlier epochs first.
+            self.controller.epoch_log.wait_for_order(epoch, [name], f"source {name}")
+        ranges = self._begin_step(epoch, run_id, source=name).offsets
         if not any(r.count > 0 for r in ranges):
             return self._idle_source(epoch, name, ranges, started, run_id, release)
         batch = self.connector(name).read(self.spark, ranges)
@@ -243,7 +280,7 @@ class EpochRuntime:
         columns = list(source.column_names)
         # Only the previous rows of the keys this epoch touches matter, and the primary key is the
         # source's distribution key: the read opens just those keys' vnodes of the snapshot.
-        touched = records.select(*_quoted(source.primary_key))
+        touched = records.select(*quoted(source.primary_key))
         previous, _ = self.read_state(name, epoch, inclusive=False, restrict=(tuple(source.primary_key), touched))
         if previous is None:
             previous = self.spark.createDataFrame([], records.select(*columns).schema)
@@ -268,8 +305,10 @@ class EpochRuntime:
 
         started = time.time()
         view = self.pipeline.views[name]
-        assert view.plan is not None
-        begun = self.controller.begin_step(epoch, run_id, table=name)
+        if view.plan is None:
+            raise InvariantViolation(f"view {name} is run as keyed but has no incremental plan")
+        self._wait_for_order(epoch, name)
+        begun = self._begin_step(epoch, run_id, table=name)
         collected, first = begun.collected, not begun.written_before
         rows_in = self._rows_in(epoch, name, collected)
         if rows_in == 0 and not first:
@@ -316,23 +355,25 @@ class EpochRuntime:
 
         started = time.time()
         view = self.pipeline.views[name]
-        self.controller.begin_step(epoch, run_id)
+        self._wait_for_order(epoch, name)
+        self._begin_step(epoch, run_id)
         rows_read = 0
         states = {}
         for upstream in view.upstreams:
             state, read = self.read_state(upstream, epoch, inclusive=True)
             rows_read += read
-            assert state is not None, "an upstream collected this epoch, so it has at least one epoch"
             states[upstream] = state
         new = sql_over(self.spark, view.query, states).toDF(*view.columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
         # The view's own previous state, negated: unit_changes nets it with the new rows anyway,
         # so it is read un-netted (snapshot + later changes) and aggregated only once.
-        previous, own_read = self._read_weighted(self.controller.state_parts(name, epoch, inclusive=False), None)
+        previous, own_read = self.reader.read_weighted(
+            self.controller.catalog.state_parts(name, epoch, inclusive=False), None
+        )
         rows_read += own_read
         weighted = new
         if previous is not None:
             negated = -F.col(WEIGHT) if WEIGHT in previous.columns else F.lit(-1).cast("bigint")
-            weighted = new.unionByName(previous.select(*_quoted(view.columns), negated.alias(WEIGHT)))
+            weighted = new.unionByName(previous.select(*quoted(view.columns), negated.alias(WEIGHT)))
         change = unit_changes(weighted)
         rows, recorded = self._publish_view_change(epoch, name, change, rows_read, started, run_id, release)
         return StepReport(
@@ -347,6 +388,12 @@ class EpochRuntime:
                 "recorded": recorded,
             },
         )
+
+    def _wait_for_order(self, epoch: int, view: str) -> None:
+        """A view that reads state (its inputs', its own) inside ``epoch`` needs their earlier epochs
+        written first; with several epochs in flight, another run may still be writing them."""
+        tables = [*self.pipeline.views[view].upstreams, view]
+        self.controller.epoch_log.wait_for_order(epoch, tables, f"view {view}")
 
     def _rows_in(self, epoch: int, view: str, collected: Mapping[str, Collected]) -> int:
         """Rows the view's upstreams changed in the epoch; raises when one has not run it yet."""
@@ -393,7 +440,7 @@ class EpochRuntime:
 
         started = time.time()
         view = self.pipeline.views[name]
-        begun = self.controller.begin_step(epoch, run_id, table=name)
+        begun = self._begin_step(epoch, run_id, table=name)
         rows_in = self._rows_in(epoch, name, begun.collected)
         if rows_in == 0 and begun.written_before:
             return self._idle_view(epoch, name, started, run_id, release)
@@ -407,7 +454,7 @@ class EpochRuntime:
             out = sql_over(self.spark, query, rows).toDF(*view.columns)
             if view.plan is not None and view.plan.typed_like_query:
                 out = out.select(
-                    *(F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in self.query_schema(name).fields)
+                    *(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in self.query_schema(name).fields)
                 )
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
@@ -458,11 +505,12 @@ class EpochRuntime:
     def _commit(self, epoch: int) -> StepReport:
         started = time.time()
         by_this_call: list[int] = []
+        delay = 0.05
         while True:
             # The step's questions and, when it is done, the end of its claim: one transaction.
             # A barrier still waiting for its checkpoint is then bounded by the epoch timeout,
             # not by this process staying alive.
-            step = self.controller.commit_step(epoch)
+            step = self.controller.epoch_log.commit_step(epoch)
             if step.committed:
                 fault_point("committed")
             by_this_call += step.committed
@@ -476,13 +524,19 @@ class EpochRuntime:
                 )
             if step.released:
                 break  # committed, or a barrier that commits with the next checkpoint
-            older = [r.epoch for r in step.in_flight if r.epoch < epoch]
-            if time.time() - started > COMMIT_WAIT_S:
-                raise EpochalError(
-                    f"epoch {epoch} is collected but older epoch(s) {older} have not committed after "
-                    f"{COMMIT_WAIT_S:.0f}s; their runs may be stuck: see `epochal status`"
+            # Collected by every table, behind older epochs that other runs are still working on.
+            # Waiting for order is never a failure: only an older epoch that cannot finish ends it.
+            stuck = self.controller.epoch_log.blocked_by(epoch)
+            if stuck:
+                raise OrderWaitAbandoned(
+                    f"epoch {epoch} is collected but cannot commit before an older epoch that cannot finish "
+                    f"({stuck}); the recovery this calls for aborts it. Run epoch_job without a partition to go on"
                 )
-            time.sleep(0.2)  # an older epoch's run is finishing; ours commits right after it
+            if time.time() - started > COMMIT_WAIT_S:
+                self.controller.epoch_log.release(epoch)
+                break  # the older epochs' runs commit it with theirs
+            time.sleep(delay)
+            delay = min(1.0, delay * 1.5)
         committed, in_flight = step.committed_epoch, step.in_flight
         return StepReport(
             "epoch_commit",
@@ -514,31 +568,33 @@ class EpochRuntime:
     def run_sink(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
         # A sink failure does not fail the epoch: the epoch is committed, the sink catches up later.
         started = time.time()
-        record = self.controller.epoch(epoch)
+        record = self.controller.epoch_log.epoch(epoch)
         if record.state is EpochState.ABORTED:
             raise EpochAborted(f"epoch {epoch} was aborted by a recovery; sinks only deliver committed epochs")
         sink = self.sink(name)
         upstream = self.pipeline.sinks[name].from_table
-        committed = self.controller.committed_epoch()
+        committed = self.controller.epoch_log.committed_epoch()
         target = min(epoch, committed) if committed is not None else None
         delivered_before = sink.delivered_epoch()
         # Restart path of the seed's coordinator: PENDING epochs the target already holds are committed.
-        for pending, state in self.controller.sink_state(name).items():
+        for pending, state in self.controller.ledger.sink_state(name).items():
             if state == "PENDING" and delivered_before is not None and pending <= delivered_before:
-                self.controller.mark_sink(name, pending, "COMMITTED")
+                self.controller.ledger.mark_sink(name, pending, "COMMITTED")
         inserted = deleted = epochs = 0
         if target is not None:
             # ``after``: change files compaction deleted are never needed (retention waits for the
             # sink), unless the sink lost its progress, which is then an error, not a silent gap.
             # Idle epochs of a source (no file) are delivered too, as nothing: the sink's progress
             # then says it holds everything up to the target, not the last epoch that had rows.
-            to_deliver = self.controller.committed_locations(upstream, upto=target, after=delivered_before, idle=True)
+            to_deliver = self.controller.catalog.committed_locations(
+                upstream, upto=target, after=delivered_before, idle=True
+            )
             for e, location in to_deliver:
                 if delivered_before is not None and e <= delivered_before:
                     continue
-                self.controller.mark_sink(name, e, "PENDING")
+                self.controller.ledger.mark_sink(name, e, "PENDING")
                 delivery = sink.deliver(e, [] if location is None else self.warehouse.parquet_files(location))
-                self.controller.mark_sink(name, e, "COMMITTED", delivery.rows_inserted + delivery.rows_deleted)
+                self.controller.ledger.mark_sink(name, e, "COMMITTED", delivery.rows_inserted + delivery.rows_deleted)
                 inserted += delivery.rows_inserted
                 deleted += delivery.rows_deleted
                 epochs += not delivery.skipped
@@ -578,7 +634,7 @@ class EpochRuntime:
             plan = self.pipeline.views[name].plan
             for leaf in plan.leaves if plan is not None else ():
                 if leaf.table == table and leaf.key:
-                    return tuple(k.strip("`") for k in leaf.key)
+                    return tuple(unquote(k) for k in leaf.key)
         return ()
 
     def read_state(
@@ -587,30 +643,9 @@ class EpochRuntime:
         epoch: int,
         inclusive: bool,
         restrict: "tuple[tuple[str, ...], DataFrame] | None" = None,
-    ) -> tuple["DataFrame | None", int]:
-        """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
-        and how many stored rows were read to get them; a table without change files
-        (none ran, or every one was idle) is empty, with its columns.
-
-        The rows are the newest snapshot at or before the epoch plus the change files after it
-        (committed or in flight, ``controller.state_parts``), never older change files.
-        ``restrict = (columns, keys)`` keeps only rows whose ``columns`` equal (null-safe) a row of
-        the small DataFrame ``keys``; it is applied before netting, and when ``columns`` is the
-        snapshot's distribution key only the keys' vnode directories of the snapshot are read.
-
-        Views and keyed sources read their inputs through this one function, so how state is
-        stored (change files, snapshots) is decided here and nowhere else."""
-        weighted, rows_read = self._read_weighted(self.controller.state_parts(table, epoch, inclusive), restrict)
-        if weighted is None:
-            # No change file yet (every epoch so far was idle, or none ran): the table is empty.
-            return self._empty_rows(table), 0
-        if WEIGHT not in weighted.columns:
-            return weighted, rows_read  # a snapshot alone is already net: no aggregation
-        return net_rows(weighted), rows_read
-
-    def _empty_rows(self, table: str) -> "DataFrame":
-        """No rows, with the table's columns: what a table without change files holds."""
-        return self.spark.createDataFrame([], self.query_schema(table))
+    ) -> tuple["DataFrame", int]:
+        """``table``'s rows inside ``epoch`` and the stored rows read: ``StateReader.read_state``."""
+        return self.reader.read_state(table, epoch, inclusive, restrict)
 
     def query_schema(self, table: str) -> "StructType":
         """``table``'s columns and types as its query, as written, gives them: Spark analyses the
@@ -632,95 +667,36 @@ class EpochRuntime:
     def _declared_schema(self, source: str) -> "StructType":
         """The source's declared columns and types, as Spark's parser reads the DDL (once per
         source and runtime: ``query_schema`` remembers it)."""
-        ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.pipeline.sources[source].columns)
+        ddl = ", ".join(f"{quote(c.name)} {c.type}" for c in self.pipeline.sources[source].columns)
         return self.spark.createDataFrame([], ddl).schema
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
-        committed = self.controller.committed_epoch()
-        limit = committed if epoch is None or committed is None else min(epoch, committed)
-        rows = None if limit is None else self.read_state(table, limit, inclusive=True)[0]
-        if rows is None:
+        committed = self.controller.epoch_log.committed_epoch()
+        if committed is None:
             raise EpochalError(f"table {table} has no committed epoch yet: run epoch_job first")
-        return rows
-
-    def _read_weighted(
-        self, parts: StateParts, restrict: "tuple[tuple[str, ...], DataFrame] | None"
-    ) -> tuple["DataFrame | None", int]:
-        """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
-        the snapshot as it is (no ``_weight`` column: every row counts once); otherwise the snapshot
-        rows with weight +1 followed by the changes."""
-        from pyspark.sql import functions as F
-
-        if parts.snapshot is None and not parts.changes:
-            return None, 0
-        base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict)
-        if not parts.changes:
-            return base, rows_read
-        locations = [loc for _, loc in parts.changes]
-        changes, change_rows = self.warehouse.read_counted(self.spark, locations)
-        rows_read += change_rows
-        if restrict is not None:
-            changes = _semi_join(changes, restrict)
-        if base is not None:
-            changes = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
-        return changes, rows_read
-
-    def _read_snapshot(
-        self, snapshot: Snapshot, restrict: "tuple[tuple[str, ...], DataFrame] | None"
-    ) -> tuple["DataFrame", int]:
-        import json
-
-        from pyspark.sql.types import StructType
-
-        from epochal.storage.vnode import vnode_column
-
-        schema = StructType.fromJson(json.loads(snapshot.spark_schema))
-        if snapshot.rows == 0:
-            return self.spark.createDataFrame([], schema), 0
-        if restrict is not None:
-            _check_restriction(snapshot.table, schema, restrict[0], restrict[1])
-            small = self.state_cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows)
-            if small is not None:
-                return _semi_join(small, restrict), snapshot.rows
-        dirs = self.warehouse.vnode_dirs(snapshot.location)
-        chosen: list[int] | None = None  # None: every vnode
-        if restrict is not None and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames()):
-            # At most 256 small ints come to the driver: which vnode directories hold the keys.
-            columns, keys = restrict
-            typed = _typed_keys(schema, columns, keys, names=list(columns))
-            vnodes = [r[0] for r in typed.select(vnode_column(schema, snapshot.distribution_key)).distinct().collect()]
-            chosen = [v for v in sorted(vnodes) if v in dirs]
-            if not chosen:
-                return self.spark.createDataFrame([], schema), 0
-        wanted = sorted(dirs) if chosen is None else chosen
-        if self.state_cache.worth_caching(len(wanted), len(dirs)):
-            # Most of the snapshot is read anyway: scan it from memory (filled on first use).
-            rows = self.state_cache.get(snapshot.table, snapshot.location)
-            if rows is None:
-                files = self.warehouse.all_snapshot_files(snapshot.location)
-                rows = self.state_cache.put(snapshot.table, snapshot.location, self._parquet_rows(schema, files))
-            rows_read = snapshot.rows
-        else:
-            files = [f for v in wanted for f in self.warehouse.parquet_files(dirs[v])]
-            rows_read = snapshot.rows if chosen is None else self.warehouse.files_row_count(files)
-            rows = self._parquet_rows(schema, files)
-        return (rows if restrict is None else _semi_join(rows, restrict)), rows_read
-
-    def _parquet_rows(self, schema: Any, files: list[str]) -> "DataFrame":
-        if not files:
-            return self.spark.createDataFrame([], schema)
-        # Files, not directories: no partition discovery (a vnode is not a column) and no listing.
-        return self.spark.read.schema(schema).parquet(*files).select(*_quoted(schema.fieldNames()))
+        limit = committed if epoch is None else min(epoch, committed)
+        return self.read_state(table, limit, inclusive=True)[0]
 
     def compact(
         self, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None
     ) -> StepReport:
         """Snapshot the tables that need it (``epochal/storage/compaction.py``); never raises for a
         table's failure, which is logged and reported in the metadata: the epoch is committed."""
-        from epochal.storage.compaction import compact_tables
+        from epochal.storage.compaction import Layout, compact_tables
 
-        report = compact_tables(self, tables=tables, every=self.settings.compact_every if every is None else every)
+        layout = Layout(
+            list(self.pipeline.tables),
+            self.distribution_key,
+            lambda table: [name for name, sink in self.pipeline.sinks.items() if sink.from_table == table],
+        )
+        report = compact_tables(
+            self.reader,
+            layout,
+            every=self.settings.compact_every if every is None else every,
+            tables=tables,
+            prune=self.controller.prune_history,
+        )
         # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
         at = epoch if epoch is not None else (report.committed_epoch or 0)
         return StepReport("epoch_compaction", at, report.metadata)
@@ -731,43 +707,3 @@ def _not_written(view: str, upstream: str, epoch: int) -> EpochalError:
         f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
         "for this partition first, or run the whole epoch with epoch_job"
     )
-
-
-def _quoted(names: "list[str] | tuple[str, ...]") -> list[str]:
-    return [f"`{n}`" for n in names]
-
-
-def _check_restriction(table: str, schema: Any, columns: tuple[str, ...], keys: "DataFrame") -> None:
-    unknown = [c for c in columns if c not in schema.fieldNames()]
-    if not columns or unknown:
-        raise EpochalError(f"cannot restrict {table} by columns {list(columns)}: {unknown or 'none given'}")
-    missing = [c for c in columns if c not in keys.columns]
-    if missing:
-        raise EpochalError(f"the restriction keys of {table} lack column(s) {missing}")
-
-
-def _typed_keys(schema: Any, columns: tuple[str, ...], keys: "DataFrame", names: list[str]) -> "DataFrame":
-    """``keys`` cast to the table's column types: the vnode hash and the null-safe comparison
-    must see the same values as when the rows were written."""
-    from pyspark.sql import functions as F
-
-    types = {f.name: f.dataType for f in schema.fields}
-    return keys.select(*[F.col(f"`{c}`").cast(types[c]).alias(n) for c, n in zip(columns, names, strict=True)])
-
-
-def _semi_join(rows: "DataFrame", restrict: "tuple[tuple[str, ...], DataFrame]") -> "DataFrame":
-    """The rows whose restriction columns equal (null-safe) some row of the keys: a left-semi join
-    against the broadcast keys, so the state is filtered where it is scanned, without a shuffle."""
-    from functools import reduce
-
-    from pyspark.sql import functions as F
-
-    columns, keys = restrict
-    _check_restriction("the table", rows.schema, tuple(columns), keys)
-    names = [f"__epochal_key_{i}" for i in range(len(columns))]
-    typed = _typed_keys(rows.schema, tuple(columns), keys, names)
-    condition = reduce(
-        lambda a, b: a & b,
-        [rows[f"`{c}`"].eqNullSafe(typed[n]) for c, n in zip(columns, names, strict=True)],
-    )
-    return rows.join(F.broadcast(typed), condition, "left_semi")

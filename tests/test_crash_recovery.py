@@ -9,9 +9,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from epochal.controller import EpochState
+from epochal.checkpoint.records import EpochState
 from epochal.faults import FAULT_POINTS
-from tests.consistency import assert_sink_exactly_once, assert_source_exact, assert_view_matches_batch, sink_rows
+from tests.consistency import assert_sink_exactly_once, assert_source_exact, assert_views_match_batch, sink_rows
 from tests.epochal_harness import VIEW_QUERIES, make_harness
 
 ORDERS = [f'{{"id": {i}, "customer": "c{i % 3}", "amount": {i * 3.5}, "ts": "2026-01-01T10:00:00"}}' for i in range(30)]
@@ -25,7 +25,7 @@ def test_crash_then_recover(spark, tmp_path: Path, point: str) -> None:
     instance = dg.DagsterInstance.ephemeral()
     assert h.run_in_process(instance).success
     runtime = h.runtime(spark)
-    first = runtime.controller.committed_epoch()
+    first = runtime.controller.epoch_log.committed_epoch()
     sink_before = sink_rows(runtime, "big_bids_out")
     h.produce(ORDERS[10:])
 
@@ -34,12 +34,12 @@ def test_crash_then_recover(spark, tmp_path: Path, point: str) -> None:
     assert "killing pid" in crashed.stderr and point in crashed.stderr
 
     # What the crash left behind: nothing half committed.
-    committed = runtime.controller.committed_epoch()
-    in_flight = runtime.controller.in_flight()
+    committed = runtime.controller.epoch_log.committed_epoch()
+    in_flight = runtime.controller.epoch_log.in_flight()
     if point == "source-written":
         assert committed == first and len(in_flight) == 1
-        assert runtime.controller.collected(in_flight[0].epoch)  # something was written...
-        assert runtime.controller.committed_locations("bid")[-1][0] == first  # ...but nobody reads it
+        assert runtime.controller.epoch_log.collected(in_flight[0].epoch)  # something was written...
+        assert runtime.controller.catalog.committed_locations("bid")[-1][0] == first  # ...but nobody reads it
     else:
         assert committed > first and in_flight == []
         assert runtime.sink("big_bids_out").delivered_epoch() == first
@@ -52,14 +52,13 @@ def test_crash_then_recover(spark, tmp_path: Path, point: str) -> None:
     if point == "source-written":
         assert "died" in status["last_recovery"]["reason"]
         assert status["last_recovery"]["aborted_epochs"] == [in_flight[0].epoch]
-        assert runtime.controller.epoch(in_flight[0].epoch).state is EpochState.ABORTED
+        assert runtime.controller.epoch_log.epoch(in_flight[0].epoch).state is EpochState.ABORTED
         # The aborted epoch's output is gone from storage, not just hidden.
         assert not any(p.name == f"epoch={in_flight[0].epoch}" for p in (h.home / "warehouse" / "bid").iterdir())
     assert status["in_flight"] == [] and status["recovery_requested"] is None
 
     assert_source_exact(runtime, "bid")
     assert assert_source_exact(runtime, "orders") == 30
-    for view, query in VIEW_QUERIES.items():
-        assert_view_matches_batch(runtime, view, query)
+    assert_views_match_batch(runtime, VIEW_QUERIES)
     assert_sink_exactly_once(runtime, "big_bids_out")
     assert_sink_exactly_once(runtime, "orders_out")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
+from epochal.sql import quote
 from epochal.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
@@ -323,8 +324,6 @@ def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:
     return take
 
 
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass(frozen=True)
@@ -339,7 +338,7 @@ def _parse(raw: "SparkColumn", columns: "Iterable[Column | _Column]") -> "SparkC
     """``raw`` parsed as a struct of ``columns`` plus the corrupt-record field."""
     from pyspark.sql import functions as F
 
-    fields = [f"{_quote(c.name)} {c.type}" for c in columns] + [f"{_quote(_CORRUPT)} STRING"]
+    fields = [f"{quote(c.name)} {c.type}" for c in columns] + [f"{quote(_CORRUPT)} STRING"]
     return F.from_json(raw, ", ".join(fields), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
 
 
@@ -383,9 +382,9 @@ def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
     )
     misfits = []
     for c in columns:
-        typed = F.from_json(raw, f"{_quote(c.name)} {c.type}").getField(c.name)
+        typed = F.from_json(raw, f"{quote(c.name)} {c.type}").getField(c.name)
         # VARIANT keeps the value as written, so the reason can quote it
-        value = F.from_json(raw, f"{_quote(c.name)} VARIANT").getField(c.name)
+        value = F.from_json(raw, f"{quote(c.name)} VARIANT").getField(c.name)
         shown = _shorten(F.to_json(value))
         misfits.append(
             F.when(

@@ -1,0 +1,98 @@
+"""Several epochs in flight, each with its own run, started at once in any order: the barrier
+sensor's own pattern. A step that needs an earlier epoch waits for it instead of failing, nothing
+recovers, every epoch commits, and views and sinks equal the batch oracle."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from epochal.checkpoint.records import EpochState
+from epochal.runtime import EpochRuntime
+from tests.consistency import assert_sink_exactly_once, assert_view_matches_batch
+from tests.epochal_harness import make_harness
+
+FILES = {
+    "pipeline.sql": """
+CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE, ts TIMESTAMP)
+WITH (connector = 'log', path = 'data/orders', format = 'json');
+
+CREATE MATERIALIZED VIEW large_orders AS SELECT id, customer, amount FROM orders WHERE amount >= 10;
+
+CREATE MATERIALIZED VIEW spend AS
+SELECT customer, count(*) AS n, sum(amount) AS total, max(amount) AS biggest FROM orders GROUP BY customer;
+
+CREATE MATERIALIZED VIEW top_order AS
+SELECT customer, id, amount FROM (
+  SELECT customer, id, amount, row_number() OVER (PARTITION BY customer ORDER BY amount DESC, id) AS rn
+  FROM orders) WHERE rn = 1;
+
+CREATE SINK spend_out FROM spend
+WITH (connector = 'duckdb', database = 'out/o.duckdb', table = 'spend', type = 'upsert', primary_key = 'customer');
+""",
+}
+VIEWS = {
+    "large_orders": "SELECT id, customer, amount FROM orders WHERE amount >= 10",
+    "spend": "SELECT customer, count(*) AS n, sum(amount) AS total, max(amount) AS biggest FROM orders "
+    "GROUP BY customer",
+    "top_order": "SELECT customer, id, amount FROM (SELECT customer, id, amount, row_number() OVER "
+    "(PARTITION BY customer ORDER BY amount DESC, id) AS rn FROM orders) WHERE rn = 1",
+}
+
+
+def run_epoch(runtime: EpochRuntime, epoch: int, run_id: str) -> None:
+    """What epoch_job does for a partition: every source, the views in order, commit, sinks."""
+    pipeline = runtime.pipeline
+    for name in pipeline.sources:
+        runtime.run_source(epoch, name, run_id)
+    for name in pipeline.view_order():
+        runtime.run_view(epoch, name, run_id)
+    runtime.commit(epoch)
+    for name in pipeline.sinks:
+        runtime.run_sink(epoch, name, run_id)
+
+
+def test_four_runs_for_consecutive_epochs_started_at_once_all_commit_without_recovery(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path, FILES)
+    sensor = h.runtime(spark)
+    sensor.recover("bootstrap")
+    epochs = []
+    for n in range(4):  # the sensor: records arrive, an epoch is injected each barrier interval
+        h.produce(
+            [
+                json.dumps({"id": i, "customer": f"c{i % 3}", "amount": 5.0 * (i + n), "ts": "2026-01-01T10:00:00"})
+                for i in range(n * 4, n * 4 + 6)
+            ]  # overlapping ids: updates of earlier epochs' rows
+            + ([json.dumps({"id": n, "_op": "delete"})] if n else [])
+        )
+        epochs.append(sensor.controller.epoch_log.inject(sensor.plan).epoch)
+
+    errors: list[BaseException] = []
+    go = threading.Barrier(4)
+
+    def run(epoch: int) -> None:
+        runtime = h.runtime(spark)  # each run has its own runtime, as its own process would
+        try:
+            go.wait()
+            run_epoch(runtime, epoch, f"run-{epoch}")
+        except BaseException as exc:  # reported below, with the epoch
+            errors.append(exc)
+        finally:
+            runtime.close()
+
+    # The newest epoch's run first: every later step finds earlier epochs unwritten.
+    threads = [threading.Thread(target=run, args=(e,)) for e in reversed(epochs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, f"a run failed: {errors!r}"
+    runtime = h.runtime(spark)
+    status = runtime.controller.status()
+    assert [runtime.controller.epoch_log.epoch(e).state for e in epochs] == [EpochState.COMMITTED] * 4
+    assert status["last_recovery"]["reason"] == "bootstrap", "waiting for order must never start a recovery"
+    assert status["epoch_counts"]["ABORTED"] == 0
+    for name, query in VIEWS.items():
+        assert_view_matches_batch(runtime, name, query)
+    assert_sink_exactly_once(runtime, "spend_out")
