@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epochal.errors import EpochalError
+from epochal.sql import DUCKDB, quote, string_list
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
 if TYPE_CHECKING:
@@ -35,21 +36,13 @@ _SPARK_TO_DUCKDB = {
 }
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _files_sql(files: list[str]) -> str:
-    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
-
-
 def _read(files: list[str]) -> str:
     # Explicit files; a snapshot's lie under _vnode=N/ directories, which are layout, not columns.
-    return f"read_parquet({_files_sql(files)}, hive_partitioning = false)"
+    return f"read_parquet({string_list(files)}, hive_partitioning = false)"
 
 
 def _empty_view(columns: list[tuple[str, str]]) -> str:
-    cols = ", ".join(f"NULL::{_SPARK_TO_DUCKDB.get(t.lower(), 'VARCHAR')} AS {_quote(n)}" for n, t in columns)
+    cols = ", ".join(f"NULL::{_SPARK_TO_DUCKDB.get(t.lower(), 'VARCHAR')} AS {quote(n, DUCKDB)}" for n, t in columns)
     return f"SELECT {cols} WHERE false"
 
 
@@ -65,37 +58,38 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
     import duckdb
 
     controller, warehouse = runtime.controller, runtime.warehouse
-    epoch = controller.committed_epoch()
+    epoch = controller.epoch_log.committed_epoch()
     con = duckdb.connect()
     for table in runtime.pipeline.tables:
         columns = _columns_of(runtime, table)
-        cols = ", ".join(_quote(n) for n, _ in columns)
+        cols = ", ".join(quote(n, DUCKDB) for n, _ in columns)
         # The newest snapshot at the epoch plus the change files after it, as the Spark readers do.
-        parts = controller.state_parts(table, epoch, inclusive=True) if epoch is not None else None
+        parts = controller.catalog.state_parts(table, epoch, inclusive=True) if epoch is not None else None
         snapshot = [] if parts is None or parts.snapshot is None else warehouse.snapshot_files(parts.snapshot.location)
         changes = [] if parts is None else [f for _, loc in parts.changes for f in warehouse.parquet_files(loc)]
         if not snapshot and not changes:
-            con.execute(f"CREATE VIEW {_quote(table)} AS {_empty_view(columns)}")
+            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS {_empty_view(columns)}")
         elif not changes:
             # A snapshot alone is already net, one row per unit: no aggregation.
-            con.execute(f"CREATE VIEW {_quote(table)} AS SELECT {cols} FROM {_read(snapshot)}")
+            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS SELECT {cols} FROM {_read(snapshot)}")
         else:
             weighted = f"SELECT {cols}, {WEIGHT} FROM {_read(changes)}"
             if snapshot:
                 weighted = f"SELECT {cols}, 1::BIGINT AS {WEIGHT} FROM {_read(snapshot)} UNION ALL {weighted}"
             con.execute(
-                f"CREATE VIEW {_quote(table)} AS WITH net AS (SELECT {cols}, sum({WEIGHT})::BIGINT AS _n "
+                f"CREATE VIEW {quote(table, DUCKDB)} AS WITH net AS (SELECT {cols}, sum({WEIGHT})::BIGINT AS _n "
                 f"FROM ({weighted}) GROUP BY ALL HAVING sum({WEIGHT}) > 0) "
                 f"SELECT {cols} FROM (SELECT {cols}, unnest(range(_n)) FROM net)"
             )
     for source in runtime.pipeline.sources:
-        dlq = [f for loc in controller.committed_dead_letter_locations(source) for f in warehouse.parquet_files(loc)]
+        locations = controller.catalog.committed_dead_letter_locations(source)
+        dlq = [f for loc in locations for f in warehouse.parquet_files(loc)]
         body = (
-            f"SELECT * FROM read_parquet({_files_sql(dlq)})"
+            f"SELECT * FROM read_parquet({string_list(dlq)})"
             if dlq
             else _empty_view([("split", "string"), ("offset", "bigint"), ("raw", "string"), ("reason", "string")])
         )
-        con.execute(f"CREATE VIEW {_quote(dead_letter_table(source))} AS {body}")
+        con.execute(f"CREATE VIEW {quote(dead_letter_table(source), DUCKDB)} AS {body}")
     return con, epoch
 
 

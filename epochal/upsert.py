@@ -23,6 +23,7 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from epochal.errors import EpochalError
+from epochal.sql import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -64,7 +65,7 @@ def upsert_changes(
 
     # The last record of each key wins. partitionBy groups NULL keys together, which is the
     # NULL-safe equality the join below uses too.
-    latest_first = Window.partitionBy(*[F.col(_quote(k)) for k in key]).orderBy(
+    latest_first = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy(
         F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc()
     )
     last = incoming.withColumn(_RANK, F.row_number().over(latest_first)).where(F.col(_RANK) == 1)
@@ -72,19 +73,19 @@ def upsert_changes(
     # previous's columns renamed, so both sides of the join can be named without ambiguity; the
     # marker tells "no previous row" apart from a previous row whose columns are NULL
     before = previous.select(
-        *[F.col(_quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)], F.lit(True).alias(_FOUND)
+        *[F.col(quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)], F.lit(True).alias(_FOUND)
     )
     prev = {c: F.col(_PREV.format(i)) for i, c in enumerate(columns)}
-    same_key = _all([F.col(_quote(k)).eqNullSafe(prev[k]) for k in key])
+    same_key = _all([F.col(quote(k)).eqNullSafe(prev[k]) for k in key])
     joined = last.join(before, same_key, "left")
 
     found = F.col(_FOUND).isNotNull()
     upsert = F.col(OP_COLUMN) == UPSERT
     # An upsert of the row that is already there changes nothing: its -1 and +1 would net to 0.
     # Rows of different keys never meet, so this per-key check is all the netting there is.
-    unchanged = found & upsert & _all([F.col(_quote(c)).eqNullSafe(prev[c]) for c in columns])
+    unchanged = found & upsert & _all([F.col(quote(c)).eqNullSafe(prev[c]) for c in columns])
     retract = F.struct(*[prev[c].alias(c) for c in columns], F.lit(-1).cast("bigint").alias(WEIGHT))
-    add = F.struct(*[F.col(_quote(c)).alias(c) for c in columns], F.lit(1).cast("bigint").alias(WEIGHT))
+    add = F.struct(*[F.col(quote(c)).alias(c) for c in columns], F.lit(1).cast("bigint").alias(WEIGHT))
     # Every row carries a weight of exactly +1 or -1, so the result already has one row per unit:
     # there is no |weight| > 1 to expand. Should ``previous`` break its contract and hold a row
     # twice, the join meets each copy, and each is retracted (and replaced) as a unit of its own.
@@ -115,7 +116,3 @@ def _check_shapes(incoming: "DataFrame", previous: "DataFrame", key: list[str], 
             raise EpochalError(
                 f"upsert_changes: {what} lacks column(s) {', '.join(missing)} (it has {', '.join(frame.columns)})"
             )
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

@@ -56,9 +56,20 @@ def test_append_only_refuses_retractions(tmp_path: Path) -> None:
 def test_upsert_applies_updates_and_deletes(tmp_path: Path) -> None:
     sink = make(tmp_path, type="upsert", primary_key="id")
     sink.deliver(1, change(tmp_path, "e1", [(1, "a", 1), (2, "b", 1), (3, "c", 1)]))
-    # id 1 updated (old row out, new row in), id 2 deleted, id 4 inserted twice in one epoch.
-    sink.deliver(2, change(tmp_path, "e2", [(1, "a", -1), (1, "A", 1), (2, "b", -1), (4, "d", 1), (4, "d", 1)]))
+    # id 1 updated (old row out, new row in), id 2 deleted, id 4 inserted.
+    sink.deliver(2, change(tmp_path, "e2", [(1, "a", -1), (1, "A", 1), (2, "b", -1), (4, "d", 1)]))
     assert target(sink) == [(1, "A"), (3, "c"), (4, "d")]
+
+
+def test_upsert_refuses_two_rows_for_one_key_instead_of_keeping_either(tmp_path: Path) -> None:
+    """The loader proves the sink key unique in its view; an epoch that breaks that is an error
+    (whichever row an upsert kept would be arbitrary), and nothing of the epoch is delivered."""
+    sink = make(tmp_path, type="upsert", primary_key="id")
+    sink.deliver(1, change(tmp_path, "e1", [(1, "a", 1)]))
+    for rows in ([(4, "d", 1), (4, "e", 1)], [(4, "d", 1), (4, "d", 1)]):
+        with pytest.raises(EpochalError, match=r"key\(s\) of \(id\) have more than one row"):
+            sink.deliver(2, change(tmp_path, f"e2-{rows[1][1]}", rows))
+    assert target(sink) == [(1, "a")] and sink.delivered_epoch() == 1
 
 
 def test_incompatible_existing_table_is_an_error_not_a_cast(tmp_path: Path) -> None:

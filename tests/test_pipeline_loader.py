@@ -590,6 +590,52 @@ def test_queries_the_planner_cannot_maintain_are_refused(
     assert issue.message.endswith(FULL_REFRESH_HINT)
 
 
+def test_spark_windowed_aggregation_loads_as_spark_writes_it(tmp_path: Path) -> None:
+    """GROUP BY window(...) first (sqlglot read WINDOW as the start of a WINDOW clause) and the
+    window's struct read as window.start/window.end or window, by the names Spark gives them."""
+    pipeline = load(
+        tmp_path,
+        {
+            "a.sql": BID_SOURCE
+            + "CREATE MATERIALIZED VIEW tumble AS\nSELECT window.start, window.end, count(*) AS cnt FROM bid\n"
+            "GROUP BY window(date_time, '10 seconds');\n"
+            "CREATE MATERIALIZED VIEW hop AS SELECT auction, window, count(*) AS cnt FROM bid\n"
+            "GROUP BY window(date_time, '10 seconds', '2 seconds'), auction HAVING cnt > 1;\n"
+        },
+    )
+    assert pipeline.views["tumble"].columns == ("start", "end", "cnt")
+    assert pipeline.views["hop"].columns == ("auction", "window", "cnt")
+    assert pipeline.views["tumble"].query.startswith("SELECT window.start")  # kept as written
+
+
+def test_window_columns_are_checked_like_any_column(tmp_path: Path) -> None:
+    found = issues(
+        tmp_path,
+        {
+            "a.sql": BID_SOURCE
+            + "CREATE MATERIALIZED VIEW v AS SELECT window.start AS ws, count(*) AS n FROM bid\n"
+            "GROUP BY window(date_tme, '10 seconds');\n"
+            "CREATE MATERIALIZED VIEW w AS SELECT\nwindow.start AS ws FROM bid;\n"
+        },
+    )
+    assert [(at(i), i.message.split(":")[0]) for i in found] == [(("a.sql", 5), "view v"), (("a.sql", 7), "view w")]
+    assert "unknown column 'date_tme'" in found[0].message and "did you mean 'date_time'?" in found[0].message
+    # without GROUP BY window(...) there is no window column, in Spark either
+    assert "unknown table or alias 'window'" in found[1].message
+
+
+def test_an_in_list_is_a_filter_not_a_subquery(tmp_path: Path) -> None:
+    pipeline = load(
+        tmp_path,
+        {
+            "a.sql": BID_SOURCE
+            + "CREATE MATERIALIZED VIEW v AS SELECT a.auction, b.bidder FROM bid a JOIN bid b\n"
+            "ON a.auction = b.auction WHERE a.channel IN ('apple', 'google') AND b.price NOT IN (1, 2);"
+        },
+    )
+    assert pipeline.views["v"].plan.rule == "delta join"
+
+
 @pytest.mark.parametrize(
     ("query", "construct"),
     [

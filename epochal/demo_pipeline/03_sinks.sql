@@ -8,12 +8,12 @@ WITH (
 );
 
 -- Auction statistics, kept current in DuckDB: an upsert sink applies each epoch's retractions and
--- insertions by auction.
+-- insertions by key. The key must be unique in the view, and the view groups by (auction, category).
 CREATE SINK auction_stats_out FROM auction_stats
 WITH (
     connector = 'duckdb',
     database = 'out/sink.duckdb',
     table = 'auction_stats',
     type = 'upsert',
-    primary_key = 'auction'
+    primary_key = 'auction, category'
 );

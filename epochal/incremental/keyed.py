@@ -130,10 +130,13 @@ def keyed_change(
     read_state: StateReader,
     changed: frozenset[str] | None = None,
     first: bool = False,
+    dry_run: bool = False,
 ) -> KeyedChange:
     """The view's change for the epoch. ``changed``: the upstreams whose change is not empty
     (default: all); the delta rule skips the terms of the others, and never reads their state.
-    ``first``: the view has no earlier epoch, so nothing is retracted."""
+    ``first``: the view has no earlier epoch, so nothing is retracted. ``dry_run``: persist
+    nothing (the load-time analysis of the plan, :mod:`epochal.incremental.analysis`, only builds
+    the frames)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -142,6 +145,8 @@ def keyed_change(
     changed = frozenset(deltas) if changed is None else changed
 
     def cache(frame: DataFrame) -> DataFrame:
+        if dry_run:
+            return frame
         # read by more than one query of the step: computed once (spills to disk rather than grow memory)
         cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return cached[-1]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from epochal.incremental.binding import sql_over
 from epochal.incremental.keyed import KeyedChange, StateReader, key_names, leaf_states
 from epochal.incremental.planner import PartialAggregate, PartialColumn, Plan
+from epochal.sql import quote
 from epochal.storage.changes import signed_parts
 from epochal.storage.warehouse import WEIGHT
 
@@ -52,10 +53,6 @@ def _exact(data_type: DataType) -> bool:
     return isinstance(data_type, (ByteType, ShortType, IntegerType, LongType, DecimalType))
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def partial_change(
     spark: SparkSession,
     plan: Plan,
@@ -64,10 +61,14 @@ def partial_change(
     deltas: Mapping[str, DataFrame],
     read_state: StateReader,
     declared: StructType,
+    dry_run: bool = False,
 ) -> KeyedChange:
     """The change of partial-aggregate ``table`` for the epoch (``plan.rule`` is PARTIAL_RULE).
     ``columns`` are the table's query's, typed as ``declared`` (the query's schema); the change
-    also carries the hidden kept values."""
+    also carries the hidden kept values. ``dry_run``: build every frame, the rebuild of groups
+    from their input included, without asking Spark anything (whether a group needs the rebuild
+    is a Spark job) and without persisting: the load-time analysis of the plan
+    (:mod:`epochal.incremental.analysis`)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType
@@ -78,6 +79,8 @@ def partial_change(
     cached: list[DataFrame] = []
 
     def cache(frame: DataFrame) -> DataFrame:
+        if dry_run:
+            return frame
         cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return cached[-1]
 
@@ -98,24 +101,24 @@ def partial_change(
     delta = cache(_per_group(spec, rows, exact))
     # The table's own rows at the touched groups: distributed by its groups, so read at their vnodes.
     # An aggregate over all rows has one group and one row (a COUNT of 0 included), read whole.
-    touched = (spec.groups, delta.select(*(_q(g) for g in spec.groups))) if spec.groups else None
+    touched = (spec.groups, delta.select(*(quote(g) for g in spec.groups))) if spec.groups else None
     state, rows_read = read_state(table, False, touched)
     old = cache(_with_hidden(state, spec, typed))
     judged = cache(_merged(spec, delta, old, exact, typed))
     # A group whose last row went has no row; the one group over all rows is always there.
-    present = F.col(_q(spec.rows)) > 0 if spec.groups else F.lit(True)
-    kept = judged.where(~F.col(_REDO) & present).select(*(_q(n) for n in stored))
+    present = F.col(quote(spec.rows)) > 0 if spec.groups else F.lit(True)
+    kept = judged.where(~F.col(_REDO) & present).select(*(quote(n) for n in stored))
     outputs = [
         old.withColumn(WEIGHT, F.lit(-1).cast("bigint")),
         kept.withColumn(WEIGHT, F.lit(1).cast("bigint")),
     ]
     redo = judged.where(F.col(_REDO))
-    if not redo.isEmpty():
+    if dry_run or not redo.isEmpty():
         # The groups whose kept MIN/MAX values all went (or whose float sum lost a value): rebuilt
         # from their input rows after the epoch, read at their keys, as if every row were inserted
         # into an empty group. Over all rows there is one group, and its key is the whole input.
         names = key_names(len(spec.key_groups))
-        keys = redo.select(*(F.col(_q(g)).alias(k) for g, k in zip(spec.key_groups, names, strict=True)))
+        keys = redo.select(*(F.col(quote(g)).alias(k) for g, k in zip(spec.key_groups, names, strict=True)))
         redo_keys = cache(keys) if spec.groups else None
         empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
         _, after, read = leaf_states(spark, leaf, redo_keys, deltas, read_state, empty, cache)
@@ -123,7 +126,7 @@ def partial_change(
         inserted = _aggregated_rows(spark, spec, leaf.name, after, 1)
         nothing = spark.createDataFrame([], old.schema)
         rebuilt = _merged(spec, _per_group(spec, inserted, exact), nothing, exact, typed)
-        rebuilt = rebuilt.where(present).select(*(_q(n) for n in stored))
+        rebuilt = rebuilt.where(present).select(*(quote(n) for n in stored))
         outputs.append(rebuilt.withColumn(WEIGHT, F.lit(1).cast("bigint")))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
 
@@ -139,8 +142,8 @@ def _counted(column: PartialColumn) -> Column:
     """The rows the aggregate takes: FILTER true and (but for COUNT(*)) the argument not NULL."""
     from pyspark.sql import functions as F
 
-    keep = F.col(_q(column.condition)) if column.condition else F.lit(True)
-    return keep & F.col(_q(column.argument)).isNotNull() if column.argument else keep
+    keep = F.col(quote(column.condition)) if column.condition else F.lit(True)
+    return keep & F.col(quote(column.argument)).isNotNull() if column.argument else keep
 
 
 def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool]) -> DataFrame:
@@ -150,7 +153,7 @@ def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool
     from pyspark.sql import functions as F
 
     w = F.col(WEIGHT)
-    groups = [F.col(_q(g)) for g in spec.groups]
+    groups = [F.col(quote(g)) for g in spec.groups]
     aggregations = []
     for c in spec.columns:
         if c.kind == "count":
@@ -158,16 +161,16 @@ def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool
         elif c.kind == "sum" and exact[c.name]:
             # Negated rather than multiplied by the weight: a decimal times a BIGINT widens the
             # type, and past 38 digits Spark drops scale, which would round the sum.
-            signed_value = F.when(w > 0, F.col(_q(c.argument))).otherwise(-F.col(_q(c.argument)))
+            signed_value = F.when(w > 0, F.col(quote(c.argument))).otherwise(-F.col(quote(c.argument)))
             aggregations.append(F.sum(F.when(_counted(c), signed_value)).alias(_DELTA + c.name))
         elif c.kind == "sum":
-            aggregations.append(F.sum(F.when(_counted(c) & (w > 0), F.col(_q(c.argument)))).alias(_DELTA + c.name))
+            aggregations.append(F.sum(F.when(_counted(c) & (w > 0), F.col(quote(c.argument)))).alias(_DELTA + c.name))
             aggregations.append(F.max(_counted(c) & (w < 0)).alias(_GONE + c.name))
         else:
             # min_by/max_by with k keep a bounded heap per group (no sort of the change, and a
             # bulk load aggregates partially before its shuffle); rows whose ordering value is
             # NULL (not counted, or the other sign) are not taken.
-            value = F.col(_q(c.argument))
+            value = F.col(quote(c.argument))
             best = F.min_by if c.kind == "min" else F.max_by
             for label, sign in ((_IN, w > 0), (_OUT, w < 0)):
                 taken = F.when(_counted(c) & sign, value)
@@ -189,9 +192,10 @@ def _kept_values(column: PartialColumn, limit: int, new_count: str) -> str:
     deleted and the best inserted values. ``L`` is the last old kept value: values past it may
     exist in the input unkept, so a delete past it never touched the kept ones and an insert
     past it cannot enter (unless the old kept values were all of the group's)."""
-    kept, nonnull = _q(_OLD + column.cache), _q(_OLD + column.nonnull)
+    kept, nonnull = quote(_OLD + column.cache), quote(_OLD + column.nonnull)
     # (a group without deletes or inserts of this column may have NULL for them)
-    deleted, inserted = f"coalesce({_q(_OUT + column.name)}, array())", f"coalesce({_q(_IN + column.name)}, array())"
+    deleted = f"coalesce({quote(_OUT + column.name)}, array())"
+    inserted = f"coalesce({quote(_IN + column.name)}, array())"
     at_most = "<=" if column.kind == "min" else ">="
     ascending = "true" if column.kind == "min" else "false"
     old = f"coalesce({kept}, array())"
@@ -206,7 +210,7 @@ def _kept_values(column: PartialColumn, limit: int, new_count: str) -> str:
     )
     entering = f"CASE WHEN {complete} THEN {inserted} ELSE filter({inserted}, x -> x {at_most} {last}) END"
     merged = f"slice(sort_array(concat({removed}, {entering}), {ascending}), 1, {limit})"
-    return f"CASE WHEN {_q(new_count)} > 0 THEN {merged} ELSE array() END"
+    return f"CASE WHEN {quote(new_count)} > 0 THEN {merged} ELSE array() END"
 
 
 def _merged(
@@ -220,15 +224,15 @@ def _merged(
     it must be rebuilt from the input instead (``_REDO``)."""
     from pyspark.sql import functions as F
 
-    prior = old.select(*(F.col(_q(c)).alias(_OLD + c) for c in old.columns))
-    same_group = [delta[_q(g)].eqNullSafe(prior[_q(_OLD + g)]) for g in spec.groups]
+    prior = old.select(*(F.col(quote(c)).alias(_OLD + c) for c in old.columns))
+    same_group = [delta[quote(g)].eqNullSafe(prior[quote(_OLD + g)]) for g in spec.groups]
     joined = delta.join(prior, on=reduce(lambda a, b: a & b, same_group, F.lit(True)), how="left")
 
     def before(name: str) -> Column:
-        return F.col(_q(_OLD + name))
+        return F.col(quote(_OLD + name))
 
     def added(name: str) -> Column:
-        return F.col(_q(_DELTA + name))
+        return F.col(quote(_DELTA + name))
 
     counts = {  # (added is NULL only over all rows, when the change kept no row)
         c.name: (F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))).cast(typed[c.name])
@@ -242,24 +246,24 @@ def _merged(
         if c.cache
     }
     joined = joined.withColumns(caches) if caches else joined
-    values: dict[str, Column] = {name: F.col(_q(name)) for name in counts}
+    values: dict[str, Column] = {name: F.col(quote(name)) for name in counts}
     needs_input: list[Column] = []
     for c in spec.columns:
         if c.kind == "sum":
             total = F.coalesce(before(c.name), F.lit(0)) + F.coalesce(added(c.name), F.lit(0))
-            values[c.name] = F.when(F.col(_q(c.nonnull)) > 0, total)
+            values[c.name] = F.when(F.col(quote(c.nonnull)) > 0, total)
             if not exact[c.name]:
-                needs_input.append(F.coalesce(F.col(_q(_GONE + c.name)), F.lit(False)))
+                needs_input.append(F.coalesce(F.col(quote(_GONE + c.name)), F.lit(False)))
         elif c.kind in ("min", "max"):
             assert c.cache, "a MIN/MAX of a partial aggregate keeps its values"
-            kept = F.col(_q(c.cache))
+            kept = F.col(quote(c.cache))
             values[c.name] = F.try_element_at(kept, F.lit(1))
             # The kept values all went while the group still has some: only the input knows them.
-            needs_input.append((F.col(_q(c.nonnull)) > 0) & (F.size(kept) == 0))
+            needs_input.append((F.col(quote(c.nonnull)) > 0) & (F.size(kept) == 0))
     recompute = reduce(lambda a, b: a | b, needs_input) if needs_input else F.lit(False)
     return joined.select(
-        *(F.col(_q(g)) for g in spec.groups),
+        *(F.col(quote(g)) for g in spec.groups),
         *(values[c.name].cast(typed[c.name]).alias(c.name) for c in spec.columns),
-        *(F.col(_q(h)) for h in spec.hidden),
+        *(F.col(quote(h)) for h in spec.hidden),
         recompute.alias(_REDO),
     )

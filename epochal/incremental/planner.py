@@ -44,9 +44,11 @@ from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
+from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS
+from epochal.pipeline.time_windows import window_call, windows_as_input_columns
+from epochal.sql import quote, unquote
 
-DIALECT = "spark"
 #: Temp views the rewritten query reads instead of its leaves (one per leaf, per run).
 LEAF_PREFIX = "__epochal_leaf_"
 #: Internal stage views are named ``{view}{STAGE_SEPARATOR}{n}``.
@@ -254,6 +256,26 @@ def _is_aggregate(node: exp.Func) -> bool:
     return isinstance(node, exp.AggFunc) or name in AGGREGATE_FUNCTIONS
 
 
+#: Functions that turn one row into several (explode, posexplode, inline, stack...), so no value
+#: of them belongs to a row alone.
+_GENERATORS = (exp.UDTF, exp.Stack)
+#: Several groupings in one GROUP BY: no value of one row.
+_GROUPING_SETS = (exp.Rollup, exp.Cube, exp.GroupingSets)
+
+
+def _row_function(node: exp.Expression) -> bool:
+    """True when ``node`` is a value of one row alone, which a key can be: no subquery, aggregate,
+    window function or generator, and no time window (a hopping window puts a row in several,
+    a session window's bounds depend on the other rows; Spark refuses both in a join condition,
+    which is where a key restricts an input)."""
+    for sub in node.walk():
+        if isinstance(sub, (exp.Subquery, exp.Query, exp.Window, *_GENERATORS, *_GROUPING_SETS)) or window_call(sub):
+            return False
+        if isinstance(sub, exp.Func) and _is_aggregate(sub):
+            return False
+    return True
+
+
 def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     if node is None:
         return []
@@ -391,7 +413,7 @@ class _Analyzer:
             for kind_, what, branch_names in branches:
                 column = branch_names[position]
                 if kind_ == "leaf":
-                    restrictions.append((what, _quote(column)))
+                    restrictions.append((what, quote(column, when_needed=True)))
                 elif column in what.keys:
                     restrictions += what.keys[column]
                 else:
@@ -438,6 +460,8 @@ class _Analyzer:
         for conjunct in _conjuncts(select.args.get("where")):
             self._where_conjunct(conjunct, by_alias, classes, add, operators)
         for node in select.find_all(exp.In, exp.Exists):
+            if isinstance(node, exp.In) and node.args.get("query") is None:
+                continue  # x IN (1, 2, 3): a comparison with a list, as linear as x = 1 OR ...
             if node.parent_select is select and id(node) not in self.handled:
                 raise Unmaintainable(
                     "IN/EXISTS (subquery)",
@@ -471,7 +495,11 @@ class _Analyzer:
             f for f in (select.args.get("having") or exp.Null()).find_all(exp.Func) if _is_aggregate(f)
         ]
         if group is not None:
-            required.append(("GROUP BY", list(group.expressions)))
+            # What every grouping set groups by: a plain expression outside ROLLUP, CUBE and
+            # GROUPING SETS (none when WITH ROLLUP/CUBE covers them all), and no session window,
+            # whose bounds depend on the other rows. Nothing left: one partition.
+            sets = any(group.args.get(a) for a in ("grouping_sets", "cube", "rollup", "totals"))
+            required.append(("GROUP BY", [] if sets else [g for g in group.expressions if _row_function(g)]))
             names = sorted({f.sql_name().lower() if not isinstance(f, exp.Anonymous) else f.name for f in aggregates})
             operators.insert(
                 0,
@@ -504,7 +532,7 @@ class _Analyzer:
             if found is not None:
                 return found
             owners = {c.table for c in node.find_all(exp.Column)}
-            if len(owners) != 1 or next(iter(owners)) not in by_alias or node.find(exp.Subquery):
+            if len(owners) != 1 or next(iter(owners)) not in by_alias or not _row_function(node):
                 return None
             local = node.copy()
             for column in local.find_all(exp.Column):
@@ -516,7 +544,7 @@ class _Analyzer:
                 classes.find(m)
         for item in items:  # a stateful subquery offers the keys it is partitioned by
             for name in item.child.keys if item.child is not None else ():
-                classes.find((item.id, _quote(name)))
+                classes.find((item.id, quote(name, when_needed=True)))
 
         def satisfies(root: tuple[int, str]) -> bool:
             if not self._spans(classes.members(root), items):
@@ -590,7 +618,7 @@ class _Analyzer:
             offered = [expr for item_id, expr in members if item_id == item.id]
             if not offered:
                 return False
-            if item.child is not None and not any(_unquote(e) in item.child.keys for e in offered):
+            if item.child is not None and not any(unquote(e) in item.child.keys for e in offered):
                 return False
         return True
 
@@ -603,14 +631,14 @@ class _Analyzer:
                 restrictions.append((item.leaf, offered[0]))
             else:
                 assert item.child is not None
-                column = next(_unquote(e) for e in offered if _unquote(e) in item.child.keys)
+                column = next(unquote(e) for e in offered if unquote(e) in item.child.keys)
                 restrictions += item.child.keys[column]
         return restrictions
 
     @staticmethod
     def _describe(members: list[tuple[int, str]], items: list[_Item]) -> str:
         alias = {item.id: item.alias for item in items}
-        return " = ".join(sorted({f"{alias[i]}.{_unquote(e)}" for i, e in members}))
+        return " = ".join(sorted({f"{alias[i]}.{unquote(e)}" for i, e in members}))
 
     def _equalities(self, condition: exp.Expression | None, by_alias, classes: _Classes) -> list[str]:
         found = []
@@ -627,7 +655,7 @@ class _Analyzer:
         path = _column_path(node)
         if not path or len(path) < 2 or path[0] not in by_alias:
             return None
-        return by_alias[path[0]].id, ".".join(_quote(p) for p in path[1:])
+        return by_alias[path[0]].id, ".".join(quote(p, when_needed=True) for p in path[1:])
 
     def _where_conjunct(self, conjunct, by_alias, classes: _Classes, add, operators: list[str]) -> None:
         negated = isinstance(conjunct, exp.Not)
@@ -654,7 +682,7 @@ class _Analyzer:
             add(item)
             outer = self._member_of(inner.this, by_alias)
             if outer is not None:
-                classes.union(outer, (item.id, _quote(query.named_selects[0])))
+                classes.union(outer, (item.id, quote(query.named_selects[0], when_needed=True)))
             operators.append(f"semi join on {inner.this.sql(dialect=DIALECT)} IN (subquery)")
             return
         if isinstance(inner, exp.Exists):
@@ -697,14 +725,6 @@ def is_stateful_outside_where(select: exp.Select) -> bool:
     )
 
 
-def _quote(name: str) -> str:
-    return name if name.isidentifier() else f"`{name}`"
-
-
-def _unquote(expr: str) -> str:
-    return expr[1:-1] if expr.startswith("`") and expr.endswith("`") else expr
-
-
 # ---------------------------------------------------------------------------------------- planning
 
 
@@ -729,6 +749,9 @@ def plan_query(
     stages: list[Stage] = []
     schema = dict(schema)
     while True:
+        # A grouped time window becomes a column of the input it reads, which a key can restrict
+        # (again after a split: a window over two joined inputs reads one stage then)
+        tree = windows_as_input_columns(tree, schema)
         analyzer = _Analyzer()
         level = analyzer.level(tree)
         if level.conflict is None:
@@ -768,7 +791,7 @@ def plan_query(
     leaves = []
     for index, spec in enumerate(analyzer.leaves):
         key = tuple(expr for _, restrictions in level.classes for leaf, expr in restrictions if leaf == index)
-        plain = spec.table is not None and all(_unquote(k) in schema.get(spec.table, ()) for k in key)
+        plain = spec.table is not None and all(unquote(k) in schema.get(spec.table, ()) for k in key)
         leaves.append(Leaf(f"{LEAF_PREFIX}{index}", spec.sql, spec.upstreams, key, spec.table if plain else None))
     for index, spec in enumerate(analyzer.leaves):
         node = spec.node
@@ -964,6 +987,8 @@ def _one_input_grouping(select: exp.Expression) -> bool:
         return False
     elif any(isinstance(g, exp.Literal) or not g.find(exp.Column) for g in group.expressions):
         return False  # GROUP BY 1 or a constant
+    elif not all(_row_function(g) for g in group.expressions):
+        return False  # a session window (or a window no input carries): its groups depend on other rows
     if any(w.parent_select is select for w in select.find_all(exp.Window)):
         return False
     item = select.args["from_"].this
@@ -1029,7 +1054,7 @@ def _local_sql(node: exp.Expression) -> str:
     """An expression over one input as the planner's leaf keys spell it: without the input's alias."""
     path = _column_path(node)
     if path and len(path) >= 2:
-        return ".".join(_quote(p) for p in path[1:])
+        return ".".join(quote(p, when_needed=True) for p in path[1:])
     local = node.copy()
     for column in local.find_all(exp.Column):
         column.set("table", None)
@@ -1046,7 +1071,7 @@ def _partial_aggregate(tree: exp.Expression, leaves: Sequence[Leaf], min_max_cac
     if columns is None:
         return None
     group_names = {_local_sql(expr): name for name, kind, expr, _ in columns if kind == "group" and expr is not None}
-    key_groups = tuple(group_names.get(_unquote(key), group_names.get(key, "")) for key in leaves[0].key)
+    key_groups = tuple(group_names.get(unquote(key), group_names.get(key, "")) for key in leaves[0].key)
     if "" in key_groups or set(key_groups) != set(group_names.values()):
         return None  # the groups are not exactly what the leaf is restricted by: recompute instead
     arguments: dict[str, str] = {}

@@ -469,6 +469,7 @@ def _sinks(
     issues: _Issues,
 ) -> dict[str, SinkDef]:
     sinks: dict[str, SinkDef] = {}
+    keys = _ProvenKeys(sources, views)
     for definition in named.values():
         if definition.kind != "sink":
             continue
@@ -496,6 +497,8 @@ def _sinks(
             )
         else:
             problems = validate_sink(connector, parsed.options.values, upstream_columns)
+            if not problems and parsed.options.values.get("type") == "upsert" and parsed.from_table in keys.tables:
+                problems += _sink_key_problems(parsed.from_table, primary_key_columns(parsed.options.values), keys)
             issues.options(where, parsed.options, problems, prefix)
         sinks[parsed.name] = SinkDef(
             name=parsed.name,
@@ -505,3 +508,46 @@ def _sinks(
             location=where,
         )
     return sinks
+
+
+class _ProvenKeys:
+    """The unique keys each table provably has (``epochal/pipeline/keys.py``), computed on demand."""
+
+    def __init__(self, sources: dict[str, SourceDef], views: dict[str, ViewDef]):
+        self.sources, self.views = sources, views
+        self.tables = {*sources, *views}
+        self._known: dict[str, list[frozenset[str]]] = {}
+
+    def __call__(self, table: str) -> list[frozenset[str]]:
+        from epochal.pipeline.keys import unique_keys
+
+        if table not in self._known:
+            self._known[table] = []  # a cycle (reported elsewhere) proves nothing
+            if table in self.sources:
+                key = self.sources[table].primary_key
+                self._known[table] = [frozenset(c.lower() for c in key)] if key else []
+            elif table in self.views:
+                # The query as written reads the views it names, not the stages a split put between.
+                schema = {
+                    **{name: list(source.column_names) for name, source in self.sources.items()},
+                    **{name: list(view.columns) for name, view in self.views.items()},
+                }
+                self._known[table] = unique_keys(self.views[table].query, schema, self)
+        return self._known[table]
+
+
+def _sink_key_problems(table: str, sink_key: tuple[str, ...], keys: _ProvenKeys) -> list[str]:
+    from epochal.pipeline.keys import covered
+
+    proven = keys(table)
+    if covered(sink_key, proven):
+        return []
+    shown = " or ".join(f"({', '.join(sorted(k))})" if k else "() (it has one row)" for k in proven)
+    can = f"the keys Epochal can prove for {table} are {shown}" if proven else f"Epochal can prove no key of {table}"
+    return [
+        f"primary_key ({', '.join(sink_key)}) is not a unique key of {table}: two of its rows could share it, "
+        f"and an upsert sink would keep whichever came last (and a delete by key could remove a row the other "
+        f"still justifies). {can[0].upper()}{can[1:]}: key the sink by one of them, make {table} unique by "
+        f"your key (GROUP BY {', '.join(sink_key)}, SELECT DISTINCT, or a PRIMARY KEY on its source), or use "
+        "type = 'append-only'"
+    ]

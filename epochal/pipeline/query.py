@@ -24,10 +24,11 @@ from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.schema import MappingSchema
 
-from epochal.pipeline.stateless import refused_constructs
+from epochal.pipeline.dialect import DIALECT
+from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS, refused_constructs
 from epochal.pipeline.statements import Problem
+from epochal.pipeline.time_windows import name_implicit_windows
 
-DIALECT = "spark"
 #: Type given to a view's columns in the schema: qualification needs names only.
 VIEW_COLUMN_TYPE = "UNKNOWN"
 
@@ -243,10 +244,11 @@ def inline_ctes(tree: exp.Expression) -> exp.Expression:
 
 
 def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> exp.Expression:
-    """``tree`` with CTEs inlined, stars expanded and every column qualified by its table alias."""
+    """``tree`` with CTEs inlined, stars expanded, every column qualified by its table alias and
+    the column a GROUP BY window(...) makes read as the call (:mod:`epochal.pipeline.time_windows`)."""
     mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
-    return qualify(
-        inline_ctes(tree),
+    qualified = qualify(
+        name_implicit_windows(inline_ctes(tree), schema),
         schema=MappingSchema(mapping, dialect=DIALECT),
         dialect=DIALECT,
         validate_qualify_columns=False,
@@ -254,6 +256,29 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
         quote_identifiers=False,
         identify=False,
     )
+    return _expand_group_by_all(qualified)
+
+
+def _expand_group_by_all(tree: exp.Expression) -> exp.Expression:
+    """``GROUP BY ALL`` as Spark reads it: by every output column without an aggregate (none: an
+    aggregate over all rows). The planner then sees what the query groups by."""
+    for select in tree.find_all(exp.Select):
+        group = select.args.get("group")
+        if group is None or not group.args.get("all") or group.expressions:
+            continue
+        keys = [e.unalias().copy() for e in select.expressions if not _has_aggregate(e)]
+        select.set("group", exp.Group(expressions=keys) if keys else None)
+    return tree
+
+
+def _has_aggregate(node: exp.Expression) -> bool:
+    for function in node.find_all(exp.Func):
+        if isinstance(function.parent, exp.Window) and function.parent.this is function:
+            continue  # sum(x) OVER (...) is a window function, not an aggregate
+        name = function.name.lower() if isinstance(function, exp.Anonymous) else function.sql_name().lower()
+        if isinstance(function, exp.AggFunc) or name in AGGREGATE_FUNCTIONS:
+            return True
+    return False
 
 
 def resolve_columns(
@@ -268,7 +293,7 @@ def resolve_columns(
     mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
     try:
         qualified = qualify(
-            tree.copy(),
+            name_implicit_windows(tree, schema),  # (a copy)
             schema=MappingSchema(mapping, dialect=DIALECT),
             dialect=DIALECT,
             validate_qualify_columns=False,  # we report every unknown column, not just the first

@@ -18,6 +18,7 @@ from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.meta.backend import Cursor, DuckDBBackend
 from epochal.sinks.spec import primary_key_columns
+from epochal.sql import DUCKDB, quote, string_list
 from epochal.storage.warehouse import WEIGHT
 
 PROGRESS_TABLE = "_epochal_sink_progress"
@@ -33,14 +34,6 @@ class Delivery:
     rows_inserted: int
     rows_deleted: int
     skipped: bool
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _file_list(files: list[str]) -> str:
-    return "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
 
 
 class DuckDBSink:
@@ -74,9 +67,8 @@ class DuckDBSink:
     # ------------------------------------------------------------------ schema
 
     def _expected_schema(self, cur: Cursor, files: list[str]) -> list[tuple[str, str]]:
-        described = cur.execute(
-            f"DESCRIBE SELECT {', '.join(_quote(c) for c in self.columns)} FROM read_parquet({_file_list(files)})"
-        ).fetchall()
+        cols = ", ".join(quote(c, DUCKDB) for c in self.columns)
+        described = cur.execute(f"DESCRIBE SELECT {cols} FROM read_parquet({string_list(files)})").fetchall()
         return [(r[0], r[1]) for r in described]
 
     def _check_or_create_table(self, cur: Cursor, expected: list[tuple[str, str]]) -> None:
@@ -86,10 +78,10 @@ class DuckDBSink:
             [self.table],
         ).fetchall()
         if not existing:
-            cols = [f"{_quote(n)} {t}" for n, t in expected]
+            cols = [f"{quote(n, DUCKDB)} {t}" for n, t in expected]
             if self.type == "upsert":
-                cols.append(f"PRIMARY KEY ({', '.join(_quote(k) for k in self.primary_key)})")
-            cur.execute(f"CREATE TABLE {_quote(self.table)} ({', '.join(cols)})")
+                cols.append(f"PRIMARY KEY ({', '.join(quote(k, DUCKDB) for k in self.primary_key)})")
+            cur.execute(f"CREATE TABLE {quote(self.table, DUCKDB)} ({', '.join(cols)})")
             return
         have = [(n.lower(), t) for n, t in existing]
         want = [(n.lower(), t) for n, t in expected]
@@ -143,9 +135,9 @@ class DuckDBSink:
         return self._backend.transaction(run)
 
     def _apply(self, cur: Cursor, files: list[str]) -> tuple[int, int]:
-        cols = ", ".join(_quote(c) for c in self.columns)
-        source = f"read_parquet({_file_list(files)})"
-        target = _quote(self.table)
+        cols = ", ".join(quote(c, DUCKDB) for c in self.columns)
+        source = f"read_parquet({string_list(files)})"
+        target = quote(self.table, DUCKDB)
         if self.type == "append-only":
             negative = cur.execute(f"SELECT count(*) FROM {source} WHERE {WEIGHT} < 0").fetchone()[0]
             if negative:
@@ -156,14 +148,26 @@ class DuckDBSink:
             cur.execute(f"INSERT INTO {target} SELECT {cols} FROM {source}")
             return cur.execute(f"SELECT count(*) FROM {source}").fetchone()[0], 0
         # Upsert: net each row's change; a key's delete and its new value may arrive in one epoch.
-        keys = ", ".join(_quote(k) for k in self.primary_key)
+        keys = ", ".join(quote(k, DUCKDB) for k in self.primary_key)
         net = f"(SELECT {cols}, sum({WEIGHT}) AS _net FROM {source} GROUP BY ALL)"
         deleted = cur.execute(f"SELECT count(*) FROM {net} WHERE _net < 0").fetchone()[0]
-        match = " AND ".join(f"{target}.{_quote(k)} IS NOT DISTINCT FROM d.{_quote(k)}" for k in self.primary_key)
+        match = " AND ".join(
+            f"{target}.{quote(k, DUCKDB)} IS NOT DISTINCT FROM d.{quote(k, DUCKDB)}" for k in self.primary_key
+        )
         cur.execute(f"DELETE FROM {target} USING (SELECT {keys} FROM {net} WHERE _net < 0) d WHERE {match}")
+        # The loader proved the key unique in the view, so after netting a key has at most one row
+        # to insert. More would mean a planner bug; applying it would keep an arbitrary row.
+        clashes = cur.execute(
+            f"SELECT count(*) FROM (SELECT {keys} FROM {net} WHERE _net > 0 GROUP BY ALL "
+            "HAVING count(*) > 1 OR sum(_net) > 1)"
+        ).fetchone()[0]
+        if clashes:
+            raise EpochalError(
+                f"sink {self.name}: {clashes} key(s) of ({', '.join(self.primary_key)}) have more than one row in "
+                "this epoch although the key was proven unique at load: this is a bug in Epochal, please report it"
+            )
         inserted = cur.execute(f"SELECT count(*) FROM {net} WHERE _net > 0").fetchone()[0]
-        # One row per key: a single INSERT OR REPLACE may not touch a key twice.
-        cur.execute(f"INSERT OR REPLACE INTO {target} SELECT DISTINCT ON ({keys}) {cols} FROM {net} WHERE _net > 0")
+        cur.execute(f"INSERT OR REPLACE INTO {target} SELECT {cols} FROM {net} WHERE _net > 0")
         return inserted, deleted
 
     def row_count(self) -> int:
@@ -171,6 +175,6 @@ class DuckDBSink:
             exists = cur.execute(
                 "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [self.table]
             ).fetchone()[0]
-            return cur.execute(f"SELECT count(*) FROM {_quote(self.table)}").fetchone()[0] if exists else 0
+            return cur.execute(f"SELECT count(*) FROM {quote(self.table, DUCKDB)}").fetchone()[0] if exists else 0
 
         return self._backend.transaction(count)
