@@ -40,7 +40,11 @@ def _when(ts: float | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from epochal.redaction import redact_url
+
     status = _runtime().controller.status()
+    # The store's URL may carry a password (user:pw@ or ?password=): never print it.
+    status["meta_store"] = redact_url(str(status.get("meta_store", "")))
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
@@ -81,6 +85,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print("last recovery   : none")
     print(f"epochs          : {status['epoch_counts']}")
+    print(f"meta store      : {status['meta_store']}")
     return 0
 
 
@@ -169,27 +174,26 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_pause(args: argparse.Namespace) -> int:
     controller = _runtime().controller
     if args.on_next_start:
-        controller.set_pause_on_next_start(True)
+        controller.epoch_log.set_pause_on_next_start(True)
         print("injection will pause at the next start (recovery); `epochal resume` undoes it")
     else:
-        controller.pause()
+        controller.epoch_log.pause()
         print("injection paused: in-flight epochs finish, no new ones start; `epochal resume` to go on")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     controller = _runtime().controller
-    controller.resume()
-    controller.set_pause_on_next_start(False)
+    controller.epoch_log.resume()
+    controller.epoch_log.set_pause_on_next_start(False)
     print("injection resumed")
     return 0
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    from epochal.settings import SETTINGS
+    from epochal.settings import settings_markdown, settings_text
 
-    for spec in SETTINGS:
-        print(f"{spec.env:<30} default {spec.default:<40} {spec.help}")
+    print(settings_markdown() if args.markdown else settings_text())
     return 0
 
 
@@ -201,6 +205,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     started = time.time()
     pipeline = load_pipeline(settings.pipeline_dir)
     print(f"{settings.pipeline_dir}: ok in {time.time() - started:.2f}s")
+    if not args.no_spark:
+        # Every plan analysed by Spark over empty inputs (no job), as a run's first step does; a
+        # pass is remembered in EPOCHAL_HOME, so that run does not analyse again.
+        from epochal.incremental.analysis import check_pipeline
+        from epochal.spark_session import build_spark_session
+
+        def spark():  # noqa: ANN202
+            master, conf, remote = settings.spark_master, settings.spark_conf, settings.spark_remote
+            return build_spark_session(master, "epochal-validate", conf, remote)
+
+        seconds = check_pipeline(spark, pipeline, home=settings.home)
+        analysed = "analysed before (same plans)" if seconds is None else f"analysed by Spark in {seconds:.2f}s"
+        print(f"  plans: {analysed}")
     for name, s in pipeline.sources.items():
         print(f"  source {name} ({s.connector}) {s.location}")
     for name in pipeline.view_order():
@@ -235,9 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_pause)
     p = sub.add_parser("resume", help="inject epochs again")
     p.set_defaults(fn=cmd_resume)
-    p = sub.add_parser("settings", help="list the EPOCHAL_* settings")
+    p = sub.add_parser("settings", help="list the EPOCHAL_* settings: variable, default, meaning")
+    p.add_argument("--markdown", action="store_true", help="print the README's settings table")
     p.set_defaults(fn=cmd_settings)
     p = sub.add_parser("validate", help="load the pipeline and report every error, without running anything")
+    p.add_argument("--no-spark", action="store_true", help="check with sqlglot only: no JVM, plans not analysed")
     p.set_defaults(fn=cmd_validate)
     return parser
 

@@ -1,8 +1,10 @@
-"""Settings, from EPOCHAL_* environment variables.
+"""Settings, from EPOCHAL_* environment variables: each declared once, as a field of ``Settings``.
 
-Every variable is listed in ``SETTINGS`` with its default and meaning; the README table is
-generated from the same list (``epochal settings``). A variable that starts with ``EPOCHAL_`` but
-is not known is a typo, and we say so instead of silently using the default.
+A field's declaration (``setting(...)``) is the only place a setting is written down: its
+variable, default, limits and meaning. From it come the environment parsing (``from_env``), the
+check that every ``EPOCHAL_*`` variable is known (a typo is an error that suggests the closest
+name, not a silent default), ``epochal settings`` and the README's table (``settings_markdown``,
+compared with the README by a test). To add a setting, add one field.
 """
 
 from __future__ import annotations
@@ -10,82 +12,227 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import string
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from epochal.errors import ConfigError
+from epochal.faults import FAULT_POINTS
+from epochal.redaction import is_secret_name, redact_conf, redact_url
 
 DEMO_PIPELINE = Path(__file__).parent / "demo_pipeline"
 
 
 @dataclass(frozen=True)
-class SettingSpec:
+class Setting:
+    """One environment variable: what it is called, what leaving it unset means, what it accepts."""
+
     env: str
+    #: the value when the variable is unset or empty, written as one would set it; ``$EPOCHAL_X``
+    #: stands for the value of a setting declared before this one
     default: str
+    #: one sentence for `epochal settings` and the README (Markdown: `code` for literal values)
     help: str
+    #: the default as shown, when the text above is not what a reader should see (a package path)
+    shown: str | None = None
+    minimum: int | None = None
+    choices: tuple[str, ...] | None = None
+    #: text -> value for types the annotation cannot say how to read (the Spark conf)
+    parse: Callable[[str], Any] | None = None
+    #: how to show a value that may hold a secret (a password in a URL), in reprs and status
+    redact: Callable[[Any], Any] | None = None
 
 
-SETTINGS: tuple[SettingSpec, ...] = (
-    SettingSpec("EPOCHAL_HOME", "./.epochal", "Directory for all state: meta store, warehouse, sink files, logs."),
-    SettingSpec("EPOCHAL_PIPELINE", "(bundled demo)", "Directory of .sql files that defines the pipeline."),
-    SettingSpec(
+def setting(
+    env: str,
+    default: str,
+    help: str,
+    *,
+    shown: str | None = None,
+    minimum: int | None = None,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], Any] | None = None,
+    redact: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A ``Settings`` field read from ``env``; see ``Setting`` for the arguments."""
+    spec = Setting(env, default, help, shown, minimum, choices, parse, redact)
+    return field(metadata={"setting": spec})
+
+
+def parse_spark_conf(raw: str) -> dict[str, str]:
+    raw = raw.strip()
+    if not raw:
+        return {}
+    if raw.startswith(("{", "[")):
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f'EPOCHAL_SPARK_CONF is not valid JSON ({exc.msg}): use {{"key": "value"}} or key=value,key=value'
+            ) from None
+        if not isinstance(parsed, dict):
+            raise ConfigError('EPOCHAL_SPARK_CONF is JSON but not an object: use {"key": "value"}')
+        return {str(k): str(v) for k, v in parsed.items()}
+    conf = {}
+    for number, item in enumerate(raw.split(","), 1):
+        if "=" not in item:
+            # named by position, and shown only when it cannot be a secret's name and value run together
+            shown = "" if is_secret_name(item) else f" ({item.strip()!r})"
+            raise ConfigError(
+                f"EPOCHAL_SPARK_CONF item {number}{shown} has no '=': use key=value,key=value"
+            )
+        key, value = item.split("=", 1)
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every setting; made by ``from_env``. A new one is one more field, e.g.
+    ``lease_s: int = setting("EPOCHAL_LEASE_S", "30", "How long ...", minimum=1)`` (its type picks the
+    parser: int, bool on/off, str with optional choices, Path; others give ``parse=``); then paste `epochal settings
+    --markdown` into the README. Checks that involve two settings go in ``__post_init__``."""
+
+    home: Path = setting("EPOCHAL_HOME", "./.epochal", "Directory for all state: meta store, warehouse, sink files.")
+    pipeline_dir: Path = setting(
+        "EPOCHAL_PIPELINE",
+        str(DEMO_PIPELINE),
+        "Directory of `.sql` files that defines the pipeline.",
+        shown="bundled demo",
+    )
+    meta_url: str = setting(
         "EPOCHAL_META_URL",
         "duckdb:///$EPOCHAL_HOME/meta.duckdb",
-        "Meta store: duckdb:///path or postgresql://user@host/db.",
-    ),
-    SettingSpec(
+        "Meta store: `duckdb:///path` or `postgresql://user@host/db`.",
+        redact=redact_url,
+    )
+    warehouse: str = setting(
         "EPOCHAL_WAREHOUSE",
         "$EPOCHAL_HOME/warehouse",
-        "Where table data lives: a local path or any URI Spark writes (s3a://, hdfs://).",
-    ),
-    SettingSpec("EPOCHAL_BARRIER_INTERVAL_MS", "10000", "How often the barrier sensor injects an epoch."),
-    SettingSpec(
+        "Where table data lives: a local path or a URI Spark writes (`s3a://`, `hdfs://`).",
+    )
+    barrier_interval_ms: int = setting(
+        "EPOCHAL_BARRIER_INTERVAL_MS", "10000", "How often the barrier sensor injects an epoch.", minimum=1
+    )
+    checkpoint_frequency: int = setting(
         "EPOCHAL_CHECKPOINT_FREQUENCY",
         "1",
         "Every N-th barrier is a checkpoint; only checkpoints commit (with the barriers before them).",
-    ),
-    SettingSpec("EPOCHAL_MAX_IN_FLIGHT", "4", "Most epochs injected but not yet committed; injection waits beyond it."),
-    SettingSpec(
+        minimum=1,
+    )
+    max_in_flight: int = setting(
+        "EPOCHAL_MAX_IN_FLIGHT",
+        "4",
+        "Most epochs injected but not committed; injection waits beyond it. Must be ≥ the checkpoint frequency.",
+        minimum=1,
+    )
+    partition_window: int = setting(
         "EPOCHAL_PARTITION_WINDOW",
         "10000",
-        "How many recent epochs stay Dagster partitions; older keys retire, data stays.",
-    ),
-    SettingSpec(
+        "Recent epochs kept as Dagster partition keys; older keys retire, their data stays.",
+        minimum=1,
+    )
+    epoch_timeout_s: int = setting(
         "EPOCHAL_EPOCH_TIMEOUT_S",
         "600",
-        "An in-flight epoch whose run shows no sign of life this long is failed and recovered.",
-    ),
-    SettingSpec(
+        "An in-flight epoch whose run shows no sign of life this long is recovered.",
+        minimum=1,
+    )
+    compact_every: int = setting(
         "EPOCHAL_COMPACT_EVERY",
         "16",
         "Snapshot a table once this many committed epochs of changes follow its last snapshot.",
-    ),
-    SettingSpec(
+        minimum=1,
+    )
+    state_cache: bool = setting(
         "EPOCHAL_STATE_CACHE",
         "on",
-        "Keep snapshots a read scans mostly whole in Spark's cache (memory, spilling to disk): on or off.",
-    ),
-    SettingSpec("EPOCHAL_SPARK_MASTER", "local[*]", "Spark master URL: local[*], spark://host:7077, yarn, k8s://..."),
-    SettingSpec("EPOCHAL_SPARK_REMOTE", "", "Spark Connect server (sc://host:15002); wins over EPOCHAL_SPARK_MASTER."),
-    SettingSpec("EPOCHAL_SPARK_CONF", "", "Extra Spark conf as JSON object or key=value pairs separated by commas."),
-    SettingSpec(
-        "EPOCHAL_FAULT", "", "Testing only: SIGKILL the process at a point (source-written, committed, sink-midway)."
-    ),
-)
-KNOWN_ENV = {s.env for s in SETTINGS}
+        "Keep a snapshot that a read scans mostly whole in Spark's cache (memory, spilling to disk): `on` or `off`.",
+    )
+    spark_master: str = setting(
+        "EPOCHAL_SPARK_MASTER", "local[*]", "Spark master: `local[*]`, `spark://host:7077`, `yarn`, `k8s://…`"
+    )
+    spark_remote: str = setting(
+        "EPOCHAL_SPARK_REMOTE",
+        "",
+        "Spark Connect server, `sc://host:15002`; wins over the master.",
+        redact=redact_url,
+    )
+    spark_conf: Mapping[str, str] = setting(
+        "EPOCHAL_SPARK_CONF",
+        "",
+        "Extra Spark conf: a JSON object or `key=value,key=value`.",
+        parse=parse_spark_conf,
+        redact=redact_conf,
+    )
+    fault: str = setting(
+        "EPOCHAL_FAULT",
+        "",
+        "Testing only: SIGKILL the process at `source-written`, `committed` or `sink-midway`.",
+        choices=("", *FAULT_POINTS),
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < self.checkpoint_frequency:
+            # Barriers between checkpoints stay in flight until the checkpoint commits them, so a
+            # smaller limit could never reach the next checkpoint.
+            raise ConfigError(
+                f"EPOCHAL_MAX_IN_FLIGHT={self.max_in_flight} is below EPOCHAL_CHECKPOINT_FREQUENCY="
+                f"{self.checkpoint_frequency}: raise the limit to at least the checkpoint frequency"
+            )
+
+    def __repr__(self) -> str:
+        # A repr ends up in logs and tracebacks: secrets never go with it.
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            redact = f.metadata["setting"].redact
+            shown.append(f"{f.name}={(redact(value) if redact else value)!r}")
+        return f"Settings({', '.join(shown)})"
+
+    @staticmethod
+    def env_name(attribute: str) -> str:
+        """The variable a field is read from: ``Settings.env_name("spark_conf")`` is ``EPOCHAL_SPARK_CONF``."""
+        return _SPECS[attribute].env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        known = {s.env for s in SETTINGS}
+        for name in env:
+            if name.startswith("EPOCHAL_") and name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"did you mean {close[0]}?" if close else "run `epochal settings` for the list"
+                raise ConfigError(f"unknown setting {name}: {hint}")
+        values: dict[str, Any] = {}
+        read: dict[str, str] = {}  # env name -> value as text, for later defaults' $EPOCHAL_X
+        for f in fields(cls):
+            spec: Setting = f.metadata["setting"]
+            raw = env.get(spec.env, "")
+            if not raw.strip():
+                raw = string.Template(spec.default).safe_substitute(read)
+            values[f.name] = _parse(spec, _field_types()[f.name], raw)
+            read[spec.env] = str(values[f.name])
+        return cls(**values)
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+@cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(Settings)
+
+
+def _parse_int(spec: Setting, raw: str) -> int:
+    at_least = "" if spec.minimum is None else f" >= {spec.minimum}"
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number: set it to an integer >= {minimum}") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} is too small: it must be >= {minimum}")
+        raise ConfigError(f"{spec.env}={raw!r} is not a whole number: set it to an integer{at_least}") from None
+    if spec.minimum is not None and value < spec.minimum:
+        raise ConfigError(f"{spec.env}={value} is too small: it must be{at_least}")
     return value
 
 
@@ -93,85 +240,72 @@ _ON = ("on", "true", "yes", "1")
 _OFF = ("off", "false", "no", "0")
 
 
-def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in _ON or raw in _OFF:
-        return raw in _ON
-    raise ConfigError(f"{name}={env[name]!r} is not a switch: set it to on or off")
+def _parse_switch(spec: Setting, raw: str) -> bool:
+    word = raw.lower()
+    if word not in _ON and word not in _OFF:
+        raise ConfigError(f"{spec.env}={raw!r} is not a switch: set it to on or off")
+    return word in _ON
 
 
-def parse_spark_conf(raw: str) -> dict[str, str]:
+def _parse_text(spec: Setting, raw: str) -> str:
+    if spec.choices is not None and raw not in spec.choices:
+        listed = ", ".join(c for c in spec.choices if c)
+        close = difflib.get_close_matches(raw, [c for c in spec.choices if c], n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"{spec.env}={raw!r} is not a known value: {hint}use one of {listed}")
+    return raw
+
+
+def _parse_path(spec: Setting, raw: str) -> Path:
+    return Path(raw).expanduser().resolve()
+
+
+_PARSERS: dict[Any, Callable[[Setting, str], Any]] = {
+    int: _parse_int,
+    bool: _parse_switch,
+    str: _parse_text,
+    Path: _parse_path,
+}
+
+
+def _parse(spec: Setting, kind: Any, raw: str) -> Any:
     raw = raw.strip()
-    if not raw:
-        return {}
-    if raw.startswith("{"):
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f'EPOCHAL_SPARK_CONF is not valid JSON ({exc.msg}): use {{"key": "value"}} or key=value,key=value'
-            ) from None
-        return {str(k): str(v) for k, v in parsed.items()}
-    conf = {}
-    for item in raw.split(","):
-        if "=" not in item:
-            raise ConfigError(f"EPOCHAL_SPARK_CONF item {item!r} has no '=': use key=value,key=value")
-        key, value = item.split("=", 1)
-        conf[key.strip()] = value.strip()
-    return conf
+    if spec.parse is not None:
+        return spec.parse(raw)
+    parser = _PARSERS.get(kind)
+    if parser is None:  # a declaration mistake, caught by the tests that read every setting
+        raise TypeError(f"{spec.env}: no parser for {kind!r}; give setting(..., parse=...)")
+    return parser(spec, raw)
 
 
-@dataclass(frozen=True)
-class Settings:
-    home: Path
-    pipeline_dir: Path
-    meta_url: str
-    warehouse: str
-    barrier_interval_ms: int = 10_000
-    checkpoint_frequency: int = 1
-    max_in_flight: int = 4
-    partition_window: int = 10_000
-    epoch_timeout_s: int = 600
-    compact_every: int = 16
-    state_cache: bool = True
-    spark_master: str = "local[*]"
-    spark_remote: str = ""
-    spark_conf: Mapping[str, str] = field(default_factory=dict)
+_SPECS: dict[str, Setting] = {f.name: f.metadata["setting"] for f in fields(Settings)}
+#: Every setting, in declaration order.
+SETTINGS: tuple[Setting, ...] = tuple(_SPECS.values())
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        env = os.environ if env is None else env
-        for name in env:
-            if name.startswith("EPOCHAL_") and name not in KNOWN_ENV:
-                close = difflib.get_close_matches(name, sorted(KNOWN_ENV), n=1)
-                hint = f"did you mean {close[0]}?" if close else "run `epochal settings` for the list"
-                raise ConfigError(f"unknown setting {name}: {hint}")
-        home = Path(env.get("EPOCHAL_HOME") or "./.epochal").expanduser().resolve()
-        pipeline = Path(env.get("EPOCHAL_PIPELINE") or DEMO_PIPELINE).expanduser().resolve()
-        checkpoint_frequency = _int(env, "EPOCHAL_CHECKPOINT_FREQUENCY", 1, 1)
-        max_in_flight = _int(env, "EPOCHAL_MAX_IN_FLIGHT", 4, 1)
-        if max_in_flight < checkpoint_frequency:
-            # Barriers between checkpoints stay in flight until the checkpoint commits them, so a
-            # smaller limit could never reach the next checkpoint.
-            raise ConfigError(
-                f"EPOCHAL_MAX_IN_FLIGHT={max_in_flight} is below EPOCHAL_CHECKPOINT_FREQUENCY="
-                f"{checkpoint_frequency}: raise the limit to at least the checkpoint frequency"
-            )
-        return cls(
-            home=home,
-            pipeline_dir=pipeline,
-            meta_url=env.get("EPOCHAL_META_URL") or f"duckdb:///{home / 'meta.duckdb'}",
-            warehouse=env.get("EPOCHAL_WAREHOUSE") or str(home / "warehouse"),
-            barrier_interval_ms=_int(env, "EPOCHAL_BARRIER_INTERVAL_MS", 10_000, 1),
-            checkpoint_frequency=checkpoint_frequency,
-            max_in_flight=max_in_flight,
-            partition_window=_int(env, "EPOCHAL_PARTITION_WINDOW", 10_000, 1),
-            epoch_timeout_s=_int(env, "EPOCHAL_EPOCH_TIMEOUT_S", 600, 1),
-            compact_every=_int(env, "EPOCHAL_COMPACT_EVERY", 16, 1),
-            state_cache=_switch(env, "EPOCHAL_STATE_CACHE", True),
-            spark_master=env.get("EPOCHAL_SPARK_MASTER") or "local[*]",
-            spark_remote=env.get("EPOCHAL_SPARK_REMOTE", ""),
-            spark_conf=parse_spark_conf(env.get("EPOCHAL_SPARK_CONF", "")),
-        )
+
+def shown_default(spec: Setting) -> str:
+    return spec.shown if spec.shown is not None else spec.default
+
+
+def settings_text() -> str:
+    """What `epochal settings` prints: one line per setting."""
+    width = max(len(s.env) for s in SETTINGS)
+    defaults = [shown_default(s) or "(empty)" for s in SETTINGS]
+    dwidth = max(len(d) for d in defaults)
+    return "\n".join(
+        f"{s.env:<{width}}  {d:<{dwidth}}  {s.help.replace('`', '')}"
+        for s, d in zip(SETTINGS, defaults, strict=True)
+    )
+
+
+def settings_markdown() -> str:
+    """The README's settings table (`epochal settings --markdown`)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for s in SETTINGS:
+        default = shown_default(s)
+        cell = "(empty)" if not default else default if s.shown is not None else f"`{default}`"
+        rows.append(f"| `{s.env}` | {cell} | {s.help.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
+__all__ = ["DEMO_PIPELINE", "SETTINGS", "Setting", "Settings", "parse_spark_conf", "setting"]

@@ -8,31 +8,70 @@ Modes, chosen by settings (EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or resou
 """
 
 
+import os
 from typing import Any
 
-from dagster import InitResourceContext
+from dagster import EnvVar, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
-from epochal.settings import Settings
+from epochal.errors import ConfigError
+from epochal.redaction import redact_url, split_secret_conf
+from epochal.settings import Settings, parse_spark_conf
 from epochal.spark_session import build_spark_session
 
 
+def _resolved(value: str) -> str:
+    # Inside a run Dagster hands the resource the variable's value; a resource built by hand
+    # still holds the EnvVar (its text is the variable's name), so read the environment then.
+    return (value.get_value() or "") if isinstance(value, EnvVar) else value
+
+
+def _secret_conf(raw: str) -> dict[str, str]:
+    return split_secret_conf(parse_spark_conf(raw))[1]
+
+
 class EpochalSparkResource(LazyPySparkResource):
+    """Resource config is what Dagster stores with every run and the UI shows, so it never holds a
+    secret: Spark conf keys that look secret (``fs.s3a.secret.key``, ``...password``, ``...token``)
+    stay out of ``spark_config`` and are read from ``EPOCHAL_SPARK_CONF`` through Dagster's
+    ``EnvVar`` when the session starts; a Spark Connect URL with a ``;token=`` is read the same way."""
+
     master: str = Field(default="local[*]", description="Spark master URL, ignored when `remote` is set.")
     remote: str = Field(default="", description="Spark Connect URL (sc://host:port); empty for a JVM session.")
     app_name: str = Field(default="epochal")
     stop_on_teardown: bool = Field(
         default=True, description="Stop the session when the run ends (off when a caller shares its own session)."
     )
+    secret_conf: str = Field(
+        default="",
+        description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "
+        "keys (only those) join `spark_config` in the session, never in config Dagster stores or shows.",
+    )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "EpochalSparkResource":
+        public, secret = split_secret_conf(settings.spark_conf)
+        conf_env, remote_env = Settings.env_name("spark_conf"), Settings.env_name("spark_remote")
+        remote: str = settings.spark_remote
+        if redact_url(remote) != remote:
+            _same_in_environment(remote_env, remote, os.environ.get(remote_env, "").strip())
+            remote = EnvVar(remote_env)
+        if secret:
+            _same_in_environment(conf_env, secret, _secret_conf(os.environ.get(conf_env, "")))
         return cls(
-            spark_config=dict(settings.spark_conf),
+            spark_config=public,
+            secret_conf=EnvVar(conf_env) if secret else "",
             master=settings.spark_master,
-            remote=settings.spark_remote,
+            remote=remote,
         )
+
+    def session_conf(self) -> dict[str, str]:
+        """The conf the session starts with: ``spark_config`` plus the secrets read from the environment."""
+        conf = {k: str(v) for k, v in self.spark_config.items()}
+        if self.secret_conf:
+            conf.update(_secret_conf(_resolved(self.secret_conf)))
+        return conf
 
     def _init_session(self) -> None:
         # Same lazy contract as dagster-pyspark (no JVM until a step asks for Spark), but through
@@ -41,8 +80,8 @@ class EpochalSparkResource(LazyPySparkResource):
             self._spark_session = build_spark_session(
                 master=self.master,
                 app_name=self.app_name,
-                conf={k: str(v) for k, v in self.spark_config.items()},
-                remote=self.remote or None,
+                conf=self.session_conf(),
+                remote=_resolved(self.remote) or None,
             )
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -50,3 +89,13 @@ class EpochalSparkResource(LazyPySparkResource):
         if session is not None and self.stop_on_teardown:
             session.stop()
             self._spark_session = None
+
+
+def _same_in_environment(name: str, wanted: object, found: object) -> None:
+    # Runs read secrets from the environment, never from config: settings built from another
+    # mapping would silently run with different (or no) credentials.
+    if wanted != found:
+        raise ConfigError(
+            f"{name} holds secrets, which Dagster runs read from the environment, but the environment's "
+            f"{name} differs from the settings given: set {name} in the environment of the code location"
+        )

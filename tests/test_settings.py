@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import stat
 from pathlib import Path
 
 import pytest
 
+from epochal.cli import main
 from epochal.errors import ConfigError, JavaMissingError
-from epochal.settings import Settings, parse_spark_conf
+from epochal.settings import SETTINGS, Settings, parse_spark_conf, settings_markdown
 from epochal.spark_session import check_java
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_defaults_live_under_epochal_home(tmp_path: Path) -> None:
@@ -27,12 +32,78 @@ def test_defaults_live_under_epochal_home(tmp_path: Path) -> None:
         ({"EPOCHAL_CHECKPOINT_FREQUENCY": "0"}, "must be >= 1"),
         ({"EPOCHAL_CHECKPOINT_FREQUENCY": "5", "EPOCHAL_MAX_IN_FLIGHT": "2"}, "at least the checkpoint frequency"),
         ({"EPOCHAL_SPARK_CONF": "{bad json"}, "not valid JSON"),
-        ({"EPOCHAL_SPARK_CONF": "novalue"}, "has no '='"),
+        ({"EPOCHAL_SPARK_CONF": "novalue"}, "item 1 \\('novalue'\\) has no '='"),
+        ({"EPOCHAL_SPARK_CONF": "[1]"}, "not an object"),
+        ({"EPOCHAL_STATE_CACHE": "maybe"}, "'maybe' is not a switch: set it to on or off"),
+        ({"EPOCHAL_FAULT": "comitted"}, "did you mean committed\\? use one of source-written, committed"),
+        ({"EPOCHAL_COMPACT_EVERY": "-3"}, "EPOCHAL_COMPACT_EVERY=-3 is too small: it must be >= 1"),
+        ({"EPOCHAL_DAGSTER_INSTANCE_LOCATION": "1"}, "EPOCHAL_DAGSTER_INSTANCE_LOCATION: run `epochal settings`"),
     ],
 )
 def test_config_mistakes_name_the_fix(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings.from_env(env)
+
+
+def test_every_value_is_read_from_its_variable(tmp_path: Path) -> None:
+    s = Settings.from_env(
+        {
+            "EPOCHAL_HOME": str(tmp_path / "h"),
+            "EPOCHAL_PIPELINE": str(tmp_path / "p"),
+            "EPOCHAL_META_URL": "postgresql://u@db/meta",
+            "EPOCHAL_WAREHOUSE": "s3a://bucket/w",
+            "EPOCHAL_BARRIER_INTERVAL_MS": " 250 ",
+            "EPOCHAL_CHECKPOINT_FREQUENCY": "3",
+            "EPOCHAL_MAX_IN_FLIGHT": "3",
+            "EPOCHAL_PARTITION_WINDOW": "7",
+            "EPOCHAL_EPOCH_TIMEOUT_S": "9",
+            "EPOCHAL_COMPACT_EVERY": "2",
+            "EPOCHAL_STATE_CACHE": "OFF",
+            "EPOCHAL_SPARK_MASTER": "local[2]",
+            "EPOCHAL_SPARK_REMOTE": "sc://h:15002",
+            "EPOCHAL_SPARK_CONF": "spark.a=1",
+            "EPOCHAL_FAULT": "committed",
+        }
+    )
+    assert (s.home, s.pipeline_dir, s.meta_url, s.warehouse) == (
+        tmp_path / "h", tmp_path / "p", "postgresql://u@db/meta", "s3a://bucket/w"
+    )
+    assert (s.barrier_interval_ms, s.checkpoint_frequency, s.max_in_flight, s.partition_window) == (250, 3, 3, 7)
+    assert (s.epoch_timeout_s, s.compact_every, s.state_cache) == (9, 2, False)
+    assert (s.spark_master, s.spark_remote, s.fault) == ("local[2]", "sc://h:15002", "committed")
+    assert dict(s.spark_conf) == {"spark.a": "1"}
+
+
+def test_an_empty_variable_means_the_default(tmp_path: Path) -> None:
+    s = Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_MAX_IN_FLIGHT": " ", "EPOCHAL_META_URL": ""})
+    assert s.max_in_flight == 4 and s.meta_url == f"duckdb:///{tmp_path / 'meta.duckdb'}"
+
+
+def test_each_setting_is_declared_once() -> None:
+    names = [spec.env for spec in SETTINGS]
+    assert len(names) == len(set(names)) and all(n.startswith("EPOCHAL_") for n in names)
+    # every field of Settings is a setting, so a new field cannot skip the table
+    assert len(dataclasses.fields(Settings)) == len(SETTINGS)
+    assert Settings.env_name("spark_conf") == "EPOCHAL_SPARK_CONF"
+
+
+def test_readme_table_is_the_generated_one() -> None:
+    text = README.read_text(encoding="utf-8")
+    found = re.search(r"<!-- settings:begin -->\n(.*?)\n<!-- settings:end -->", text, re.DOTALL)
+    assert found, "README.md lost its <!-- settings:begin --> / <!-- settings:end --> markers"
+    assert found.group(1) == settings_markdown(), (
+        "README's settings table differs from epochal/settings.py: paste `epochal settings --markdown` "
+        "between the markers"
+    )
+
+
+def test_settings_command_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["settings"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [spec.env for spec in SETTINGS]
+    assert "Spark master: local[*], spark://host:7077" in lines[[s.env for s in SETTINGS].index("EPOCHAL_SPARK_MASTER")]
+    assert main(["settings", "--markdown"]) == 0
+    assert capsys.readouterr().out == settings_markdown() + "\n"
 
 
 def test_spark_conf_accepts_json_and_pairs() -> None:
