@@ -33,16 +33,16 @@ def build_barrier_sensor(settings: Settings, job_name: str = "epoch_job") -> Sen
     )
     def barrier_sensor(context: SensorEvaluationContext, checkpoint: CheckpointControllerResource):
         runtime = checkpoint.runtime
-        reason = runtime.controller.recovery_reason()
+        reason = runtime.controller.epoch_log.recovery_reason()
         if reason:
             report = runtime.recover(reason)
             context.log.warning(
                 f"recovered ({reason}): committed epoch {report.committed_epoch}, aborted {report.aborted}"
             )
-        blocked = runtime.controller.can_inject()
+        blocked = runtime.controller.epoch_log.can_inject()
         if blocked:
             return SkipReason(blocked)
-        record = runtime.controller.inject(runtime.plan)
+        record = runtime.controller.epoch_log.inject(runtime.plan)
         key = str(record.epoch)
         return SensorResult(
             run_requests=[RunRequest(run_key=key, tags={PARTITION_TAG: key})],

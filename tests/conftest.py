@@ -34,3 +34,11 @@ def postgres_url():
     yield f"postgresql://postgres@127.0.0.1:5432/{name}"
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["duckdb", "postgresql"])
+def meta_url(request, tmp_path):
+    """The meta-store tests run on the embedded DuckDB store and on a real PostgreSQL server."""
+    if request.param == "duckdb":
+        return f"duckdb:///{tmp_path / 'meta.duckdb'}"
+    return request.getfixturevalue("postgres_url")
