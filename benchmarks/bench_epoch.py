@@ -408,7 +408,7 @@ def bench_in_process(pipe: BenchPipeline, spark: Any, reps: int, title: str, bud
         jobs_b.append(jobs_b_run)
     settings = pipe.settings()
     runtime = EpochRuntime(settings, load_pipeline(settings.pipeline_dir), lambda: spark)
-    rows = runtime.controller.collected(runtime.controller.committed_epoch())["bid"].rows_out or 0
+    rows = runtime.controller.epoch_log.collected(runtime.controller.epoch_log.committed_epoch())["bid"].rows_out or 0
     return InProcessResult(comparison, profiles, phases, jobs_a, jobs_b, rows, definitions_s)
 
 
@@ -548,16 +548,16 @@ def transaction_mix(settings: Any, tables: dict[str, list[str]], epoch: int, bac
     started = time.perf_counter()
     controller = CheckpointController(settings, backend=backend, **tables)  # schema check: 1 txn
     for _ in range(4):  # 1 + 4 * 6 - 1 = 24 transactions
-        controller.epoch(epoch)
-        controller.offsets(epoch, "bid")
-        controller.collected(epoch)
+        controller.epoch_log.epoch(epoch)
+        controller.epoch_log.offsets(epoch, "bid")
+        controller.epoch_log.collected(epoch)
         backend.transaction(
             lambda cur: cur.execute("UPDATE epochs SET heartbeat_at = ? WHERE epoch = ?", [time.time(), epoch])
         )
-        controller.committed_epoch()
-    controller.in_flight()
-    controller.in_flight()
-    controller.in_flight()
+        controller.epoch_log.committed_epoch()
+    controller.epoch_log.in_flight()
+    controller.epoch_log.in_flight()
+    controller.epoch_log.in_flight()
     return time.perf_counter() - started
 
 
@@ -569,8 +569,9 @@ def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparis
 
     import psycopg
 
+    from epochal.checkpoint.records import Collected
     from epochal.connectors.base import SplitRange
-    from epochal.controller import CheckpointController, Collected
+    from epochal.controller import CheckpointController
     from epochal.meta.backend import PostgresBackend
     from epochal.settings import Settings
 
@@ -588,10 +589,10 @@ def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparis
     try:
         settings = Settings.from_env({"EPOCHAL_HOME": str(root / "pg-home"), "EPOCHAL_META_URL": url})
         controller = CheckpointController(settings, **BENCH_TABLES)
-        controller.recover(controller.recovery_reason() or "bootstrap", discard=lambda locations: None)
-        epoch = controller.inject(lambda source, starts: [SplitRange("0", 0, 10)]).epoch
+        controller.recover(controller.epoch_log.recovery_reason() or "bootstrap", discard=lambda locations: None)
+        epoch = controller.epoch_log.inject(lambda source, starts: [SplitRange("0", 0, 10)]).epoch
         for table in ("bid", "big_bids"):
-            controller.collect(epoch, Collected(table, f"/loc/{table}/{epoch}"))
+            controller.epoch_log.collect(epoch, Collected(table, f"/loc/{table}/{epoch}"))
         kept, per_txn = PostgresBackend(url), ConnectPerTransaction(url)
         comparison = Comparison("postgres meta store", "A  connections kept", "B  connect per transaction")
         for i in range(reps + 1):

@@ -256,7 +256,7 @@ class EpochalPipeline:
         times["commit"] = time.perf_counter() - t
         times["epoch"] = time.perf_counter() - started
         times["spark_jobs"] = max(tracker.getJobIdsForGroup(), default=-1) - jobs_before
-        assert rt.controller.committed_epoch() == record.epoch
+        assert rt.controller.epoch_log.committed_epoch() == record.epoch
         if hasattr(rt, "compact"):
             # What epoch_job runs after the commit (off the epoch's path, beside the sinks): a
             # snapshot when EPOCHAL_COMPACT_EVERY epochs piled up. After the initial load, one
