@@ -1,27 +1,130 @@
-"""Load-time validation of sink definitions, per connector."""
+"""Sink connectors by name, and the load-time check of a sink's WITH (...) options.
+
+Every sink takes the options the coordinator reads (:data:`COMMON_OPTIONS`); each connector adds
+its own. A connector module registers a :class:`SinkSpec` in :data:`SINK_CONNECTORS` through
+:func:`sink_spec`'s lazy table, so the loader does not import psycopg, deltalake or pyiceberg.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import importlib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from epochal.options import unknown_option_problems
+from epochal.errors import EpochalError
+from epochal.options import unknown_option_problems, whole_number_option
+from epochal.storage.vnode import VNODE_COUNT
+
+if TYPE_CHECKING:
+    from epochal.sinks.base import SinkTarget
 
 SINK_TYPES = ("append-only", "upsert")
-DUCKDB_OPTIONS = ("connector", "database", "table", "type", "primary_key")
+#: Options every sink takes: what it delivers and how the coordinator batches and spreads it.
+COMMON_OPTIONS = ("connector", "type", "primary_key", "commit_checkpoint_interval", "writers")
+#: Default writer tasks per sink; `writers = 'n'` overrides it per sink.
+DEFAULT_WRITERS = 2
+
+# `${NAME}` in an option value is read from the environment when the sink runs: how a password
+# stays out of the pipeline's files, `epochal status` and the Dagster UI.
+_ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    name: str
+    #: options of this connector beyond COMMON_OPTIONS
+    options: tuple[str, ...]
+    required: tuple[str, ...]
+    #: "module:function" building the target: (name, options, columns, home, meta_url) -> SinkTarget
+    factory: str
+    #: options whose values are secrets (never shown)
+    secret: tuple[str, ...] = ()
+    #: extra load-time checks: (options, upstream columns) -> problems
+    check: Callable[[Mapping[str, str], Sequence[str]], list[str]] | None = None
+
+    def create(
+        self, name: str, options: Mapping[str, str], columns: Sequence[str], home: Path, meta_url: str | None
+    ) -> SinkTarget:
+        module, _, function = self.factory.partition(":")
+        build = getattr(importlib.import_module(module), function)
+        return build(name, resolve_env(name, options), list(columns), home, meta_url)
+
+
+SINK_CONNECTORS: dict[str, SinkSpec] = {
+    "duckdb": SinkSpec(
+        "duckdb", ("database", "table"), ("database", "table"), "epochal.sinks.duckdb_sink:DuckDBTarget"
+    ),
+    "postgres": SinkSpec(
+        "postgres",
+        ("host", "port", "user", "password", "database", "schema", "table"),
+        ("host", "user", "database", "table"),
+        "epochal.sinks.postgres_sink:PostgresTarget",
+        secret=("password",),
+    ),
+    "deltalake": SinkSpec("deltalake", ("location",), ("location",), "epochal.sinks.delta_sink:DeltaTarget"),
+    "iceberg": SinkSpec(
+        "iceberg",
+        ("catalog.uri", "catalog.name", "warehouse", "namespace", "table"),
+        ("table",),
+        "epochal.sinks.iceberg_sink:IcebergTarget",
+        secret=("catalog.uri",),
+    ),
+}
+
+
+def sink_spec(connector: str) -> SinkSpec | None:
+    return SINK_CONNECTORS.get(connector.strip().lower())
 
 
 def primary_key_columns(options: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(c.strip() for c in options.get("primary_key", "").split(",") if c.strip())
 
 
+def commit_checkpoint_interval(options: Mapping[str, str]) -> int:
+    """Epochs per downstream transaction (RisingWave's option of the same name)."""
+    return whole_number_option(options, "commit_checkpoint_interval", 1, 1, [], maximum=10_000) or 1
+
+
+def writer_count(options: Mapping[str, str]) -> int:
+    return whole_number_option(options, "writers", DEFAULT_WRITERS, 1, [], maximum=VNODE_COUNT) or DEFAULT_WRITERS
+
+
+def resolve_env(sink: str, options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` with every ``${NAME}`` value read from the environment."""
+    resolved = dict(options)
+    for key, value in options.items():
+        match = _ENV_REFERENCE.match(value.strip())
+        if match:
+            if match[1] not in os.environ:
+                raise EpochalError(
+                    f"sink {sink}: option {key} = '${{{match[1]}}}' names environment variable {match[1]}, "
+                    f"which is not set: export {match[1]}=... in the environment Epochal runs in"
+                )
+            resolved[key] = os.environ[match[1]]
+    return resolved
+
+
+def shown_options(connector: str, options: Mapping[str, str]) -> dict[str, str]:
+    """Options as Epochal shows them (UI, status, errors): secrets masked unless they only name an
+    environment variable."""
+    spec = sink_spec(connector)
+    secret = spec.secret if spec else ()
+    return {k: (v if k not in secret or _ENV_REFERENCE.match(v.strip()) else "***") for k, v in options.items()}
+
+
 def validate_sink(connector: str, options: Mapping[str, str], upstream_columns: Sequence[str]) -> list[str]:
     """Problems with a sink's options; ``upstream_columns`` are the columns of the table it reads."""
-    if connector != "duckdb":
-        return [f"unknown sink connector '{connector}': supported sink connectors are: duckdb"]
-    problems = unknown_option_problems("duckdb sink", options, DUCKDB_OPTIONS)
-    for required in ("database", "table"):
+    spec = sink_spec(connector)
+    if spec is None:
+        return [f"unknown sink connector '{connector}': supported sink connectors are: {', '.join(SINK_CONNECTORS)}"]
+    problems = unknown_option_problems(f"{spec.name} sink", options, (*COMMON_OPTIONS, *spec.options))
+    for required in spec.required:
         if not options.get(required):
-            problems.append(f"duckdb sink needs option {required} = '...'")
+            problems.append(f"{spec.name} sink needs option {required} = '...'")
     sink_type = options.get("type", "append-only")
     if sink_type not in SINK_TYPES:
         problems.append(f"sink type '{sink_type}' is not supported: use type = 'append-only' or type = 'upsert'")
@@ -37,4 +140,8 @@ def validate_sink(connector: str, options: Mapping[str, str], upstream_columns: 
                 f"primary_key column '{key}' is not a column of the upstream table "
                 f"(columns: {', '.join(upstream_columns)})"
             )
+    whole_number_option(options, "commit_checkpoint_interval", 1, 1, problems, maximum=10_000)
+    whole_number_option(options, "writers", DEFAULT_WRITERS, 1, problems, maximum=VNODE_COUNT)
+    if spec.check is not None:
+        problems += spec.check(options, upstream_columns)
     return problems

@@ -1,0 +1,179 @@
+"""What a sink connector implements to deliver exactly once through the sink coordinator
+(:mod:`epochal.checkpoint.sink_coordinator`), and the types both sides exchange.
+
+A delivery is a *batch*: the change of ``commit_checkpoint_interval`` consecutive committed epochs
+of the sink's upstream table. It goes in two phases, as in the seed's sink coordinator:
+
+1. **Pre-commit, on the executors.** The batch's rows are spread over ``writers`` Spark tasks by
+   vnode (the hash of the sink's key, or of the whole row for append-only sinks); each task builds
+   the target from its pickled :class:`SinkTarget` and calls :meth:`SinkTarget.write`, which writes
+   its rows *without making them visible* (a PostgreSQL prepared transaction, Parquet files no table
+   version lists yet) and returns small JSON-able metadata. No sink row passes through the driver.
+2. **Commit, on the driver.** The coordinator checks that the writers cover every vnode exactly
+   once, persists the batch as PENDING with their metadata, waits for nothing more (sinks only see
+   committed epochs), and calls :meth:`SinkTarget.commit`, which must be idempotent: a crash may
+   make the coordinator call it again for a batch the target already holds.
+
+A target never writes the meta store; the coordinator never talks to the target except through
+these methods.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from epochal.errors import EpochalError
+from epochal.storage.vnode import VNODE_COUNT
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: The net multiplicity of a row in a batch: +n inserts n copies, -n deletes n copies (upsert:
+#: deletes the key's row). Rows with a net weight of 0 never reach a writer.
+WEIGHT = "_weight"
+
+
+class SinkError(EpochalError):
+    """A delivery failed as a whole; the message names the sink, the epochs and the cause."""
+
+
+class SinkSchemaError(SinkError):
+    """The target table exists with columns the sink cannot write without a cast."""
+
+
+class SinkConfigError(SinkError):
+    """The target refuses the sink's settings (a wrong password, prepared transactions off)."""
+
+
+@dataclass(frozen=True, order=True)
+class BatchId:
+    """One delivery attempt of epochs ``first_epoch..last_epoch`` (inclusive) of a sink. A failed
+    attempt is aborted and the next one has ``attempt + 1``; at most one attempt of a range is ever
+    PENDING or COMMITTED."""
+
+    sink: str
+    first_epoch: int
+    last_epoch: int
+    attempt: int = 1
+
+    @property
+    def token(self) -> str:
+        """A short name for file names and transaction ids: unique per sink."""
+        return f"{self.first_epoch}-{self.last_epoch}-{self.attempt}"
+
+    def describe(self) -> str:
+        if self.first_epoch == self.last_epoch:
+            return f"sink {self.sink}, epoch {self.first_epoch}"
+        return f"sink {self.sink}, epochs {self.first_epoch}..{self.last_epoch}"
+
+
+@dataclass(frozen=True)
+class WriterTask:
+    """What one Spark task writes: the rows of ``vnodes`` (``first..last`` inclusive) of a batch."""
+
+    batch: BatchId
+    writer: int
+    writers: int
+    vnodes: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class WriterResult:
+    """A writer's pre-commit: its vnode range and the target's metadata (JSON-able)."""
+
+    writer: int
+    vnodes: tuple[int, int]
+    rows: int
+    metadata: Mapping[str, Any]
+
+
+def vnode_ranges(writers: int) -> list[tuple[int, int]]:
+    """Split the vnodes into ``writers`` contiguous, inclusive ranges of near-equal size."""
+    if not 1 <= writers <= VNODE_COUNT:
+        raise SinkError(f"a sink has 1..{VNODE_COUNT} writers, not {writers}")
+    bounds = [VNODE_COUNT * i // writers for i in range(writers + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(writers)]
+
+
+def coverage_problems(results: Sequence[WriterResult]) -> list[str]:
+    """Why ``results`` do not cover every vnode exactly once (empty when they do)."""
+    seen = [0] * VNODE_COUNT
+    problems: list[str] = []
+    for result in results:
+        first, last = result.vnodes
+        if not 0 <= first <= last < VNODE_COUNT:
+            problems.append(f"writer {result.writer} reports an invalid vnode range {first}..{last}")
+            continue
+        for vnode in range(first, last + 1):
+            seen[vnode] += 1
+    missing = [v for v, n in enumerate(seen) if n == 0]
+    twice = [v for v, n in enumerate(seen) if n > 1]
+    if missing:
+        problems.append(f"{len(missing)} vnode(s) have no writer (first: {missing[0]})")
+    if twice:
+        problems.append(f"{len(twice)} vnode(s) were written by more than one writer (first: {twice[0]})")
+    return problems
+
+
+class SinkTarget(abc.ABC):
+    """A sink's target system. Built on the driver from the sink's options; pickled to the executors
+    for :meth:`write`. Keep it small and picklable: options and names, no open connections."""
+
+    #: the sink's name, as in CREATE SINK
+    name: str
+    #: columns of the upstream table, in order; what the target table has
+    columns: list[str]
+    #: 'append-only' or 'upsert'
+    type: str
+    #: the key columns of an upsert sink (empty for append-only); rows are spread by their hash
+    primary_key: tuple[str, ...]
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the sink writes, for status and logs: never a password."""
+
+    @abc.abstractmethod
+    def prepare_target(self, schema: pa.Schema) -> None:
+        """Driver, before a batch's writers run: create the target table when it is missing, or
+        raise :class:`SinkSchemaError` when it exists with an incompatible schema (never cast
+        silently). ``schema`` is the upstream table's (without the weight)."""
+
+    @abc.abstractmethod
+    def write(self, task: WriterTask, batches: Iterator[pa.RecordBatch]) -> Mapping[str, Any]:
+        """Executor: write the task's rows so that they are durable but not visible, and return the
+        metadata :meth:`commit` needs. ``batches`` hold the upstream columns and :data:`WEIGHT`
+        (never 0; the coordinator nets a batch's epochs first). Append-only: a weight of n > 0 is n
+        copies of the row. Upsert: a negative weight deletes the key's row, a positive one writes
+        the row for the key (deletes of a key come before its insert). Called once per writer even
+        when it has no rows, so that a target with per-writer artifacts (a prepared transaction)
+        covers its vnodes. Must be safe to run twice for one task (Spark retries tasks): an earlier
+        attempt's artifacts are left for :meth:`abort_orphans`."""
+
+    @abc.abstractmethod
+    def commit(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        """Driver: make a PENDING batch visible, atomically if the target allows it. Idempotent: a
+        batch the target already holds is left as it is (the coordinator may call this again after
+        a crash)."""
+
+    @abc.abstractmethod
+    def abort(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        """Driver: throw away what a batch's writers pre-committed (never committed). Idempotent."""
+
+    @abc.abstractmethod
+    def abort_orphans(self, keep: Sequence[BatchId]) -> int:
+        """Driver, at the coordinator's recovery: throw away every pre-committed artifact of this
+        sink that belongs to no batch in ``keep`` (the PENDING ones), such as the prepared
+        transactions of a run killed before it persisted PENDING. Returns how many it threw away."""
+
+    def delivered_epoch(self) -> int | None:
+        """The last epoch the target itself records as delivered, when it keeps such a record
+        (Delta's application transaction, a progress row); None when it keeps none. Used to check
+        the meta store against the target, never instead of it."""
+        return None
+
+    def row_count(self) -> int | None:
+        """Rows in the target table (for metadata), or None when counting is expensive."""
+        return None
