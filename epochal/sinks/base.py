@@ -58,11 +58,16 @@ class BatchId:
     first_epoch: int
     last_epoch: int
     attempt: int = 1
+    #: random, per delivering run: two runs racing to deliver the same epochs pick the same attempt
+    #: number, and each must be able to throw away its own pre-commit without touching the other's
+    nonce: str = ""
 
     @property
     def token(self) -> str:
-        """A short name for file names and transaction ids: unique per sink."""
-        return f"{self.first_epoch}-{self.last_epoch}-{self.attempt}"
+        """A short name for file names and transaction ids, unique per sink and run: an abort that
+        matches artifacts by this token only ever touches its own run's."""
+        base = f"{self.first_epoch}-{self.last_epoch}-{self.attempt}"
+        return f"{base}-{self.nonce}" if self.nonce else base
 
     def describe(self) -> str:
         if self.first_epoch == self.last_epoch:
