@@ -75,9 +75,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             shown = f"snapshot @ {snap['epoch']} ({snap['rows']} rows, {snap['files']} files)"
         print(f"  {table:<28} {epoch}  {shown}")
     if status["sinks"]:
-        print("sinks (delivered epoch):")
-        for sink, epoch in status["sinks"].items():
-            print(f"  {sink:<28} {epoch}")
+        print("sinks           : delivered epoch, lag")
+        for sink, lag in status["sinks"].items():
+            behind = "up to date"
+            if lag["lag_epochs"]:
+                behind = f"{lag['lag_epochs']} epoch(s), {lag['lag_seconds']:.0f}s behind"
+            error = f"; last failure: {lag['last_error']}" if lag["last_error"] and lag["lag_epochs"] else ""
+            print(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{error}")
     last = status["last_recovery"]
     if last:
         outcome = f"FAILED: {last['error']}" if last["error"] else f"aborted {last['aborted_epochs'] or 'nothing'}"

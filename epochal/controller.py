@@ -2,7 +2,7 @@
 
 * ``epoch_log``: inject epochs, lease them to the runs working on them, collect, commit;
 * ``catalog``: snapshots, what each table's state is made of, retention and history pruning;
-* ``ledger``: which epochs each sink delivered;
+* ``sinks``: the sink coordinator, which delivers committed epochs exactly once;
 * ``recover()`` and ``status()``: the operations that span them.
 
 Its state lives in the meta store alone: the "workers" are Dagster runs in processes that come and
@@ -19,7 +19,7 @@ from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.epoch_log import EpochLog
 from epochal.checkpoint.records import RecoveryReport
 from epochal.checkpoint.recovery import Discard, Recovery, Sweep
-from epochal.checkpoint.sink_ledger import SinkLedger
+from epochal.checkpoint.sink_coordinator import SinkCoordinator
 from epochal.checkpoint.status import read_status
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor, open_backend
@@ -45,7 +45,7 @@ class CheckpointController:
         self.backend.transaction(ensure_schema)
         self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables)
         self.catalog = SnapshotCatalog(settings, self.backend)
-        self.ledger = SinkLedger(self.backend)
+        self.sink_coordinator = SinkCoordinator(self.backend)
 
     def recover(self, reason: str, discard: Discard, sweep: Sweep | None = None) -> RecoveryReport:
         """Take every table back to the committed epoch and make the controller ready to inject.

@@ -15,6 +15,10 @@ FAULT_POINTS = (
     "source-written",  # a source wrote and collected its epoch; nothing committed
     "committed",  # the epoch is committed; no sink has run
     "sink-midway",  # a sink inserted rows in its open transaction; not yet committed
+    "sink-prepared",  # a sink's writers pre-committed; PENDING not persisted
+    "sink-pending",  # a sink batch is PENDING; nothing committed downstream
+    "sink-commit-midway",  # some of a batch's writers are committed downstream, not all
+    "sink-committed",  # the target committed the batch; COMMITTED not marked
 )
 
 

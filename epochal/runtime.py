@@ -23,6 +23,7 @@ from epochal.checkpoint.records import (
     RecoveryReport,
     StepStart,
 )
+from epochal.checkpoint.sink_coordinator import DeliveryReport
 from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.controller import CheckpointController
 from epochal.epoch import epoch_physical_ms
@@ -31,7 +32,8 @@ from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline
 from epochal.settings import Settings
-from epochal.sinks.duckdb_sink import DuckDBSink
+from epochal.sinks.base import BatchId, SinkTarget, WriterResult
+from epochal.sinks.spec import commit_checkpoint_interval, sink_spec, writer_count
 from epochal.sql import quote, unquote
 from epochal.storage.changes import signed_parts, unit_changes
 from epochal.storage.state_cache import StateCache
@@ -86,6 +88,8 @@ class EpochRuntime:
         )
         self._connectors: dict[str, SourceConnector] = {}
         self._query_schemas: dict[str, "StructType"] = {}
+        self._targets: dict[str, SinkTarget] = {}
+        self._prepared_targets: set[str] = set()
         self._plans_checked = False
 
     def check_plans(self) -> None:
@@ -555,65 +559,125 @@ class EpochRuntime:
 
     # ------------------------------------------------------------------ sinks
 
-    def sink(self, name: str) -> DuckDBSink:
-        definition = self.pipeline.sinks[name]
-        upstream = definition.from_table
-        columns = list(
-            self.pipeline.views[upstream].columns
-            if upstream in self.pipeline.views
-            else self.pipeline.sources[upstream].column_names
-        )
-        return DuckDBSink(name, definition.options, columns, self.settings.home)
+    def sink(self, name: str) -> SinkTarget:
+        """The target of sink ``name``, built from its options (``${ENV}`` values read now)."""
+        if name not in self._targets:
+            definition = self.pipeline.sinks[name]
+            spec = sink_spec(definition.connector)
+            if spec is None:
+                raise InvariantViolation(
+                    f"sink {name} has connector {definition.connector!r}, which the loader refuses"
+                )
+            upstream = definition.from_table
+            columns = list(
+                self.pipeline.views[upstream].columns
+                if upstream in self.pipeline.views
+                else self.pipeline.sources[upstream].column_names
+            )
+            self._targets[name] = spec.create(
+                name, definition.options, columns, self.settings.home, self.settings.meta_url
+            )
+        return self._targets[name]
 
     def run_sink(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
-        # A sink failure does not fail the epoch: the epoch is committed, the sink catches up later.
+        """Deliver every committed epoch up to ``epoch`` that the sink has not delivered, exactly once,
+        through the sink coordinator (:mod:`epochal.checkpoint.sink_coordinator`). A sink never
+        holds epochs back: it runs after the commit, and a target that is down makes this step retry
+        with backoff for EPOCHAL_SINK_RETRY_S, then fail; the sink lags, and the next run catches up."""
+        from epochal.retry import retrying
+        from epochal.sinks.base import SinkConfigError, SinkError, SinkSchemaError
+
         started = time.time()
         record = self.controller.epoch_log.epoch(epoch)
         if record.state is EpochState.ABORTED:
             raise EpochAborted(f"epoch {epoch} was aborted by a recovery; sinks only deliver committed epochs")
-        sink = self.sink(name)
-        upstream = self.pipeline.sinks[name].from_table
+        definition = self.pipeline.sinks[name]
+        target = self.sink(name)
+        coordinator = self.controller.sink_coordinator
         committed = self.controller.epoch_log.committed_epoch()
-        target = min(epoch, committed) if committed is not None else None
-        delivered_before = sink.delivered_epoch()
-        # Restart path of the seed's coordinator: PENDING epochs the target already holds are committed.
-        for pending, state in self.controller.ledger.sink_state(name).items():
-            if state == "PENDING" and delivered_before is not None and pending <= delivered_before:
-                self.controller.ledger.mark_sink(name, pending, "COMMITTED")
-        inserted = deleted = epochs = 0
-        if target is not None:
-            # ``after``: change files compaction deleted are never needed (retention waits for the
-            # sink), unless the sink lost its progress, which is then an error, not a silent gap.
-            # Idle epochs of a source (no file) are delivered too, as nothing: the sink's progress
-            # then says it holds everything up to the target, not the last epoch that had rows.
-            to_deliver = self.controller.catalog.committed_locations(
-                upstream, upto=target, after=delivered_before, idle=True
+        upto = min(epoch, committed) if committed is not None else None
+
+        def deliver() -> DeliveryReport:
+            delivered = coordinator.delivered_epoch(name)
+            # Idle epochs (no change file) are delivered too, as nothing: the sink's progress then
+            # says it holds everything up to ``upto``. Retention keeps undelivered change files.
+            todo = (
+                []
+                if upto is None
+                else self.controller.catalog.committed_locations(
+                    definition.from_table, upto=upto, after=delivered, idle=True
+                )
             )
-            for e, location in to_deliver:
-                if delivered_before is not None and e <= delivered_before:
-                    continue
-                self.controller.ledger.mark_sink(name, e, "PENDING")
-                delivery = sink.deliver(e, [] if location is None else self.warehouse.parquet_files(location))
-                self.controller.ledger.mark_sink(name, e, "COMMITTED", delivery.rows_inserted + delivery.rows_deleted)
-                inserted += delivery.rows_inserted
-                deleted += delivery.rows_deleted
-                epochs += not delivery.skipped
-        delivered = sink.delivered_epoch()
+            return coordinator.deliver(
+                target,
+                todo,
+                commit_checkpoint_interval(definition.options),
+                lambda b, locs: self._write_batch(target, b, locs),
+            )
+
+        def transient(error: BaseException) -> bool:
+            return isinstance(error, SinkError) and not isinstance(error, SinkSchemaError | SinkConfigError)
+
+        def retry_log(error: BaseException, attempt: int, sleep: float) -> None:
+            log.warning("sink %s: delivery attempt %d failed (%s); retrying in %.1fs", name, attempt, error, sleep)
+
+        report = retrying(
+            retry_on=transient,
+            base=0.5,
+            cap=10.0,
+            deadline=time.monotonic() + self.settings.sink_retry_s,
+            on_retry=retry_log,
+        )(deliver)
+        lag = coordinator.lag_of(name)
+        if report.epochs:
+            log.info(
+                "sink %s: delivered %d epoch(s) in %d batch(es), %d row(s), in %.1fs; %d epoch(s) behind",
+                name,
+                report.epochs,
+                report.batches,
+                report.rows,
+                report.seconds,
+                lag["lag_epochs"],
+            )
+        seconds = time.time() - started
         return StepReport(
             name,
             epoch,
             {
                 "epoch": epoch,
-                "epochs_delivered": epochs,
-                "rows_inserted": inserted,
-                "rows_deleted": deleted,
-                "delivered_epoch": delivered,
+                "epochs_delivered": report.epochs,
+                "batches_committed": report.batches,
+                "rows_delivered": report.rows,
+                "rows_per_second": round(report.rows / seconds, 1) if seconds > 0 else 0.0,
+                "batches_recommitted": report.recommitted,
+                "orphaned_precommits_aborted": report.orphans_aborted,
+                "delivered_epoch": lag["delivered_epoch"],
                 "committed_epoch": committed,
+                "lag_epochs": lag["lag_epochs"],
+                "lag_seconds": lag["lag_seconds"],
                 "waiting_for_commit": committed is None or epoch > committed,
-                "target": f"{sink.database}:{sink.table}",
-                "target_rows": sink.row_count(),
-                "seconds": round(time.time() - started, 3),
+                "target": target.describe(),
+                "target_rows": target.row_count(),
+                "seconds": round(seconds, 3),
             },
+        )
+
+    def _write_batch(self, target: SinkTarget, batch: BatchId, locations: list[str | None]) -> list[WriterResult]:
+        """Pre-commit one batch: its change files, spread over the sink's writer tasks."""
+        from epochal.sinks.spark_writers import run_writers
+
+        definition = self.pipeline.sinks[target.name]
+        files = [f for loc in locations if loc is not None for f in self.warehouse.parquet_files(loc)]
+        schema = None
+        if files:
+            schema = self.query_schema(definition.from_table)
+            if target.name not in self._prepared_targets:
+                from pyspark.sql.pandas.types import to_arrow_schema
+
+                target.prepare_target(to_arrow_schema(schema, timezone="UTC"))  # as Spark writes it
+                self._prepared_targets.add(target.name)
+        return run_writers(
+            self.spark if files else None, target, batch, files, schema, writer_count(definition.options)
         )
 
     # ------------------------------------------------------------------ reading state

@@ -148,6 +148,12 @@ class Settings:
         "Snapshot a table once this many committed epochs of changes follow its last snapshot.",
         minimum=1,
     )
+    sink_retry_s: int = setting(
+        "EPOCHAL_SINK_RETRY_S",
+        "30",
+        "A sink step retries a failing target with backoff this long, then fails and lags; epochs go on.",
+        minimum=0,
+    )
     state_cache: bool = setting(
         "EPOCHAL_STATE_CACHE",
         "on",
@@ -172,7 +178,7 @@ class Settings:
     fault: str = setting(
         "EPOCHAL_FAULT",
         "",
-        "Testing only: SIGKILL the process at `source-written`, `committed` or `sink-midway`.",
+        "Testing only: SIGKILL the process at a fault point (`epochal/faults.py`), e.g. `committed`.",
         choices=("", *FAULT_POINTS),
     )
 

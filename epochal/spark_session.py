@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,10 @@ def build_spark_session(
     else:
         check_java()
         builder = builder.master(master or "local[*]")
+        # Python tasks (a sink's writers) run Epochal's code: on local executors, with the driver's
+        # interpreter and packages, not whichever `python3` is first on PATH. On a cluster, set
+        # spark.pyspark.python to an interpreter that has Epochal installed.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in merged.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

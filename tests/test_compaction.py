@@ -293,14 +293,14 @@ def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str)
     assert [e for e, _ in ctl.catalog.state_parts("src", epochs[1], inclusive=True).changes] == epochs[:2]
 
     # A second snapshot releases the change files up to the first, once the sink has them.
-    ctl.ledger.mark_sink("out", epochs[0], "COMMITTED")
+    mark_delivered(ctl, "out", epochs[0])
     ctl.catalog.begin_snapshot("src", epochs[4], "/w/src/c", ("id",), "{}")
     result = ctl.catalog.publish_snapshot("/w/src/c", 10, 1, sinks=["out"])
     assert result.recorded and result.garbage == [f"/w/src/{epochs[0]}"] and result.changes_dropped_upto == epochs[0]
     for e in epochs[3:5]:
-        ctl.ledger.mark_sink("out", e, "COMMITTED")
-    ctl.ledger.mark_sink("out", epochs[1], "COMMITTED")
-    ctl.ledger.mark_sink("out", epochs[2], "COMMITTED")
+        mark_delivered(ctl, "out", e)
+    mark_delivered(ctl, "out", epochs[1])
+    mark_delivered(ctl, "out", epochs[2])
     ctl.catalog.begin_snapshot("src", epochs[5], "/w/src/d", ("id",), "{}")
     result = ctl.catalog.publish_snapshot("/w/src/d", 10, 1, sinks=["out"])
     # Keeps the newest two snapshots (c, d) and the changes after c.

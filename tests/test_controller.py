@@ -37,6 +37,16 @@ def controller(home: Path, meta_url: str | None = None, **env: str) -> Checkpoin
     return CheckpointController(settings(home, meta_url, **env), SOURCES, VIEWS, sinks=["out"])
 
 
+def mark_delivered(ctl: CheckpointController, sink: str, epoch: int) -> None:
+    """Record that ``sink`` delivered every epoch up to ``epoch``, as the sink coordinator does."""
+    from epochal.checkpoint.sink_coordinator import SinkBatchState
+    from epochal.sinks.base import BatchId
+
+    batch = BatchId(sink, epoch, epoch, 1, "test")
+    ctl.sink_coordinator._mark(batch, SinkBatchState.PENDING)
+    ctl.sink_coordinator._mark(batch, SinkBatchState.COMMITTED)
+
+
 def plan_ten(source: str, starts: dict[str, int]) -> list[SplitRange]:
     return [SplitRange(split, starts.get(split, 0), starts.get(split, 0) + 10) for split in ("0", "1")]
 

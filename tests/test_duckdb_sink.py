@@ -1,4 +1,6 @@
-"""The DuckDB sink on real Parquet files and a real DuckDB target: exactly once, upserts, schema checks."""
+"""The sink coordinator with the DuckDB target, on real Spark writer tasks, a real meta store and a
+real DuckDB file: exactly once, batches of epochs, upserts, schema checks, aborted attempts,
+recovery of PENDING batches and of orphaned pre-commits, racing runs."""
 
 from __future__ import annotations
 
@@ -8,83 +10,183 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from epochal.errors import EpochalError
-from epochal.sinks.duckdb_sink import DuckDBSink, SinkSchemaError
+from epochal.checkpoint.records import InvariantViolation
+from epochal.checkpoint.sink_coordinator import SinkBatchState, SinkCoordinator
+from epochal.controller import ensure_schema
+from epochal.meta.backend import open_backend
+from epochal.sinks.base import BatchId, SinkError, SinkSchemaError, WriterResult, vnode_ranges
+from epochal.sinks.duckdb_sink import DuckDBTarget
+from epochal.sinks.spark_writers import run_writers
 
-
-def change(tmp_path: Path, name: str, rows: list[tuple[int, str, int]]) -> list[str]:
-    """One epoch's change file: (id, name, _weight) rows."""
-    table = pa.table({
-        "id": pa.array([r[0] for r in rows], pa.int64()),
-        "name": pa.array([r[1] for r in rows], pa.string()),
-        "_weight": pa.array([r[2] for r in rows], pa.int64()),
-    })
-    path = tmp_path / f"{name}.parquet"
-    pq.write_table(table, path)
-    return [str(path)]
+SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
+ARROW = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
 
-def target(sink: DuckDBSink) -> list[tuple]:
-    with duckdb.connect(str(sink.database), read_only=True) as con:
-        return con.execute(f"SELECT * FROM {sink.table} ORDER BY ALL").fetchall()
+class Harness:
+    def __init__(self, tmp_path: Path, spark, writers: int = 3, **options: str):  # noqa: ANN001
+        self.tmp_path, self.spark, self.writers = tmp_path, spark, writers
+        self.target = DuckDBTarget("s", {"database": "out.duckdb", "table": "t", **options}, ["id", "name"], tmp_path)
+        backend = open_backend(f"duckdb:///{tmp_path / 'meta.duckdb'}")
+        backend.transaction(ensure_schema)
+        self.coordinator = SinkCoordinator(backend)
+        self.files: dict[int, list[str]] = {}
+
+    def change(self, epoch: int, rows: list[tuple[int, str, int]]) -> None:
+        """Epoch ``epoch``'s change file: (id, name, _weight) rows."""
+        table = pa.table(
+            {
+                "id": pa.array([r[0] for r in rows], pa.int64()),
+                "name": pa.array([r[1] for r in rows], pa.string()),
+                "_weight": pa.array([r[2] for r in rows], pa.int64()),
+            }
+        )
+        path = self.tmp_path / f"change-{epoch}-{len(self.files)}.parquet"
+        pq.write_table(table, path)
+        self.files[epoch] = [str(path)] if rows else []
+
+    def write(self, batch: BatchId, payloads: list[list[str]]) -> list[WriterResult]:
+        files = [f for p in payloads for f in p]
+        if files:
+            self.target.prepare_target(ARROW)
+        return run_writers(self.spark if files else None, self.target, batch, files, SCHEMA, self.writers)
+
+    def deliver(self, interval: int = 1, write=None):  # noqa: ANN001, ANN201
+        epochs = sorted(self.files.items())
+        return self.coordinator.deliver(self.target, epochs, interval, write or self.write)
+
+    def rows(self) -> list[tuple]:
+        if not self.target.database.exists():
+            return []
+        with duckdb.connect(str(self.target.database), read_only=True) as con:
+            if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 't'").fetchone()[0]:
+                return []
+            return con.execute("SELECT * FROM t ORDER BY ALL").fetchall()
+
+    def staged(self) -> list[Path]:
+        return sorted(self.target.staging.rglob("*.parquet")) if self.target.staging.exists() else []
+
+    def states(self) -> list[tuple[int, int, str]]:
+        return [(b.id.first_epoch, b.id.last_epoch, b.state.value) for b in self.coordinator.batches("s")]
 
 
-def make(tmp_path: Path, **options: str) -> DuckDBSink:
-    opts = {"database": "out.duckdb", "table": "t", **options}
-    return DuckDBSink("s", opts, ["id", "name"], tmp_path)
+def test_epochs_are_delivered_once_by_parallel_writers(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark)
+    h.change(1, [(i, f"n{i}", 1) for i in range(50)])
+    report = h.deliver()
+    assert report.epochs == 1 and report.rows == 50
+    assert len(h.rows()) == 50
+    # every writer ran and covered its vnodes, though only some had rows
+    (batch,) = h.coordinator.batches("s")
+    assert [r.vnodes for r in batch.results] == vnode_ranges(3)
+    assert h.deliver().epochs == 0  # a re-run delivers nothing twice
+    h.change(2, [(1, "n1", 2)])  # a weight of 2 is two copies in an append-only sink
+    h.change(3, [])  # an idle epoch is delivered as nothing
+    assert h.deliver().epochs == 2
+    assert len(h.rows()) == 52 and h.target.delivered_epoch() == 3
+    assert h.states() == [(1, 1, "COMMITTED"), (2, 2, "COMMITTED"), (3, 3, "COMMITTED")]
+    assert h.staged() == []  # staged files go once committed
 
 
-def test_append_only_delivers_each_epoch_once(tmp_path: Path) -> None:
-    sink = make(tmp_path)
-    files = change(tmp_path, "e1", [(1, "a", 1), (2, "b", 1)])
-    assert sink.deliver(10, files).rows_inserted == 2
-    assert sink.deliver(10, files).skipped  # a re-run of the same epoch
-    assert sink.deliver(9, files).skipped  # an older epoch
-    sink.deliver(11, change(tmp_path, "e2", [(1, "a", 1)]))
-    assert target(sink) == [(1, "a"), (1, "a"), (2, "b")]
-    assert sink.delivered_epoch() == 11
+def test_a_batch_waits_until_it_holds_commit_checkpoint_interval_epochs(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark, type="upsert", primary_key="id")
+    h.change(1, [(1, "a", 1), (2, "b", 1), (3, "c", 1)])
+    report = h.deliver(interval=2)
+    assert report.epochs == 0 and report.lag_epochs == 1 and h.rows() == []
+    # id 1 updated, id 2 deleted, id 4 inserted: netted across the batch's two epochs
+    h.change(2, [(1, "a", -1), (1, "A", 1), (2, "b", -1), (4, "d", 1)])
+    report = h.deliver(interval=2)
+    assert report.epochs == 2 and report.batches == 1
+    assert h.rows() == [(1, "A"), (3, "c"), (4, "d")]
+    assert h.states() == [(1, 2, "COMMITTED")]
 
 
-def test_append_only_refuses_retractions(tmp_path: Path) -> None:
-    sink = make(tmp_path)
-    with pytest.raises(EpochalError, match="append-only.*type = 'upsert'"):
-        sink.deliver(1, change(tmp_path, "e1", [(1, "a", -1)]))
-    assert sink.delivered_epoch() is None  # nothing half delivered
+def test_append_only_refuses_retractions_and_commits_nothing(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark)
+    h.change(7, [(1, "a", 1), (2, "b", -1)])
+    with pytest.raises(SinkError, match=r"sink s, epoch 7.*append-only.*type = 'upsert'"):
+        h.deliver()
+    assert h.rows() == [] and h.target.delivered_epoch() is None
+    assert h.states() == [(7, 7, "ABORTED")] and h.staged() == []
+    assert "append-only" in h.coordinator.lag_of("s")["last_error"]
 
 
-def test_upsert_applies_updates_and_deletes(tmp_path: Path) -> None:
-    sink = make(tmp_path, type="upsert", primary_key="id")
-    sink.deliver(1, change(tmp_path, "e1", [(1, "a", 1), (2, "b", 1), (3, "c", 1)]))
-    # id 1 updated (old row out, new row in), id 2 deleted, id 4 inserted.
-    sink.deliver(2, change(tmp_path, "e2", [(1, "a", -1), (1, "A", 1), (2, "b", -1), (4, "d", 1)]))
-    assert target(sink) == [(1, "A"), (3, "c"), (4, "d")]
+def test_upsert_refuses_two_rows_for_one_key_before_anything_is_pending(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark, type="upsert", primary_key="id")
+    h.change(1, [(4, "d", 1), (4, "e", 1)])
+    with pytest.raises(SinkError, match=r"key\(s\) of \(id\) have more than one row"):
+        h.deliver()
+    assert h.rows() == [] and [s for *_, s in h.states()] == ["ABORTED"]
 
 
-def test_upsert_refuses_two_rows_for_one_key_instead_of_keeping_either(tmp_path: Path) -> None:
-    """The loader proves the sink key unique in its view; an epoch that breaks that is an error
-    (whichever row an upsert kept would be arbitrary), and nothing of the epoch is delivered."""
-    sink = make(tmp_path, type="upsert", primary_key="id")
-    sink.deliver(1, change(tmp_path, "e1", [(1, "a", 1)]))
-    for rows in ([(4, "d", 1), (4, "e", 1)], [(4, "d", 1), (4, "d", 1)]):
-        with pytest.raises(EpochalError, match=r"key\(s\) of \(id\) have more than one row"):
-            sink.deliver(2, change(tmp_path, f"e2-{rows[1][1]}", rows))
-    assert target(sink) == [(1, "a")] and sink.delivered_epoch() == 1
-
-
-def test_incompatible_existing_table_is_an_error_not_a_cast(tmp_path: Path) -> None:
+def test_an_incompatible_existing_table_is_an_error_not_a_cast(tmp_path: Path, spark) -> None:  # noqa: ANN001
     with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
         con.execute("CREATE TABLE t (id VARCHAR, name VARCHAR)")
-    sink = make(tmp_path)
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1)])
     with pytest.raises(SinkSchemaError, match="column id is VARCHAR, the sink writes BIGINT.*drop or rename"):
-        sink.deliver(1, change(tmp_path, "e1", [(1, "a", 1)]))
+        h.deliver()
     with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM t").fetchone() == (0,)
 
 
-def test_upsert_needs_the_key_on_an_existing_table(tmp_path: Path) -> None:
-    with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
-        con.execute("CREATE TABLE t (id BIGINT, name VARCHAR)")
-    sink = make(tmp_path, type="upsert", primary_key="id")
-    with pytest.raises(SinkSchemaError, match="PRIMARY KEY"):
-        sink.deliver(1, change(tmp_path, "e1", [(1, "a", 1)]))
+def test_writers_that_miss_vnodes_are_aborted_and_tried_again(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark)
+    h.change(1, [(i, "x", 1) for i in range(20)])
+    calls = []
+
+    def flaky(batch: BatchId, payloads: list[list[str]]) -> list[WriterResult]:
+        results = h.write(batch, payloads)
+        calls.append(batch.attempt)
+        return results[1:] if len(calls) == 1 else results  # the first attempt loses a writer
+
+    report = h.deliver(write=flaky)
+    assert calls == [1, 2] and report.aborted_attempts == 1
+    assert [s for *_, s in h.states()] == ["ABORTED", "COMMITTED"]
+    assert len(h.rows()) == 20  # the aborted attempt's staged rows never arrived
+    assert h.staged() == []
+
+
+def test_recovery_commits_a_pending_batch_and_drops_orphaned_precommits(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1), (2, "b", 1)])
+    # A run that died after persisting PENDING, before its commit:
+    pending = BatchId("s", 1, 1, 1, "dead0001")
+    h.coordinator._mark(pending, SinkBatchState.PENDING, results=h.write(pending, [h.files[1]]))
+    # and one that died after its writers staged, before PENDING:
+    orphan = BatchId("s", 1, 1, 1, "dead0002")
+    h.write(orphan, [h.files[1]])
+    assert h.rows() == []
+    report = h.deliver()
+    assert report.recommitted == 1 and report.orphans_aborted == 1 and report.epochs == 0
+    assert h.rows() == [(1, "a"), (2, "b")] and h.staged() == []
+    # committing the same batch again is a no-op: the target's progress row says it holds it
+    h.target.commit(pending, [])
+    assert h.rows() == [(1, "a"), (2, "b")]
+
+
+def test_of_two_racing_runs_only_one_delivers(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1)])
+
+    def racing(batch: BatchId, payloads: list[list[str]]) -> list[WriterResult]:
+        results = h.write(batch, payloads)
+        h.deliver()  # the other run persists and commits first, while this one's writers ran
+        return results
+
+    report = h.deliver(write=racing)
+    assert report.lost_race and report.epochs == 0
+    assert h.rows() == [(1, "a")] and h.staged() == []
+    assert [s for *_, s in h.states()] == ["COMMITTED"]
+
+
+def test_a_batch_state_changes_only_along_its_transitions(tmp_path: Path) -> None:
+    h = Harness(tmp_path, None)
+    batch = BatchId("s", 1, 1, 1, "n")
+    assert h.coordinator._mark(batch, SinkBatchState.PENDING)
+    h.coordinator._mark(batch, SinkBatchState.COMMITTED)
+    with pytest.raises(InvariantViolation, match="from COMMITTED to ABORTED"):
+        h.coordinator._mark(batch, SinkBatchState.ABORTED)
+    # a second attempt of delivered epochs cannot become PENDING
+    assert not h.coordinator._mark(BatchId("s", 1, 1, 2, "m"), SinkBatchState.PENDING)

@@ -226,7 +226,8 @@ def test_a_sink_on_a_source_keeps_up_through_idle_epochs(spark, tmp_path: Path) 
     sink = runtime.sink("orders_copy")
     assert sink.delivered_epoch() == idle[-1] > first
     assert sink.row_count() == 2
-    assert runtime.controller.ledger.sink_state("orders_copy") == dict.fromkeys([first, *idle], "COMMITTED")
+    batches = runtime.controller.sink_coordinator.batches("orders_copy")
+    assert [(b.id.first_epoch, b.state.value) for b in batches] == [(e, "COMMITTED") for e in (first, *idle)]
     h.produce([json.dumps({"id": 3, "amount": 1.0})])
     assert epoch() > idle[-1] and sink.row_count() == 3
     assert assert_sink_exactly_once(runtime, "orders_copy") == 3

@@ -18,7 +18,7 @@ from epochal.checkpoint.records import Collected, EpochAborted, EpochState, Inva
 from epochal.connectors.base import SplitRange
 from epochal.controller import CheckpointController
 from epochal.storage.warehouse import Warehouse
-from tests.test_controller import collect_all, controller, plan_ten, settings, start
+from tests.test_controller import collect_all, controller, mark_delivered, plan_ten, settings, start
 
 TABLES = ("src", "v1", "v2")
 
@@ -196,7 +196,7 @@ def test_old_epochs_are_pruned_keeping_what_readers_need(tmp_path: Path, meta_ur
         lambda cur: [cur.execute("INSERT INTO table_retention VALUES (?, ?)", [t, epochs[3]]) for t in TABLES]
     )
     assert ctl.prune_history() == 0, "the sink has not delivered anything yet"
-    ctl.ledger.mark_sink("out", epochs[4], "COMMITTED")
+    mark_delivered(ctl, "out", epochs[4])
     assert ctl.prune_history() == 3  # older than epochs[3], and outside the newest two
     kept = [r.epoch for r in ctl.epoch_log.epochs()]
     assert kept == epochs[3:]

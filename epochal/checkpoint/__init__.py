@@ -4,7 +4,7 @@
 * ``epoch_log``: inject, lease, collect, commit (the barrier worker);
 * ``recovery``: back to the committed epoch after a failure;
 * ``catalog``: snapshots, what a table's state is made of, retention and history pruning;
-* ``sink_ledger``: which epochs each sink delivered;
+* ``sink_coordinator``: exactly-once delivery into sinks, with two-phase commit;
 * ``status``: one consistent read for `epochal status`.
 
 ``epochal.controller.CheckpointController`` puts them together over one meta store.

@@ -265,9 +265,7 @@ class SnapshotCatalog:
                 return PublishResult(recorded=True, garbage=garbage)
             horizon = kept[-1][0]
             for sink in sinks:
-                delivered = cur.execute(
-                    "SELECT max(epoch) FROM sink_epochs WHERE sink = ? AND state = 'COMMITTED'", [sink]
-                ).fetchone()[0]
+                delivered = q.sink_delivered(cur, sink)
                 horizon = min(horizon, delivered if delivered is not None else -1)
             dropped = _dropped_upto(cur, table)
             if horizon < 0 or (dropped is not None and horizon <= dropped):
@@ -331,9 +329,7 @@ class SnapshotCatalog:
                     return 0  # this table's every change file is still readable
                 horizon = dropped if horizon is None else min(horizon, dropped)
             for sink in sinks:
-                delivered = cur.execute(
-                    "SELECT max(epoch) FROM sink_epochs WHERE sink = ? AND state = 'COMMITTED'", [sink]
-                ).fetchone()[0]
+                delivered = q.sink_delivered(cur, sink)
                 if delivered is None:
                     return 0
                 horizon = delivered if horizon is None else min(horizon, delivered)
@@ -349,8 +345,15 @@ class SnapshotCatalog:
             )
             count = cur.execute(f"SELECT count(*) FROM ({old}) o", [limit]).fetchone()[0]
             if count:
-                for table in ("epoch_offsets", "collected", "sink_epochs"):
+                for table in ("epoch_offsets", "collected"):
                     cur.execute(f"DELETE FROM {table} WHERE epoch IN ({old})", [limit])
+                # Finished sink batches before the horizon; the newest COMMITTED one of a sink ends
+                # at its delivered epoch, which is not before the horizon, so it stays.
+                cur.execute(
+                    "DELETE FROM sink_batches WHERE last_epoch < ? AND (state = 'COMMITTED' OR "
+                    "(state = 'ABORTED' AND cleaned))",
+                    [limit],
+                )
                 cur.execute(f"DELETE FROM epochs WHERE epoch IN ({old})", [limit])
             return count
 

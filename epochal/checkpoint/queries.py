@@ -129,3 +129,10 @@ def check_alignment(cur: Cursor, tables: list[str], committed: int | None) -> No
     raise CommitAlignmentError(
         f"commit alignment violated: the pipeline is committed at epoch {committed} but {listing}: {hint}"
     )
+
+
+def sink_delivered(cur: Cursor, sink: str) -> int | None:
+    """The last epoch ``sink`` delivered: the end of its newest COMMITTED batch."""
+    return cur.execute(
+        "SELECT max(last_epoch) FROM sink_batches WHERE sink = ? AND state = 'COMMITTED'", [sink]
+    ).fetchone()[0]

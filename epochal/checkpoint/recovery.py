@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.records import CommitAlignmentError, EpochState, RecoveryReport
-from epochal.checkpoint.sink_ledger import SinkLedger
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.retry import retrying
@@ -118,7 +117,6 @@ class Recovery:
         # Aborted epochs hand their offset ranges back: every split starts where it is committed.
         cur.execute("DELETE FROM split_frontier WHERE committed_end IS NULL")
         cur.execute("UPDATE split_frontier SET reserved_end = committed_end WHERE reserved_end <> committed_end")
-        SinkLedger.drop_pending_after(cur, committed)
         # A compaction that died left an unpublished snapshot: forgotten here, its files swept below.
         self.catalog.reap_abandoned(cur)
         paused = bool(q.get_flag(cur, "paused"))

@@ -7,7 +7,7 @@ from typing import Any
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import EpochState
-from epochal.checkpoint.sink_ledger import SinkLedger
+from epochal.checkpoint.sink_coordinator import SinkCoordinator
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
 
@@ -36,7 +36,6 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
             "SELECT id, reason, started_at, finished_at, committed_epoch, aborted_epochs, attempts, error "
             "FROM recoveries ORDER BY id DESC LIMIT 1"
         ).fetchone()
-        delivered = SinkLedger.delivered(cur)
         counts = dict(cur.execute("SELECT state, count(*) FROM epochs GROUP BY state").fetchall())
         snapshots: dict[str, dict[str, Any]] = {}
         for table, epoch, rows_out, files_out, finished in cur.execute(
@@ -52,7 +51,7 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
             "paused": bool(q.get_flag(cur, "paused")),
             "pause_on_next_start": bool(q.get_flag(cur, "pause_on_next_start")),
             "recovery_requested": q.get_flag(cur, "recovery_requested"),
-            "sinks": {s: delivered.get(s) for s in sinks},
+            "sinks": {s: SinkCoordinator.lag(cur, s) for s in sinks},
             # newest snapshot per table, and the epoch up to which its change files were deleted
             "snapshots": {
                 t: {**snapshots[t], "changes_dropped_upto": retention.get(t)} if t in snapshots else None

@@ -58,15 +58,24 @@ DDL = (
         attempts INTEGER,
         error VARCHAR
     )""",
-    # One row per sink and epoch, as in the seed's sink coordinator: PENDING is persisted before the
-    # target is written; COMMITTED once the target holds the epoch.
-    """CREATE TABLE IF NOT EXISTS sink_epochs (
+    # One row per delivery attempt of a sink (epochal/checkpoint/sink_coordinator.py): a batch of
+    # consecutive committed epochs, PENDING with its writers' pre-commit metadata before anything
+    # is committed downstream, then COMMITTED; or ABORTED, with ``cleaned`` once its pre-commit is
+    # thrown away. ``nonce`` tells apart racing runs' attempts of the same epochs.
+    """CREATE TABLE IF NOT EXISTS sink_batches (
         sink VARCHAR NOT NULL,
-        epoch BIGINT NOT NULL,
+        first_epoch BIGINT NOT NULL,
+        last_epoch BIGINT NOT NULL,
+        attempt INTEGER NOT NULL,
+        nonce VARCHAR NOT NULL,
         state VARCHAR NOT NULL,
+        metadata VARCHAR,
         rows_written BIGINT,
+        error VARCHAR,
+        cleaned BOOLEAN NOT NULL,
         updated_at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (sink, epoch)
+        created_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (sink, first_epoch, attempt, nonce)
     )""",
     # Snapshots of a table's state at a committed epoch (epochal/storage/compaction.py). A row is
     # inserted as WRITING (owner may still be writing the files: recovery keeps them while the owner
@@ -112,5 +121,6 @@ DDL = (
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",
+    "CREATE INDEX IF NOT EXISTS sink_batches_by_state ON sink_batches (sink, state, last_epoch)",
     "CREATE INDEX IF NOT EXISTS snapshots_by_table ON snapshots (table_name, state, epoch)",
 )

@@ -1,43 +1,40 @@
-"""The DuckDB sink: delivers committed epochs into a table of a DuckDB file, each exactly once.
+"""The DuckDB sink: delivers committed epochs into a table of a DuckDB file, each exactly once,
+through the sink coordinator.
 
-Exactly once comes from one rule: an epoch's rows and the record "this sink has delivered epoch E"
-are written in the same DuckDB transaction, in the target file itself. A sink step killed halfway
-leaves an uncommitted transaction that DuckDB rolls back on the next open, and a re-run skips every
-epoch the progress row already covers. The meta store's sink_epochs rows (PENDING, then
-COMMITTED) mirror this for `epochal status`; the target's own progress row is the truth, because it
-is the only record that cannot disagree with the target's contents.
+A DuckDB file has one writer, so the executors pre-commit by staging their rows as Parquet files
+(under ``EPOCHAL_HOME/sink-staging/<sink>/<batch>/``), and the commit loads a batch's staged files
+in one DuckDB transaction that also moves the in-file progress row ("this sink holds every epoch up
+to E"). That row is the idempotence key: a commit replayed after a crash finds it and does nothing,
+and a transaction killed halfway is rolled back by DuckDB on the next open.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.meta.backend import Cursor, DuckDBBackend
+from epochal.sinks.base import WEIGHT, BatchId, PrecommitLost, SinkError, SinkSchemaError, SinkTarget, WriterTask
 from epochal.sinks.spec import primary_key_columns
 from epochal.sql import DUCKDB, quote, string_list
-from epochal.storage.warehouse import WEIGHT
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["DuckDBTarget", "SinkSchemaError"]
 
 PROGRESS_TABLE = "_epochal_sink_progress"
 
 
-class SinkSchemaError(EpochalError):
-    pass
-
-
-@dataclass(frozen=True)
-class Delivery:
-    epoch: int
-    rows_inserted: int
-    rows_deleted: int
-    skipped: bool
-
-
-class DuckDBSink:
-    def __init__(self, name: str, options: Mapping[str, str], columns: list[str], home: Path):
+class DuckDBTarget(SinkTarget):
+    def __init__(
+        self, name: str, options: Mapping[str, str], columns: list[str], home: Path, meta_url: str | None = None
+    ):
         self.name = name
         self.columns = list(columns)
         database = Path(options["database"]).expanduser()
@@ -45,7 +42,15 @@ class DuckDBSink:
         self.table = options["table"]
         self.type = options.get("type", "append-only")
         self.primary_key = primary_key_columns(options)
-        self._backend = DuckDBBackend(self.database)
+        self.staging = home / "sink-staging" / name
+
+    @property
+    def _backend(self) -> DuckDBBackend:
+        # opened where it is used: the target is pickled to executors, which never open the file
+        return DuckDBBackend(self.database)
+
+    def describe(self) -> str:
+        return f"duckdb:{self.database}:{self.table}"
 
     # ------------------------------------------------------------------ progress
 
@@ -66,10 +71,21 @@ class DuckDBSink:
 
     # ------------------------------------------------------------------ schema
 
-    def _expected_schema(self, cur: Cursor, files: list[str]) -> list[tuple[str, str]]:
-        cols = ", ".join(quote(c, DUCKDB) for c in self.columns)
-        described = cur.execute(f"DESCRIBE SELECT {cols} FROM read_parquet({string_list(files)})").fetchall()
-        return [(r[0], r[1]) for r in described]
+    @staticmethod
+    def _duckdb_types(schema: pa.Schema) -> list[tuple[str, str]]:
+        """The DuckDB column types of an Arrow schema, as DuckDB itself maps them."""
+        import duckdb
+
+        empty = schema.empty_table()  # noqa: F841 - read by the query below, by name
+        with duckdb.connect() as con:
+            return [(r[0], r[1]) for r in con.execute("DESCRIBE SELECT * FROM empty").fetchall()]
+
+    def prepare_target(self, schema: pa.Schema) -> None:
+        columns = [schema.field(c) for c in self.columns]
+        import pyarrow as pa
+
+        expected = self._duckdb_types(pa.schema(columns))
+        self._backend.transaction(lambda cur: self._check_or_create_table(cur, expected))
 
     def _check_or_create_table(self, cur: Cursor, expected: list[tuple[str, str]]) -> None:
         existing = cur.execute(
@@ -114,25 +130,87 @@ class DuckDBSink:
                     "or point the sink at a new one"
                 )
 
-    # ------------------------------------------------------------------ delivery
+    # ------------------------------------------------------------------ two-phase commit
 
-    def deliver(self, epoch: int, files: list[str]) -> Delivery:
-        """Deliver one committed epoch's change (``files``) unless the target already holds it."""
+    def _batch_dir(self, batch: BatchId) -> Path:
+        return self.staging / batch.token
 
-        def run(cur: Cursor) -> Delivery:
+    def write(self, task: WriterTask, batches: Iterator[pa.RecordBatch]) -> Mapping[str, Any]:
+        """Stage the writer's rows as one Parquet file (none when it has no rows)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        path = self._batch_dir(task.batch) / f"w{task.writer}-{uuid.uuid4().hex[:8]}.parquet"
+        writer = None
+        rows = 0
+        try:
+            for record_batch in batches:
+                if self.type == "append-only":
+                    negative = pc.sum(pc.less(record_batch.column(WEIGHT), 0)).as_py() or 0
+                    if negative:
+                        raise SinkError(
+                            f"{task.batch.describe()}: the sink is append-only but its upstream deleted or updated "
+                            f"{negative} row(s): use type = 'upsert' with a primary_key"
+                        )
+                if writer is None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    writer = pq.ParquetWriter(path, record_batch.schema)
+                writer.write_batch(record_batch)
+                rows += record_batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is not None and self.type == "upsert":
+            self._check_unique(task.batch, path)
+        return {"file": str(path) if writer is not None else None, "rows": rows}
+
+    def _check_unique(self, batch: BatchId, path: Path) -> None:
+        """The loader proved the key unique in the view, so a key has at most one row to write. A
+        writer holds all rows of its keys: it refuses more here, before anything is PENDING."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        inserts = pq.read_table(path).filter(pc.greater(pc.field(WEIGHT), 0))
+        per_key = inserts.group_by(list(self.primary_key)).aggregate([(WEIGHT, "sum"), (WEIGHT, "count")])
+        clashes = per_key.filter((pc.field(f"{WEIGHT}_sum") > 1) | (pc.field(f"{WEIGHT}_count") > 1))
+        if clashes.num_rows:
+            path.unlink(missing_ok=True)
+            raise SinkError(
+                f"{batch.describe()}: {clashes.num_rows} key(s) of ({', '.join(self.primary_key)}) have more than "
+                "one row although the key was proven unique at load: this is a bug in Epochal, please report it"
+            )
+
+    def commit(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        files = [m["file"] for m in metadata if m.get("file")]
+        missing = [f for f in files if not Path(f).exists()]
+
+        def run(cur: Cursor) -> None:
             done = self._progress(cur)
-            if done is not None and done >= epoch:
-                return Delivery(epoch, 0, 0, skipped=True)
-            inserted = deleted = 0
+            if done is not None and done >= batch.last_epoch:
+                return  # committed before: the progress row is the idempotence key
+            if missing:
+                raise PrecommitLost(f"{len(missing)} staged file(s) of the batch are gone (first: {missing[0]})")
             if files:
-                self._check_or_create_table(cur, self._expected_schema(cur, files))
-                inserted, deleted = self._apply(cur, files)
+                self._apply(cur, files)
             fault_point("sink-midway")
             cur.execute(f"DELETE FROM {PROGRESS_TABLE} WHERE sink = ?", [self.name])
-            cur.execute(f"INSERT INTO {PROGRESS_TABLE} VALUES (?, ?, ?, now())", [self.name, epoch, inserted + deleted])
-            return Delivery(epoch, inserted, deleted, skipped=False)
+            rows = sum(int(m.get("rows", 0)) for m in metadata)
+            cur.execute(f"INSERT INTO {PROGRESS_TABLE} VALUES (?, ?, ?, now())", [self.name, batch.last_epoch, rows])
 
-        return self._backend.transaction(run)
+        self._backend.transaction(run)
+        shutil.rmtree(self._batch_dir(batch), ignore_errors=True)
+
+    def abort(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        shutil.rmtree(self._batch_dir(batch), ignore_errors=True)
+
+    def abort_orphans(self, keep: Sequence[BatchId]) -> int:
+        if not self.staging.exists():
+            return 0
+        kept = {b.token for b in keep}
+        orphans = [d for d in self.staging.iterdir() if d.name not in kept]
+        for directory in orphans:
+            shutil.rmtree(directory, ignore_errors=True)
+        return len(orphans)
 
     def _apply(self, cur: Cursor, files: list[str]) -> tuple[int, int]:
         cols = ", ".join(quote(c, DUCKDB) for c in self.columns)
@@ -145,8 +223,9 @@ class DuckDBSink:
                     f"sink {self.name} is append-only but its upstream deleted or updated {negative} row(s) "
                     "in this epoch: use type = 'upsert' with a primary_key"
                 )
-            cur.execute(f"INSERT INTO {target} SELECT {cols} FROM {source}")
-            return cur.execute(f"SELECT count(*) FROM {source}").fetchone()[0], 0
+            # a weight of n is n copies of the row
+            cur.execute(f"INSERT INTO {target} SELECT {cols} FROM (SELECT *, unnest(range({WEIGHT})) FROM {source})")
+            return cur.execute(f"SELECT coalesce(sum({WEIGHT}), 0) FROM {source}").fetchone()[0], 0
         # Upsert: net each row's change; a key's delete and its new value may arrive in one epoch.
         keys = ", ".join(quote(k, DUCKDB) for k in self.primary_key)
         net = f"(SELECT {cols}, sum({WEIGHT}) AS _net FROM {source} GROUP BY ALL)"

@@ -1,0 +1,441 @@
+"""The sink coordinator: delivers committed epochs into a sink's target exactly once, with two-phase
+commit (the seed's ``meta_sink_coordinator_worker.rs``).
+
+One row per delivery attempt (``sink_batches``): a *batch* is ``commit_checkpoint_interval``
+consecutive committed epochs of the sink's upstream table, delivered in one downstream transaction.
+
+* The writers pre-commit on the executors (:mod:`epochal.sinks.spark_writers`) and return
+  metadata. The coordinator checks that they cover every vnode exactly once; otherwise the attempt
+  is ABORTED (its pre-commit thrown away) and the batch is tried again.
+* The attempt is persisted PENDING with the writers' metadata *before* anything is committed. The
+  epochs are committed upstream already (sinks only read committed epochs), so a PENDING batch must
+  reach the target: whoever finds it, after any crash, commits it again (commits are idempotent).
+* After the target's commit, the batch is marked COMMITTED; retention keeps an epoch's change
+  files until every sink's COMMITTED batches reach it.
+* Recovery (the start of every delivery) commits PENDING batches, throws away every pre-commit that
+  belongs to no PENDING batch (a run killed between its writers and PENDING), and cleans ABORTED
+  attempts whose cleaning did not finish.
+
+A slow or failing target never holds epochs back: delivery runs after the epoch commit, lags, and
+catches up from the change files, which retention keeps until they are delivered.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from epochal.checkpoint import queries as q
+from epochal.checkpoint.records import InvariantViolation
+from epochal.faults import fault_point
+from epochal.meta.backend import Backend, Cursor
+from epochal.redaction import redact_url
+from epochal.sinks.base import (
+    BatchId,
+    PrecommitLost,
+    SinkConfigError,
+    SinkError,
+    SinkSchemaError,
+    SinkTarget,
+    WriterResult,
+    coverage_problems,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Coverage failures tried again before the delivery fails (each is a fresh attempt).
+COVERAGE_ATTEMPTS = 3
+
+
+class SinkBatchState(enum.Enum):
+    PENDING = "PENDING"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+#: The only transitions a batch attempt makes. ``None`` is "no row yet": an attempt is persisted
+#: PENDING (writers covered every vnode) or ABORTED (they did not, or the pre-commit failed).
+#: PENDING -> ABORTED only when the target no longer holds the pre-commit and never committed it
+#: (a prepared transaction rolled back by hand): the epochs are then delivered by a new attempt.
+SINK_TRANSITIONS: Mapping[SinkBatchState | None, frozenset[SinkBatchState]] = {
+    None: frozenset({SinkBatchState.PENDING, SinkBatchState.ABORTED}),
+    SinkBatchState.PENDING: frozenset({SinkBatchState.COMMITTED, SinkBatchState.ABORTED}),
+    SinkBatchState.COMMITTED: frozenset(),
+    SinkBatchState.ABORTED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class SinkBatch:
+    id: BatchId
+    state: SinkBatchState
+    results: tuple[WriterResult, ...]
+    rows: int
+    error: str | None
+    cleaned: bool
+    updated_at: float
+
+    @property
+    def metadata(self) -> list[Mapping[str, Any]]:
+        return [r.metadata for r in self.results]
+
+
+@dataclass
+class DeliveryReport:
+    """What one call of :meth:`SinkCoordinator.deliver` did, for logs and Dagster metadata."""
+
+    sink: str
+    batches: int = 0
+    epochs: int = 0
+    rows: int = 0
+    #: PENDING batches of earlier runs committed by this one's recovery
+    recommitted: int = 0
+    #: pre-commits of dead runs thrown away
+    orphans_aborted: int = 0
+    aborted_attempts: int = 0
+    delivered_epoch: int | None = None
+    #: committed epochs still waiting (a batch not yet full, or the delivery stopped on an error)
+    lag_epochs: int = 0
+    seconds: float = 0.0
+    lost_race: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+def _results_json(results: Sequence[WriterResult]) -> str:
+    return json.dumps(
+        [{"writer": r.writer, "vnodes": list(r.vnodes), "rows": r.rows, "metadata": dict(r.metadata)} for r in results]
+    )
+
+
+def _results_from_json(text: str | None) -> tuple[WriterResult, ...]:
+    if not text:
+        return ()
+    return tuple(
+        WriterResult(d["writer"], (d["vnodes"][0], d["vnodes"][1]), d["rows"], d["metadata"]) for d in json.loads(text)
+    )
+
+
+_COLUMNS = "sink, first_epoch, last_epoch, attempt, nonce, state, metadata, rows_written, error, cleaned, updated_at"
+
+
+def _batch(row: Sequence[Any]) -> SinkBatch:
+    sink, first, last, attempt, nonce, state, metadata, rows, error, cleaned, updated = row
+    return SinkBatch(
+        BatchId(sink, first, last, attempt, nonce or ""),
+        SinkBatchState(state),
+        _results_from_json(metadata),
+        rows or 0,
+        error,
+        bool(cleaned),
+        updated,
+    )
+
+
+class SinkCoordinator:
+    """The meta-store side of every sink's deliveries, and the delivery protocol. Knows nothing of
+    Spark or of any target system: the writers run through the ``write`` callback and the target
+    through :class:`SinkTarget`."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    # ------------------------------------------------------------------ reading
+
+    def batches(self, sink: str) -> list[SinkBatch]:
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                f"SELECT {_COLUMNS} FROM sink_batches WHERE sink = ? ORDER BY first_epoch, attempt", [sink]
+            ).fetchall()
+        )
+        return [_batch(r) for r in rows]
+
+    def delivered_epoch(self, sink: str) -> int | None:
+        return self.backend.transaction(lambda cur: self._delivered(cur, sink))
+
+    @staticmethod
+    def _delivered(cur: Cursor, sink: str) -> int | None:
+        return q.sink_delivered(cur, sink)
+
+    @staticmethod
+    def delivered(cur: Cursor) -> dict[str, int]:
+        """The last delivered epoch of every sink that delivered any."""
+        return dict(
+            cur.execute(
+                "SELECT sink, max(last_epoch) FROM sink_batches WHERE state = 'COMMITTED' GROUP BY sink"
+            ).fetchall()
+        )
+
+    def lag_of(self, sink: str) -> dict[str, Any]:
+        return self.backend.transaction(lambda cur: self.lag(cur, sink))
+
+    @staticmethod
+    def lag(cur: Cursor, sink: str) -> dict[str, Any]:
+        """How far ``sink`` is behind: the committed epochs it has not delivered, and the seconds
+        since the oldest of them was committed."""
+        delivered = SinkCoordinator._delivered(cur, sink)
+        waiting, oldest = cur.execute(
+            "SELECT count(*), min(committed_at) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?",
+            [-1 if delivered is None else delivered],
+        ).fetchone()
+        last_error = cur.execute(
+            "SELECT error, updated_at FROM sink_batches WHERE sink = ? AND state = 'ABORTED' "
+            "ORDER BY updated_at DESC LIMIT 1",
+            [sink],
+        ).fetchone()
+        pending = cur.execute(
+            "SELECT count(*) FROM sink_batches WHERE sink = ? AND state = 'PENDING'", [sink]
+        ).fetchone()[0]
+        return {
+            "delivered_epoch": delivered,
+            "lag_epochs": waiting,
+            "lag_seconds": round(time.time() - oldest, 3) if oldest is not None else 0.0,
+            "pending_batches": pending,
+            "last_error": last_error[0] if last_error else None,
+        }
+
+    # ------------------------------------------------------------------ transitions
+
+    def _transition(
+        self,
+        cur: Cursor,
+        batch: BatchId,
+        to: SinkBatchState,
+        results: Sequence[WriterResult] = (),
+        error: str | None = None,
+        cleaned: bool = False,
+    ) -> bool:
+        """The one place a batch attempt changes state. Returns False (and changes nothing) when a
+        PENDING attempt loses to another attempt of the same epochs that is PENDING or COMMITTED."""
+        row = cur.execute(
+            "SELECT state FROM sink_batches WHERE sink = ? AND first_epoch = ? AND attempt = ? AND nonce = ?",
+            [batch.sink, batch.first_epoch, batch.attempt, batch.nonce],
+        ).fetchone()
+        current = SinkBatchState(row[0]) if row else None
+        if to not in SINK_TRANSITIONS[current]:
+            raise InvariantViolation(
+                f"{batch.describe()} (attempt {batch.attempt}): a sink batch cannot go from "
+                f"{current.value if current else 'nothing'} to {to.value}"
+            )
+        now = time.time()
+        if current is None:
+            if to is SinkBatchState.PENDING:
+                # Exactly one attempt of a range of epochs is ever PENDING or COMMITTED: a racing run
+                # that persisted first wins, and this one throws its pre-commit away.
+                rival = cur.execute(
+                    "SELECT count(*) FROM sink_batches WHERE sink = ? AND state IN ('PENDING', 'COMMITTED') "
+                    "AND first_epoch <= ? AND last_epoch >= ?",
+                    [batch.sink, batch.last_epoch, batch.first_epoch],
+                ).fetchone()[0]
+                if rival:
+                    return False
+            cur.execute(
+                f"INSERT INTO sink_batches ({_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    batch.sink,
+                    batch.first_epoch,
+                    batch.last_epoch,
+                    batch.attempt,
+                    batch.nonce,
+                    to.value,
+                    _results_json(results),
+                    sum(r.rows for r in results),
+                    error,
+                    cleaned,
+                    now,
+                    now,
+                ],
+            )
+            return True
+        updated = cur.execute(
+            "UPDATE sink_batches SET state = ?, error = coalesce(?, error), cleaned = ?, updated_at = ? "
+            "WHERE sink = ? AND first_epoch = ? AND attempt = ? AND nonce = ? AND state = ? RETURNING attempt",
+            [to.value, error, cleaned, now, batch.sink, batch.first_epoch, batch.attempt, batch.nonce, current.value],
+        ).fetchall()
+        if len(updated) != 1:
+            raise InvariantViolation(f"{batch.describe()}: the {current.value} row changed under its transition")
+        return True
+
+    def _mark(self, batch: BatchId, to: SinkBatchState, **fields: Any) -> bool:
+        return self.backend.transaction(lambda cur: self._transition(cur, batch, to, **fields))
+
+    def _mark_cleaned(self, batch: BatchId) -> None:
+        self.backend.transaction(
+            lambda cur: cur.execute(
+                "UPDATE sink_batches SET cleaned = ? WHERE sink = ? AND first_epoch = ? AND attempt = ? AND nonce = ?",
+                [True, batch.sink, batch.first_epoch, batch.attempt, batch.nonce],
+            )
+        )
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self, target: SinkTarget, report: DeliveryReport | None = None) -> DeliveryReport:
+        """Bring ``target`` to what the meta store says: PENDING batches committed (again), every
+        pre-commit of no PENDING batch thrown away, ABORTED attempts cleaned."""
+        report = report or DeliveryReport(target.name)
+        batches = self.batches(target.name)
+        pending = [b for b in batches if b.state is SinkBatchState.PENDING]
+        for batch in pending:
+            if self._commit(target, batch.id, batch.results):
+                report.recommitted += 1
+                report.rows += batch.rows
+        still_pending = [b.id for b in self.batches(target.name) if b.state is SinkBatchState.PENDING]
+        report.orphans_aborted += target.abort_orphans(still_pending)
+        for batch in batches:
+            if batch.state is SinkBatchState.ABORTED and not batch.cleaned:
+                target.abort(batch.id, batch.metadata)
+                self._mark_cleaned(batch.id)
+        if report.recommitted or report.orphans_aborted:
+            log.info(
+                "sink %s recovery: %d pending batch(es) committed, %d orphaned pre-commit(s) thrown away",
+                target.name,
+                report.recommitted,
+                report.orphans_aborted,
+            )
+        return report
+
+    def _commit(self, target: SinkTarget, batch: BatchId, results: Sequence[WriterResult]) -> bool:
+        """Commit a PENDING batch into the target and mark it COMMITTED; False when its pre-commit
+        was lost (it is then ABORTED and its epochs are delivered again)."""
+        try:
+            target.commit(batch, [r.metadata for r in results])
+        except PrecommitLost as lost:
+            log.warning("%s: %s; delivering its epochs again", batch.describe(), lost)
+            self._mark(batch, SinkBatchState.ABORTED, error=str(lost), cleaned=False)
+            return False
+        fault_point("sink-committed")
+        self._mark(batch, SinkBatchState.COMMITTED)
+        return True
+
+    # ------------------------------------------------------------------ delivery
+
+    def deliver(
+        self,
+        target: SinkTarget,
+        epochs: Sequence[tuple[int, T]],
+        interval: int,
+        write: Callable[[BatchId, list[T]], list[WriterResult]],
+    ) -> DeliveryReport:
+        """Deliver ``epochs`` ((epoch, payload) of committed epochs, in order, none delivered yet) in
+        batches of ``interval`` epochs. A batch is delivered only when it is full, as RisingWave
+        commits a sink every ``commit_checkpoint_interval`` checkpoints. ``write`` runs the
+        writers of one batch over the payloads (the epochs' change files) and returns their
+        pre-commits."""
+        started = time.time()
+        report = self.recover(target)
+        delivered = self.delivered_epoch(target.name)
+        todo = [(e, p) for e, p in epochs if delivered is None or e > delivered]
+        while len(todo) >= interval:
+            chunk, todo = todo[:interval], todo[interval:]
+            outcome = self._deliver_batch(target, chunk, write, report)
+            if outcome is None:  # another run delivers these epochs
+                report.lost_race = True
+                break
+            report.batches += 1
+            report.epochs += len(chunk)
+            report.rows += outcome
+        report.delivered_epoch = self.delivered_epoch(target.name)
+        report.lag_epochs = len(todo)
+        report.seconds = round(time.time() - started, 3)
+        return report
+
+    def _deliver_batch(
+        self,
+        target: SinkTarget,
+        chunk: Sequence[tuple[int, T]],
+        write: Callable[[BatchId, list[T]], list[WriterResult]],
+        report: DeliveryReport,
+    ) -> int | None:
+        """One batch, through as many attempts as coverage needs: the rows delivered, or None when
+        another run persisted the batch first."""
+        first, last = chunk[0][0], chunk[-1][0]
+        attempts = self.backend.transaction(
+            lambda cur: cur.execute(
+                "SELECT coalesce(max(attempt), 0) FROM sink_batches WHERE sink = ? AND first_epoch = ?",
+                [target.name, first],
+            ).fetchone()[0]
+        )
+        payloads = [p for _, p in chunk]
+        for attempt in range(attempts + 1, attempts + 1 + COVERAGE_ATTEMPTS):
+            batch = BatchId(target.name, first, last, attempt, secrets.token_hex(4))
+            try:
+                results = write(batch, payloads)
+            except Exception as error:
+                # The writers' partial pre-commits are thrown away now; a run killed here leaves
+                # them to the next recovery's abort_orphans.
+                message = _describe_error(batch, error)
+                self._abort(target, batch, [], message)
+                report.aborted_attempts += 1
+                # the target's kind of error (schema, config: not worth retrying) is kept
+                raise _error_kind(error)(message) from error
+            fault_point("sink-prepared")
+            problems = coverage_problems(results)
+            if problems:
+                message = f"{batch.describe()}: the writers did not cover every vnode once: {'; '.join(problems)}"
+                log.warning("%s; aborting attempt %d and trying again", message, attempt)
+                self._abort(target, batch, results, message)
+                report.aborted_attempts += 1
+                report.errors.append(message)
+                continue
+            if not self._mark(batch, SinkBatchState.PENDING, results=results):
+                log.info("%s: another run persisted these epochs first; this run's pre-commit goes", batch.describe())
+                target.abort(batch, [r.metadata for r in results])
+                return None
+            fault_point("sink-pending")
+            if not self._commit(target, batch, results):
+                continue
+            return sum(r.rows for r in results)
+        raise SinkError(
+            f"sink {target.name}, epochs {first}..{last}: {COVERAGE_ATTEMPTS} attempts did not cover every vnode "
+            f"({'; '.join(report.errors[-1:])}). This is a bug in Epochal's writer distribution, please report it"
+        )
+
+    def _abort(self, target: SinkTarget, batch: BatchId, results: Sequence[WriterResult], message: str) -> None:
+        self._mark(batch, SinkBatchState.ABORTED, results=results, error=message[:2000])
+        try:
+            target.abort(batch, [r.metadata for r in results])
+        except Exception:  # the next recovery cleans it: the row says it is not cleaned yet
+            log.exception("%s: could not throw the aborted pre-commit away now; recovery will", batch.describe())
+            return
+        self._mark_cleaned(batch)
+
+
+_WRITER_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(?P<kind>Sink\w*Error|PrecommitLost): (?P<message>.+)$", re.MULTILINE)
+_KINDS: dict[str, type[SinkError]] = {
+    k.__name__: k for k in (SinkError, SinkSchemaError, SinkConfigError, PrecommitLost)
+}
+
+
+def _error_kind(error: Exception) -> type[SinkError]:
+    """The SinkError class of ``error``, also when a writer raised it inside a Spark task."""
+    if isinstance(error, SinkError):
+        return type(error)
+    found = _WRITER_ERROR.findall(str(error))
+    return _KINDS.get(found[-1][0], SinkError) if found else SinkError
+
+
+def _describe_error(batch: BatchId, error: Exception) -> str:
+    """One line naming the sink, the epochs and the cause. A writer's error reaches the driver inside
+    Spark's PythonException, under a Python and a Java stack trace: its own message is what counts."""
+    text = str(error)
+    found = _WRITER_ERROR.findall(text) if not isinstance(error, SinkError) else []
+    if found:
+        text = found[-1][1]
+    else:
+        text = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+        if not isinstance(error, SinkError):
+            text = f"{type(error).__name__}: {text}"
+    bare = f"sink {batch.sink}:"
+    if text.startswith(bare):  # a target's own error names the sink: add the epochs
+        text = f"{batch.describe()}:{text[len(bare):]}"
+    elif not text.startswith(batch.describe()):
+        text = f"{batch.describe()}: {text}"
+    return redact_url(text)
