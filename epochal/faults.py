@@ -15,6 +15,10 @@ FAULT_POINTS = (
     "source-written",  # a source wrote and collected its epoch; nothing committed
     "committed",  # the epoch is committed; no sink has run
     "sink-midway",  # a sink inserted rows in its open transaction; not yet committed
+    "sink-prepared",  # a sink's writers pre-committed their rows; PENDING not persisted
+    "sink-pending",  # the sink batch is PENDING in the meta store; nothing committed in the target
+    "sink-commit-midway",  # the target committed some of a batch's writers (PostgreSQL: 1st COMMIT PREPARED)
+    "sink-committed",  # the target committed the whole batch; the meta store not marked COMMITTED
 )
 
 
