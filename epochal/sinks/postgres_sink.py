@@ -441,7 +441,7 @@ class PostgresTarget(SinkTarget):
     def _write_error(self, task: WriterTask, exc: psycopg.Error) -> SinkError:
         diag = exc.diag
         message = self._scrub(diag.message_primary or str(exc).strip())
-        detail = f" ({self._scrub(diag.message_detail)})" if diag.message_detail else ""
+        detail = f" ({self._scrub(diag.message_detail).rstrip('.')})" if diag.message_detail else ""
         where = f"{task.batch.describe()}, writer {task.writer}"
         if isinstance(exc, psycopg.errors.ObjectNotInPrerequisiteState) and "prepared transactions" in message:
             return SinkConfigError(max_prepared_transactions_message(self.name, self.host, self.port))
