@@ -399,6 +399,7 @@ class PostgresTarget(SinkTarget):
             try:
                 conn.execute("BEGIN")
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+                conn.execute("SET LOCAL TimeZone = 'UTC'")  # timestamptz values are sent as UTC text
                 self._check_not_delivered(conn, batch)
                 if self.type == "upsert":
                     rows = self._write_upsert(conn, task, batches, gid)
@@ -497,7 +498,10 @@ class PostgresTarget(SinkTarget):
             column = batch.column(name)
             t = column.type
             if pa.types.is_timestamp(t) and t.tz:
-                column = column.cast(pa.timestamp(t.unit, "UTC"))
+                # The values are UTC instants; written without a zone they are read in the writer's
+                # session TimeZone, which is UTC. (Formatting with a zone looks the zone up per value:
+                # 40x slower than every other column together.)
+                column = column.view(pa.timestamp(t.unit))
             elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
                 column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
             arrays.append(column)
