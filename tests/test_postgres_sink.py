@@ -175,12 +175,37 @@ def test_every_mapped_type_round_trips(database: str) -> None:
     )
     moment = dt.datetime(2026, 3, 1, 12, 30, 45, 123456)
     data = [
-        (2**62, -(2**31), -(2**15), 0.1, 1.5, "", "ü,\"x\"\n\\N", True, dt.date(2026, 1, 2),
-         moment.replace(tzinfo=dt.UTC), moment, Decimal("-123456789.125"), b"\x00\xff,\n"),
+        (
+            2**62,
+            -(2**31),
+            -(2**15),
+            0.1,
+            1.5,
+            "",
+            'ü,"x"\n\\N',
+            True,
+            dt.date(2026, 1, 2),
+            moment.replace(tzinfo=dt.UTC),
+            moment,
+            Decimal("-123456789.125"),
+            b"\x00\xff,\n",
+        ),
         (None,) * 13,
-        (1, 2, 3, math.inf, -math.inf, "NULL", "\\", False, dt.date(1, 1, 1),
-         dt.datetime(1970, 1, 1, tzinfo=dt.UTC), dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
-         Decimal("0.001"), b""),
+        (
+            1,
+            2,
+            3,
+            math.inf,
+            -math.inf,
+            "NULL",
+            "\\",
+            False,
+            dt.date(1, 1, 1),
+            dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
+            dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+            Decimal("0.001"),
+            b"",
+        ),
         (0, 0, 0, 5e-324, 3.4028234663852886e38, "tab\there", "x" * 10_000, None, None, None, None, None, None),
         (-1, -1, -1, math.nan, math.nan, " ", " lead", True, None, None, None, None, None),
     ]
@@ -188,8 +213,9 @@ def test_every_mapped_type_round_trips(database: str) -> None:
     sql_rows(database, f"ALTER DATABASE {database} SET TimeZone = 'Asia/Kathmandu'")
     t = target(database, table="typed", columns=schema.names)
     t.prepare_target(schema)
-    types = dict(sql_rows(database, "SELECT column_name, data_type FROM information_schema.columns "
-                                    "WHERE table_name = 'typed'"))
+    types = dict(
+        sql_rows(database, "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'typed'")
+    )
     assert types == {
         "i64": "bigint", "i32": "integer", "i16": "smallint", "f64": "double precision", "f32": "real",
         "s": "text", "ls": "text", "b": "boolean", "d": "date", "tz": "timestamp with time zone",
@@ -237,8 +263,10 @@ def test_abort_orphans_rolls_back_unknown_batches_and_keeps_pending_ones(databas
     # abort: the listed gids, and any other gid of the batch (a writer whose result never came back)
     third = BatchId("out_sink", 2, 2, 2, "run1")
     meta = write_all(t, third, [[rows(SCHEMA, [(3, "c")])], [rows(SCHEMA, [(4, "d")])]])
-    t.abort(third, meta[:1])
+    t.abort(third, [*meta[:1], {"writer": 1}])  # writer 1 failed: no gid
     t.abort(third, meta[:1])  # idempotent
+    with pytest.raises(SinkError, match="not this batch's"):
+        t.abort(third, kept_meta)  # never another batch's
     assert set(prepared(database)) == {m["gid"] for m in other_meta}
     assert sql_rows(database, "SELECT id FROM out") == [(1,)]
 
@@ -364,6 +392,15 @@ def test_a_refused_row_rolls_the_writer_back(database: str) -> None:
     assert prepared(database) == []
 
 
+def test_rows_without_a_sink_column_are_refused(database: str) -> None:
+    t = target(database, writers="1")
+    t.prepare_target(SCHEMA)
+    missing = pa.RecordBatch.from_pydict({"id": [1], WEIGHT: [1]})
+    with pytest.raises(SinkError, match=r"sink out_sink, epoch 1, writer 0: the rows do not fit public.out"):
+        write_all(t, BatchId("out_sink", 1, 1), [[missing]])
+    assert prepared(database) == [] and t.row_count() == 0
+
+
 def test_append_only_refuses_deletes(database: str) -> None:
     t = target(database, writers="1")
     t.prepare_target(SCHEMA)
@@ -376,8 +413,20 @@ def test_server_down_names_the_address() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t = PostgresTarget("down_sink", {"host": "127.0.0.1", "port": str(port), "user": "postgres",
-                                     "password": "hunter2-secret", "database": "x", "table": "t"}, ["id"], None, None)
+    t = PostgresTarget(
+        "down_sink",
+        {
+            "host": "127.0.0.1",
+            "port": str(port),
+            "user": "postgres",
+            "password": "hunter2-secret",
+            "database": "x",
+            "table": "t",
+        },
+        ["id"],
+        None,
+        None,
+    )
     with pytest.raises(SinkError) as info:
         t.prepare_target(pa.schema([("id", pa.int64())]))
     message = str(info.value)

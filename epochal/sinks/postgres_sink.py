@@ -429,6 +429,12 @@ class PostgresTarget(SinkTarget):
             except psycopg.Error as exc:
                 self._rollback_open(conn)
                 raise self._write_error(task, exc) from None
+            except (KeyError, pa.ArrowException) as exc:  # a column missing from the rows, an unconvertible value
+                self._rollback_open(conn)
+                raise SinkError(
+                    f"{batch.describe()}, writer {task.writer}: the rows do not fit {self.schema}.{self.table} "
+                    f"(sink columns: {', '.join(self.columns)}): {exc}"
+                ) from exc
         return {"gid": gid, "rows": rows, "writer": task.writer, "writers": task.writers}
 
     @staticmethod
@@ -595,9 +601,11 @@ class PostgresTarget(SinkTarget):
 
     # ------------------------------------------------------------------ commit / abort (driver)
 
-    def _batch_gids(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> list[str]:
+    def _batch_gids(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]], *, every: bool = True) -> list[str]:
+        """The gids in ``metadata``, each checked to be this batch's. ``every``: each entry must have
+        one (commit); abort also takes what failed writers left (entries without a gid)."""
         prefix = self.batch_prefix(batch)
-        gids = [str(m.get("gid", "")) for m in metadata]
+        gids = [str(m.get("gid") or "") for m in metadata if every or m.get("gid")]
         wrong = [g for g in gids if not g.startswith(prefix)]
         if wrong:
             raise SinkError(
@@ -680,7 +688,7 @@ class PostgresTarget(SinkTarget):
         )
 
     def abort(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
-        listed = self._batch_gids(batch, metadata)
+        listed = self._batch_gids(batch, metadata, every=False)
         with self._connect(batch.describe()) as conn:
             prepared = self._prepared(conn, self.batch_prefix(batch))
             # listed ones first, then any other of the batch (a writer whose result never came back)
