@@ -48,6 +48,12 @@ class SinkConfigError(SinkError):
     """The target refuses the sink's settings (a wrong password, prepared transactions off)."""
 
 
+class PrecommitLost(SinkError):
+    """Raised by :meth:`SinkTarget.commit` when a PENDING batch's pre-commit is gone (a prepared
+    transaction rolled back by hand, staged files deleted) and the target does not hold the batch:
+    the coordinator aborts the batch and delivers its epochs again."""
+
+
 @dataclass(frozen=True, order=True)
 class BatchId:
     """One delivery attempt of epochs ``first_epoch..last_epoch`` (inclusive) of a sink. A failed
