@@ -54,6 +54,12 @@ class SinkSpec:
         return build(name, resolve_env(name, options), list(columns), home, meta_url)
 
 
+def _postgres_check(options: Mapping[str, str], columns: Sequence[str]) -> list[str]:
+    problems: list[str] = []
+    whole_number_option(options, "port", 5432, 1, problems, maximum=65535)
+    return problems
+
+
 SINK_CONNECTORS: dict[str, SinkSpec] = {
     "duckdb": SinkSpec(
         "duckdb", ("database", "table"), ("database", "table"), "epochal.sinks.duckdb_sink:DuckDBTarget"
@@ -64,6 +70,7 @@ SINK_CONNECTORS: dict[str, SinkSpec] = {
         ("host", "user", "database", "table"),
         "epochal.sinks.postgres_sink:PostgresTarget",
         secret=("password",),
+        check=_postgres_check,
     ),
     "deltalake": SinkSpec("deltalake", ("location",), ("location",), "epochal.sinks.delta_sink:DeltaTarget"),
     "iceberg": SinkSpec(
