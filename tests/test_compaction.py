@@ -20,6 +20,7 @@ from epochal.controller import CheckpointController
 from epochal.settings import Settings
 from tests.consistency import assert_sink_exactly_once, assert_view_matches_batch, assert_views_match_batch, multiset
 from tests.epochal_harness import make_harness
+from tests.test_controller import mark_delivered
 
 FILES = {
     "pipeline.sql": """

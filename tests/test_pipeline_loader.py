@@ -19,6 +19,7 @@ from epochal.pipeline.loader import load_pipeline
 from epochal.pipeline.model import Column, Pipeline
 from epochal.pipeline.stateless import NEEDS_STATE, NOT_REPEATABLE, REFUSED
 from epochal.pipeline.statements import Statement, split_statements
+from epochal.sinks.spec import SINK_CONNECTORS
 
 DEMO = Path(loader.__file__).resolve().parent.parent / "demo_pipeline"
 FULL_REFRESH_HINT = "or add WITH (refresh = 'full') to recompute the view every epoch (cost grows with the table)"
@@ -445,7 +446,7 @@ def test_sink_problems_come_from_validate_sink_with_upstream_columns(tmp_path: P
                 type = 'upsert', primary_key = 'bidder');
             CREATE SINK s2 FROM bid WITH (connector = 'duckdb', database = 'd',
                 tabel = 't');
-            CREATE SINK s3 FROM bid WITH (connector = 'postgres');
+            CREATE SINK s3 FROM bid WITH (connector = 'kafka');
             CREATE SINK s4 FROM cheap WITH (database = 'd', table = 't');
             """,
         },
@@ -457,7 +458,10 @@ def test_sink_problems_come_from_validate_sink_with_upstream_columns(tmp_path: P
         ),
         (("b.sql", 4), "sink s2: duckdb sink needs option table = '...'"),
         (("b.sql", 5), "sink s2: unknown duckdb sink option 'tabel': did you mean 'table'?"),
-        (("b.sql", 6), "sink s3: unknown sink connector 'postgres': supported sink connectors are: duckdb"),
+        (
+            ("b.sql", 6),
+            f"sink s3: unknown sink connector 'kafka': supported sink connectors are: {', '.join(SINK_CONNECTORS)}",
+        ),
         (("b.sql", 7), "sink s4: no connector option: add connector = '...' (e.g. connector = 'duckdb')"),
     ]
 
