@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,8 +36,9 @@ def rows(*values: tuple, schema: pa.Schema = SCHEMA) -> pa.RecordBatch:
 def deliver(t: DeltaTarget, batch: BatchId, *writer_rows: list[pa.RecordBatch]) -> list[dict]:
     """Run one writer per entry of ``writer_rows``, then commit; returns the writers' metadata."""
     ranges = vnode_ranges(len(writer_rows))
+    # each writer gets the target as an executor would: pickled
     metadata = [
-        dict(t.write(WriterTask(batch, i, len(writer_rows), ranges[i]), iter(batches)))
+        dict(pickle.loads(pickle.dumps(t)).write(WriterTask(batch, i, len(writer_rows), ranges[i]), iter(batches)))
         for i, batches in enumerate(writer_rows)
     ]
     json.dumps(metadata)  # the coordinator persists it as JSON
