@@ -113,7 +113,7 @@ class IcebergTarget(SinkTarget):
     def close(self) -> None:
         """Release the catalog's connections (the target opens them again when needed)."""
         if self._catalog is not None:
-            self._catalog.close()
+            self._catalog.engine.dispose()
             self._catalog = None
 
     # ------------------------------------------------------------------ catalog
