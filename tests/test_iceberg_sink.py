@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from epochal.sinks.base import WEIGHT, BatchId, SinkError, SinkSchemaError, WriterTask, vnode_ranges
+from epochal.sinks.base import WEIGHT, BatchId, SinkConfigError, SinkError, SinkSchemaError, WriterTask, vnode_ranges
 from epochal.sinks.iceberg_sink import IcebergTarget
 from epochal.sinks.lake_files import STAGING_DIR
 
@@ -263,3 +263,14 @@ def test_zoned_timestamps_are_stored_as_utc(tmp_path, targets):
     table = reopen(t)
     assert str(table.schema().find_field("at").field_type) == "timestamptz"
     assert table.scan().to_arrow().column("at").cast(pa.int64()).to_pylist() == [0]
+
+
+def test_an_unreachable_catalog_is_a_config_error_without_the_password(tmp_path):
+    t = IcebergTarget("orders_out", {"table": "orders", "catalog.uri": "postgresql://alice:s3cret@127.0.0.1:1/meta"},
+                      SCHEMA.names, tmp_path, None)
+    assert t.catalog_uri == "postgresql+psycopg://alice:s3cret@127.0.0.1:1/meta"
+    assert "s3cret" not in t.describe()
+    with pytest.raises(SinkConfigError) as caught:
+        t.prepare_target(SCHEMA)
+    assert "sink orders_out" in str(caught.value) and "alice:***@127.0.0.1:1" in str(caught.value)
+    assert "s3cret" not in str(caught.value)

@@ -128,7 +128,8 @@ class IcebergTarget(SinkTarget):
                 raise SinkConfigError(
                     f"sink {self.name}: cannot open the Iceberg catalog at {redact_url(self.catalog_uri)} "
                     f"({redact_url(str(exc)).splitlines()[0]}): check catalog.uri (a SQLAlchemy URL such as "
-                    "postgresql+psycopg://user:${PASSWORD}@host/db or sqlite:///path) and that the database is up"
+                    "postgresql+psycopg://user:password@host/db or sqlite:///path, best given as '${ENV_VAR}') and "
+                    "that the database is up"
                 ) from exc
         return self._catalog
 
