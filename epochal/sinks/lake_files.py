@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 STAGING_DIR = "_epochal_staging"
 #: Roll to a new data file past this many bytes of Arrow data (Parquet compresses it several-fold).
 TARGET_FILE_BYTES = 512 * 1024 * 1024
+#: Buffer this many bytes of Arrow data per Parquet row group: Spark hands a writer batches of 10,000
+#: rows, and a row group per batch doubles the file size (measured) and the footer's stats.
+ROW_GROUP_BYTES = 64 * 1024 * 1024
 #: String min/max longer than this are left out of Delta stats: a truncated max would be wrong.
 _MAX_STAT_STRING = 64
 
@@ -130,6 +133,8 @@ class RollingParquetWriter:
         self._bytes = 0
         self._rows = 0
         self._current = ""
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffered = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
         import pyarrow.parquet as pq
@@ -143,15 +148,27 @@ class RollingParquetWriter:
             self.filesystem.create_dir(self.directory, recursive=True)
             self._out = self.filesystem.open_output_stream(f"{self.directory}/{self._current}")
             self._writer = pq.ParquetWriter(self._out, self.schema, compression="zstd")
-        self._writer.write_batch(_relabel(batch, self.schema))
+        self._buffer.append(_relabel(batch, self.schema))
+        self._buffered += batch.nbytes
         self._bytes += batch.nbytes
         self._rows += batch.num_rows
+        if self._buffered >= ROW_GROUP_BYTES:
+            self._flush()
         if self._bytes >= TARGET_FILE_BYTES:
             self._roll()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._buffer:
+            table = pa.Table.from_batches(self._buffer, schema=self.schema)
+            self._writer.write_table(table, row_group_size=table.num_rows)
+        self._buffer, self._buffered = [], 0
 
     def _roll(self) -> None:
         if self._writer is None:
             return
+        self._flush()
         self._writer.close()
         metadata = self._writer.writer.metadata
         size = self._out.tell()
