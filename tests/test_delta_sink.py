@@ -11,7 +11,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from epochal.sinks.base import WEIGHT, BatchId, SinkError, SinkSchemaError, WriterTask, vnode_ranges
+from epochal.sinks.base import (
+    WEIGHT,
+    BatchId,
+    PrecommitLost,
+    SinkError,
+    SinkSchemaError,
+    WriterTask,
+    vnode_ranges,
+)
 from epochal.sinks.delta_sink import DeltaTarget
 from epochal.sinks.lake_files import STAGING_DIR
 
@@ -186,6 +194,23 @@ def test_abort_removes_only_the_batch_s_uncommitted_files(tmp_path):
     t.abort(batch, metadata)
     t.abort(batch, metadata)  # idempotent
     assert sink_files(t) == committed
+    assert table_rows(t) == [{"k": 1, "name": "a", "amount": 1.0}]
+
+
+@pytest.mark.parametrize("lost", ["data", "keys"])
+def test_a_commit_whose_files_are_gone_raises_precommit_lost_and_changes_nothing(tmp_path, lost):
+    t = target(tmp_path, "upsert")
+    t.prepare_target(SCHEMA)
+    deliver(t, BatchId("orders_out", 1, 1), [rows((1, "a", 1.0, 1))])
+    batch = BatchId("orders_out", 2, 2)
+    metadata = [dict(t.write(WriterTask(batch, 0, 1, (0, 255)), iter([rows((1, "a", 1.0, -1), (2, "b", 2.0, 1))])))]
+    gone = metadata[0]["files"][0]["path"] if lost == "data" else metadata[0]["keys_file"]
+    (Path(t.location) / gone).unlink()
+    version = DeltaTable(t.location).version()
+    with pytest.raises(PrecommitLost, match=r"sink orders_out, epoch 2: 1 of the files .* are gone"):
+        t.commit(batch, metadata)
+    assert DeltaTable(t.location).version() == version and t.delivered_epoch() == 1
+    t.abort(batch, metadata)
     assert table_rows(t) == [{"k": 1, "name": "a", "amount": 1.0}]
 
 

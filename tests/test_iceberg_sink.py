@@ -13,7 +13,16 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from epochal.sinks.base import WEIGHT, BatchId, SinkConfigError, SinkError, SinkSchemaError, WriterTask, vnode_ranges
+from epochal.sinks.base import (
+    WEIGHT,
+    BatchId,
+    PrecommitLost,
+    SinkConfigError,
+    SinkError,
+    SinkSchemaError,
+    WriterTask,
+    vnode_ranges,
+)
 from epochal.sinks.iceberg_sink import IcebergTarget
 from epochal.sinks.lake_files import STAGING_DIR
 
@@ -227,6 +236,21 @@ def test_abort_and_abort_orphans_remove_only_uncommitted_files(tmp_path, targets
     table = reopen(t)
     assert table.scan(snapshot_id=table.snapshots()[0].snapshot_id).to_arrow().num_rows == 2
     assert t.abort_orphans([]) == 0
+
+
+@pytest.mark.parametrize("lost", ["data", "keys"])
+def test_a_commit_whose_files_are_gone_raises_precommit_lost_and_changes_nothing(tmp_path, targets, lost):
+    t = make(targets, tmp_path, sink_type="upsert")
+    t.prepare_target(SCHEMA)
+    deliver(t, BatchId("orders_out", 1, 1), [rows((1, "a", 1.0, 1))])
+    batch = BatchId("orders_out", 2, 2)
+    metadata = write(t, batch, [rows((1, "a", 1.0, -1), (2, "b", 2.0, 1))])
+    Path(metadata[0]["files"][0]["path"] if lost == "data" else metadata[0]["keys_file"]).unlink()
+    with pytest.raises(PrecommitLost, match=r"sink orders_out, epoch 2: 1 of the files .* are gone"):
+        t.commit(batch, metadata)
+    assert len(reopen(t).snapshots()) == 1 and t.delivered_epoch() == 1
+    t.abort(batch, metadata)
+    assert table_rows(t) == [{"k": 1, "name": "a", "amount": 1.0}]
 
 
 def test_an_existing_table_with_another_schema_is_refused(tmp_path, targets):

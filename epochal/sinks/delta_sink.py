@@ -32,6 +32,7 @@ from epochal.sinks.lake_files import (
     WrittenFile,
     batch_of,
     batch_prefix,
+    check_precommit,
     data_file_name,
     key_ranges,
     read_keys,
@@ -218,16 +219,12 @@ class DeltaTarget(SinkTarget):
         files = self._files_of(batch, metadata)
         now = int(time.time() * 1000)
         actions: list[Any] = []
+        filesystem, root = self._filesystem()
+        key_names = [m["keys_file"] for m in metadata if m.get("keys_file")]
+        check_precommit(batch, [f"{self.location}/{p}" for p in [f.path for f in files] + key_names], self.describe())
+        keys_files = [f"{root}/{k}" for k in key_names]
         if self.type == "upsert":
-            filesystem, root = self._filesystem()
-            keys_files = [f"{root}/{m['keys_file']}" for m in metadata if m.get("keys_file")]
-            try:
-                keys = read_keys(filesystem, keys_files, self.primary_key)
-            except FileNotFoundError as exc:
-                raise SinkError(
-                    f"{batch.describe()}: a writer's keys file is gone ({exc}), so the batch cannot delete the "
-                    "keys it replaces: the coordinator must abort this batch and write it again"
-                ) from exc
+            keys = read_keys(filesystem, keys_files, self.primary_key)
             if keys is not None and keys.num_rows:
                 actions += self._rewrite(table, batch, keys, now)
         actions += [AddAction(f.path, f.size, {}, now, True, json.dumps(f.stats)) for f in files]

@@ -35,6 +35,7 @@ from epochal.sinks.lake_files import (
     WrittenFile,
     batch_of,
     batch_prefix,
+    check_precommit,
     data_file_name,
     key_ranges,
     read_keys,
@@ -287,6 +288,7 @@ class IcebergTarget(SinkTarget):
             self._drop_staging(batch)
             return
         paths = [f.path for f in self._files_of(batch, metadata)]
+        check_precommit(batch, paths + [m["keys_file"] for m in metadata if m.get("keys_file")], self.describe())
         summary = {
             "epochal.sink": self.name,
             "epochal.first_epoch": str(batch.first_epoch),
@@ -336,13 +338,7 @@ class IcebergTarget(SinkTarget):
         if not keys_files:
             return [], []
         filesystem, _ = self._filesystem(keys_files[0])
-        try:
-            keys = read_keys(filesystem, [self._filesystem(p)[1] for p in keys_files], self.primary_key)
-        except FileNotFoundError as exc:
-            raise SinkError(
-                f"{batch.describe()}: a writer's keys file is gone ({exc}), so the batch cannot delete the keys it "
-                "replaces: the coordinator must abort this batch and write it again"
-            ) from exc
+        keys = read_keys(filesystem, [self._filesystem(p)[1] for p in keys_files], self.primary_key)
         if keys is None or keys.num_rows == 0:
             return [], []
         schema = table.schema()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epochal.sinks.base import WEIGHT, BatchId, SinkError, WriterTask
+from epochal.sinks.base import WEIGHT, BatchId, PrecommitLost, SinkError, WriterTask
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -226,6 +226,24 @@ def delta_stats(metadata, schema: pa.Schema) -> dict[str, Any]:
         stats["minValues"][f.name] = low
         stats["maxValues"][f.name] = high
     return stats
+
+
+def check_precommit(batch: BatchId, files: Sequence[str], where: str) -> None:
+    """Raise :class:`PrecommitLost` when any of a PENDING batch's files (URIs or absolute paths) is
+    gone: committing add actions for a missing file would break the table for every reader."""
+    import pyarrow.fs as pafs
+
+    missing = []
+    for uri in files:
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+            missing.append(uri)
+    if missing:
+        raise PrecommitLost(
+            f"{batch.describe()}: {len(missing)} of the files its writers wrote into {where} are gone (first: "
+            f"{missing[0]}) and the table does not hold the batch: the coordinator aborts it and delivers its "
+            "epochs again"
+        )
 
 
 # ---------------------------------------------------------------------------------------- netting
