@@ -223,7 +223,10 @@ class IcebergTarget(SinkTarget):
     # ------------------------------------------------------------------ executors
 
     def write(self, task: WriterTask, batches: Iterator[pa.RecordBatch]) -> Mapping[str, Any]:
+        opened = self._catalog is None and self._locations is None
         data, location = self._where()
+        if opened:
+            self.close()  # an executor asked the catalog once; keep no pool open in the Python worker
         filesystem, root = self._filesystem(data)
         name = lambda: data_file_name(task.batch, f"w{task.writer}")  # noqa: E731
         writer = RollingParquetWriter(filesystem, root, f"{data}/", name)
