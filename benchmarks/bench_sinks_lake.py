@@ -1,0 +1,164 @@
+"""Lake sink throughput: an epoch delivered to Delta Lake by the sink against Spark writing the same
+rows as plain Parquet.
+
+    python benchmarks/bench_sinks_lake.py                  # 1M rows, 2 writers, 5 timed pairs
+    python benchmarks/bench_sinks_lake.py --rows 200000 --reps 2
+
+Sink:     N Spark tasks run ``df.mapInArrow`` with the pickled DeltaTarget, each calling
+          ``target.write`` on its partition (Parquet files into the table directory, uncommitted),
+          then the driver calls ``target.commit`` (one Delta commit with the application
+          transaction). Timed: the Spark job plus the commit.
+Baseline: ``df.drop('_weight').write.parquet(dir)`` of the same cached rows, same partitions, same
+          codec (zstd), a fresh directory each time.
+
+Measured interleaved (sink, baseline, sink, ...) after one warm-up of each, on one SparkSession; the
+ratio is the median of the per-pair ratios baseline_time / sink_time (the sink's share of Spark's
+plain write speed; the target is >= 0.7). An upsert part (``--upsert``) times a batch that changes
+10% of the keys of a table holding the rows, for information. Everything goes under a temp dir that is
+removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+# The Python workers unpickle the target, so they must import this checkout's epochal too.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+# ... with this interpreter's packages (deltalake), not whatever `python3` is first on PATH.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+OUTPUT_SCHEMA = "writer INT, metadata STRING"
+
+
+def writer_function(target, batch, writers):
+    """The mapInArrow function: one writer per Spark partition, as the coordinator spreads them."""
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from epochal.sinks.base import WriterTask, vnode_ranges
+
+        writer = TaskContext.get().partitionId()
+        task = WriterTask(batch, writer, writers, vnode_ranges(writers)[writer])
+        metadata = target.write(task, batches)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([writer], pa.int32()), pa.array([json.dumps(metadata)])], names=["writer", "metadata"]
+        )
+
+    return run
+
+
+def deliver(df, target, batch, writers: int) -> tuple[float, float, int]:
+    """Seconds for the writers' Spark job, seconds for the commit, files committed."""
+    start = time.perf_counter()
+    results = df.mapInArrow(writer_function(target, batch, writers), OUTPUT_SCHEMA).collect()
+    written = time.perf_counter()
+    metadata = [json.loads(r.metadata) for r in sorted(results, key=lambda r: r.writer)]
+    if sorted(r.writer for r in results) != list(range(writers)):
+        raise RuntimeError(f"expected one result per writer 0..{writers - 1}, got {[r.writer for r in results]}")
+    target.commit(batch, metadata)
+    return written - start, time.perf_counter() - written, sum(len(m["files"]) for m in metadata)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--writers", type=int, default=2, help="Spark tasks (= local cores used)")
+    parser.add_argument("--reps", type=int, default=5, help="timed (sink, baseline) pairs")
+    parser.add_argument("--upsert", action="store_true", help="also time an upsert batch changing 10%% of keys")
+    parser.add_argument("--arrow-batch", type=int, default=10_000,
+                        help="spark.sql.execution.arrow.maxRecordsPerBatch: rows per batch mapInArrow hands a writer")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    args = parser.parse_args()
+
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from epochal.sinks.base import BatchId
+    from epochal.sinks.delta_sink import DeltaTarget
+    from epochal.spark_session import build_spark_session
+
+    root = Path(tempfile.mkdtemp(prefix="epochal-bench-lake-"))
+    spark = build_spark_session(master=f"local[{args.writers}]", app_name="bench-sinks-lake",
+                                conf={"spark.sql.parquet.compression.codec": "zstd",
+                                      "spark.ui.showConsoleProgress": "false",
+                                      "spark.sql.execution.arrow.maxRecordsPerBatch": str(args.arrow_batch)})
+    try:
+        df = spark.range(0, args.rows, 1, args.writers).selectExpr(
+            "id AS k", "concat('name-', CAST(id % 1000 AS STRING)) AS name", "CAST(id % 997 AS DOUBLE) * 1.5 AS amount",
+            "CAST(1 AS BIGINT) AS _weight",
+        ).cache()
+        df.count()
+        columns = ["k", "name", "amount"]
+        schema = pa.schema([("k", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+        target = DeltaTarget("bench_out", {"location": str(root / "delta")}, columns, root, None)
+        target.prepare_target(schema)
+
+        epoch = 0
+        sink_times, base_times, ratios, commits = [], [], [], []
+        for rep in range(args.reps + 1):  # rep 0 warms up both paths
+            epoch += 1
+            write_s, commit_s, files = deliver(df, target, BatchId("bench_out", epoch, epoch), args.writers)
+            start = time.perf_counter()
+            df.drop("_weight").write.mode("overwrite").parquet(str(root / f"plain-{rep}"))
+            base_s = time.perf_counter() - start
+            shutil.rmtree(root / f"plain-{rep}", ignore_errors=True)
+            sink_s = write_s + commit_s
+            label = "warm-up" if rep == 0 else f"pair {rep}"
+            print(f"{label}: sink {sink_s:.2f}s (writers {write_s:.2f}s, commit {commit_s:.3f}s, {files} files), "
+                  f"df.write.parquet {base_s:.2f}s", flush=True)
+            if rep:
+                sink_times.append(sink_s)
+                base_times.append(base_s)
+                ratios.append(base_s / sink_s)
+                commits.append(commit_s)
+        table = DeltaTable(target.location)
+        assert table.transaction_version("bench_out") == epoch
+        assert target.row_count() == args.rows * epoch
+
+        sink_median, base_median = statistics.median(sink_times), statistics.median(base_times)
+        ratio = statistics.median(ratios)
+        print()
+        print(f"rows per epoch      {args.rows:,} in {args.writers} Spark tasks, Arrow batches of {args.arrow_batch:,} "
+              f"rows, {args.reps} timed pairs (medians)")
+        print(f"Delta sink          {sink_median:.2f}s  {args.rows / sink_median:,.0f} rows/s "
+              f"(commit {statistics.median(commits) * 1000:.0f} ms)")
+        print(f"df.write.parquet    {base_median:.2f}s  {args.rows / base_median:,.0f} rows/s")
+        print(f"ratio               {ratio:.2f}x of the plain write (target >= 0.7x)  "
+              f"[pairs: {', '.join(f'{r:.2f}' for r in ratios)}]")
+
+        if args.upsert:
+            keys = DeltaTarget("bench_up", {"location": str(root / "delta-upsert"), "type": "upsert",
+                                            "primary_key": "k"}, columns, root, None)
+            keys.prepare_target(schema)
+            deliver(df, keys, BatchId("bench_up", 1, 1), args.writers)
+            # 10% of the keys: their old rows (weight -1) and new rows (+1)
+            changed = df.where("k % 10 = 0")
+            change = changed.withColumn("_weight", changed["_weight"] * -1).unionByName(
+                changed.withColumn("amount", changed["amount"] + 1)).repartition(args.writers, "k")
+            write_s, commit_s, files = deliver(change, keys, BatchId("bench_up", 2, 2), args.writers)
+            print(f"upsert of {args.rows // 10:,} keys: writers {write_s:.2f}s, commit with copy-on-write on the "
+                  f"driver {commit_s:.2f}s ({files} new files)")
+            assert keys.row_count() == args.rows
+        return 0
+    finally:
+        spark.stop()
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
