@@ -45,7 +45,7 @@ class CheckpointController:
         self.backend.transaction(ensure_schema)
         self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables)
         self.catalog = SnapshotCatalog(settings, self.backend)
-        self.sink_coordinator = SinkCoordinator(self.backend)
+        self.sink_coordinator = SinkCoordinator(self.backend, settings.epoch_timeout_s, settings.sink_retry_s)
 
     def recover(self, reason: str, discard: Discard, sweep: Sweep | None = None) -> RecoveryReport:
         """Take every table back to the committed epoch and make the controller ready to inject.

@@ -650,6 +650,7 @@ class EpochRuntime:
                 "rows_delivered": report.rows,
                 "rows_per_second": round(report.rows / seconds, 1) if seconds > 0 else 0.0,
                 "batches_recommitted": report.recommitted,
+                "delivered_by_another_run": report.busy,
                 "orphaned_precommits_aborted": report.orphans_aborted,
                 "delivered_epoch": lag["delivered_epoch"],
                 "committed_epoch": committed,

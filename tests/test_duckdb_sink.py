@@ -30,7 +30,9 @@ class Harness:
         self.target = DuckDBTarget("s", {"database": "out.duckdb", "table": "t", **options}, ["id", "name"], tmp_path)
         backend = open_backend(f"duckdb:///{tmp_path / 'meta.duckdb'}")
         backend.transaction(ensure_schema)
-        self.coordinator = SinkCoordinator(backend)
+        self.backend = backend
+        # a run that finds the sink being delivered leaves at once instead of waiting for the claim
+        self.coordinator = SinkCoordinator(backend, claim_timeout_s=600, claim_wait_s=0)
         self.files: dict[int, list[str]] = {}
 
     def change(self, epoch: int, rows: list[tuple[int, str, int]]) -> None:
@@ -166,16 +168,39 @@ def test_recovery_commits_a_pending_batch_and_drops_orphaned_precommits(tmp_path
     assert h.rows() == [(1, "a"), (2, "b")]
 
 
-def test_of_two_racing_runs_only_one_delivers(tmp_path: Path, spark) -> None:  # noqa: ANN001
+def test_a_run_that_finds_the_sink_being_delivered_leaves_its_precommit_alone(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    """Two runs deliver the same sink (several epochs in flight): the second finds the first's claim
+    and does nothing, above all no recovery, which would throw the first's pre-commit away."""
     h = Harness(tmp_path, spark)
-    h.change(1, [(1, "a", 1)])
+    h.change(1, [(1, "a", 1), (2, "b", 1)])
+    seen = []
 
-    def racing(batch: BatchId, payloads: list[list[str]]) -> list[WriterResult]:
+    def with_a_second_run(batch: BatchId, payloads: list[list[str]]) -> list[WriterResult]:
         results = h.write(batch, payloads)
-        h.deliver()  # the other run persists and commits first, while this one's writers ran
+        seen.append(h.deliver())  # the second run, while the first's writers have pre-committed
         return results
 
-    report = h.deliver(write=racing)
+    report = h.deliver(write=with_a_second_run)
+    assert seen[0].busy and seen[0].epochs == 0 and seen[0].orphans_aborted == 0
+    assert report.epochs == 1 and not report.lost_race
+    assert h.rows() == [(1, "a"), (2, "b")] and [s for *_, s in h.states()] == ["COMMITTED"]
+
+
+def test_a_run_whose_claim_was_taken_over_never_persists_its_precommit(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    """A run silent past the claim timeout is taken for dead: another run takes the claim over,
+    recovers (throwing the silent run's pre-commit away) and delivers. The silent run must not then
+    persist its pre-commit as PENDING: each row arrives once."""
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1)])
+    impatient = SinkCoordinator(h.backend, claim_timeout_s=0, claim_wait_s=0)
+
+    def overtaken(batch: BatchId, payloads: list[list[str]]) -> list[WriterResult]:
+        results = h.write(batch, payloads)
+        taken = impatient.deliver(h.target, sorted(h.files.items()), 1, h.write)
+        assert taken.epochs == 1 and taken.orphans_aborted == 1
+        return results
+
+    report = h.deliver(write=overtaken)
     assert report.lost_race and report.epochs == 0
     assert h.rows() == [(1, "a")] and h.staged() == []
     assert [s for *_, s in h.states()] == ["COMMITTED"]

@@ -25,14 +25,17 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import os
 import re
 import secrets
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.checkpoint.records import InvariantViolation
 from epochal.faults import fault_point
 from epochal.meta.backend import Backend, Cursor
@@ -107,6 +110,8 @@ class DeliveryReport:
     lag_epochs: int = 0
     seconds: float = 0.0
     lost_race: bool = False
+    #: another run held the sink's delivery claim for the whole wait: it delivers, this one did not
+    busy: bool = False
     errors: list[str] = field(default_factory=list)
 
 
@@ -145,8 +150,12 @@ class SinkCoordinator:
     Spark or of any target system: the writers run through the ``write`` callback and the target
     through :class:`SinkTarget`."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, claim_timeout_s: float = 600.0, claim_wait_s: float = 30.0):
         self.backend = backend
+        #: a delivery claim not renewed this long belongs to a dead run and is taken over
+        self.claim_timeout_s = claim_timeout_s
+        #: how long a delivery waits for another run's claim before it leaves the work to that run
+        self.claim_wait_s = claim_wait_s
 
     # ------------------------------------------------------------------ reading
 
@@ -212,6 +221,7 @@ class SinkCoordinator:
         results: Sequence[WriterResult] = (),
         error: str | None = None,
         cleaned: bool = False,
+        owner: str | None = None,
     ) -> bool:
         """The one place a batch attempt changes state. Returns False (and changes nothing) when a
         PENDING attempt loses to another attempt of the same epochs that is PENDING or COMMITTED."""
@@ -227,6 +237,12 @@ class SinkCoordinator:
             )
         now = time.time()
         if current is None:
+            if to is SinkBatchState.PENDING and owner is not None:
+                # A run that lost its claim (taken over as silent) may have lost its pre-commit to the
+                # new owner's recovery: it must not persist it.
+                held = cur.execute("SELECT owner FROM sink_claims WHERE sink = ?", [batch.sink]).fetchone()
+                if held is None or held[0] != owner:
+                    return False
             if to is SinkBatchState.PENDING:
                 # Exactly one attempt of a range of epochs is ever PENDING or COMMITTED: a racing run
                 # that persisted first wins, and this one throws its pre-commit away.
@@ -262,6 +278,51 @@ class SinkCoordinator:
         ).fetchall()
         if len(updated) != 1:
             raise InvariantViolation(f"{batch.describe()}: the {current.value} row changed under its transition")
+        return True
+
+    # ------------------------------------------------------------------ the delivery claim
+
+    def _claim(self, sink: str, owner: str) -> bool:
+        """Take the sink's delivery claim if it is free, ours, or its owner stopped renewing it."""
+
+        def take(cur: Cursor) -> bool:
+            now = time.time()
+            row = cur.execute("SELECT owner, heartbeat_at FROM sink_claims WHERE sink = ?", [sink]).fetchone()
+            if row is None:
+                cur.execute("INSERT INTO sink_claims VALUES (?, ?, ?)", [sink, owner, now])
+                return True
+            if row[0] != owner and now - row[1] <= self.claim_timeout_s:
+                return False
+            if row[0] != owner:
+                log.warning("sink %s: taking over the claim of %s, silent for %.0fs", sink, row[0], now - row[1])
+            cur.execute("UPDATE sink_claims SET owner = ?, heartbeat_at = ? WHERE sink = ?", [owner, now, sink])
+            return True
+
+        return self.backend.transaction(take)
+
+    def _renew(self, sink: str, owner: str) -> bool:
+        return bool(
+            self.backend.transaction(
+                lambda cur: cur.execute(
+                    "UPDATE sink_claims SET heartbeat_at = ? WHERE sink = ? AND owner = ? RETURNING sink",
+                    [time.time(), sink, owner],
+                ).fetchall()
+            )
+        )
+
+    def _release(self, sink: str, owner: str) -> None:
+        self.backend.transaction(
+            lambda cur: cur.execute("DELETE FROM sink_claims WHERE sink = ? AND owner = ?", [sink, owner])
+        )
+
+    def _wait_for_claim(self, sink: str, owner: str) -> bool:
+        deadline = time.monotonic() + self.claim_wait_s
+        delay = 0.05
+        while not self._claim(sink, owner):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
         return True
 
     def _mark(self, batch: BatchId, to: SinkBatchState, **fields: Any) -> bool:
@@ -330,22 +391,36 @@ class SinkCoordinator:
         writers of one batch over the payloads (the epochs' change files) and returns their
         pre-commits."""
         started = time.time()
-        report = self.recover(target)
-        delivered = self.delivered_epoch(target.name)
-        todo = [(e, p) for e, p in epochs if delivered is None or e > delivered]
-        while len(todo) >= interval:
-            chunk, todo = todo[:interval], todo[interval:]
-            outcome = self._deliver_batch(target, chunk, write, report)
-            if outcome is None:  # another run delivers these epochs
-                report.lost_race = True
-                break
-            report.batches += 1
-            report.epochs += len(chunk)
-            report.rows += outcome
+        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        if not self._wait_for_claim(target.name, owner):
+            delivered = self.delivered_epoch(target.name)
+            report = DeliveryReport(target.name, busy=True, delivered_epoch=delivered)
+            report.lag_epochs = sum(1 for e, _ in epochs if delivered is None or e > delivered)
+            log.info("sink %s: another run is delivering; this one leaves the epochs to it", target.name)
+            return report
+        try:
+            with Lease(f"sink {target.name}", lambda: self._renew(target.name, owner), self._renew_interval()):
+                report = self.recover(target)
+                delivered = self.delivered_epoch(target.name)
+                todo = [(e, p) for e, p in epochs if delivered is None or e > delivered]
+                while len(todo) >= interval:
+                    chunk, todo = todo[:interval], todo[interval:]
+                    outcome = self._deliver_batch(target, chunk, write, report, owner)
+                    if outcome is None:  # another run took the claim over and delivers these epochs
+                        report.lost_race = True
+                        break
+                    report.batches += 1
+                    report.epochs += len(chunk)
+                    report.rows += outcome
+        finally:
+            self._release(target.name, owner)
         report.delivered_epoch = self.delivered_epoch(target.name)
         report.lag_epochs = len(todo)
         report.seconds = round(time.time() - started, 3)
         return report
+
+    def _renew_interval(self) -> float:
+        return max(0.05, self.claim_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
 
     def _deliver_batch(
         self,
@@ -353,6 +428,7 @@ class SinkCoordinator:
         chunk: Sequence[tuple[int, T]],
         write: Callable[[BatchId, list[T]], list[WriterResult]],
         report: DeliveryReport,
+        owner: str | None = None,
     ) -> int | None:
         """One batch, through as many attempts as coverage needs: the rows delivered, or None when
         another run persisted the batch first."""
@@ -385,7 +461,7 @@ class SinkCoordinator:
                 report.aborted_attempts += 1
                 report.errors.append(message)
                 continue
-            if not self._mark(batch, SinkBatchState.PENDING, results=results):
+            if not self._mark(batch, SinkBatchState.PENDING, results=results, owner=owner):
                 log.info("%s: another run persisted these epochs first; this run's pre-commit goes", batch.describe())
                 target.abort(batch, [r.metadata for r in results])
                 return None

@@ -77,6 +77,14 @@ DDL = (
         created_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (sink, first_epoch, attempt, nonce)
     )""",
+    # Who delivers a sink now: one run at a time, so that a delivery's recovery (which throws away
+    # pre-commits of no PENDING batch) never throws away the pre-commit of a run still working.
+    # The owner renews heartbeat_at; a claim older than the epoch timeout belongs to a dead run.
+    """CREATE TABLE IF NOT EXISTS sink_claims (
+        sink VARCHAR PRIMARY KEY,
+        owner VARCHAR NOT NULL,
+        heartbeat_at DOUBLE PRECISION NOT NULL
+    )""",
     # Snapshots of a table's state at a committed epoch (epochal/storage/compaction.py). A row is
     # inserted as WRITING (owner may still be writing the files: recovery keeps them while the owner
     # lives) and turned READY in the one transaction that publishes it; readers only use READY rows,
