@@ -621,13 +621,29 @@ class EpochRuntime:
         def retry_log(error: BaseException, attempt: int, sleep: float) -> None:
             log.warning("sink %s: delivery attempt %d failed (%s); retrying in %.1fs", name, attempt, error, sleep)
 
-        report = retrying(
-            retry_on=transient,
-            base=0.5,
-            cap=10.0,
-            deadline=time.monotonic() + self.settings.sink_retry_s,
-            on_retry=retry_log,
-        )(deliver)
+        try:
+            report = retrying(
+                retry_on=transient,
+                base=0.5,
+                cap=10.0,
+                deadline=time.monotonic() + self.settings.sink_retry_s,
+                on_retry=retry_log,
+            )(deliver)
+        except SinkError as error:
+            # Name the epochs that wait when the target failed before any batch did (at recovery).
+            message = str(error)
+            if message.startswith(f"sink {name}:") and upto is not None:
+                waiting = [
+                    e
+                    for e, _ in self.controller.catalog.committed_locations(
+                        definition.from_table, upto=upto, after=coordinator.delivered_epoch(name), idle=True
+                    )
+                ]
+                if waiting:
+                    span = f"epoch {waiting[0]}" if len(waiting) == 1 else f"epochs {waiting[0]}..{waiting[-1]}"
+                    message = f"sink {name}, {span} ({len(waiting)} waiting):{message[len(f'sink {name}:'):]}"
+                    raise type(error)(message) from error
+            raise
         lag = coordinator.lag_of(name)
         if report.epochs:
             log.info(
