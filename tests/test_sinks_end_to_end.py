@@ -156,7 +156,8 @@ def test_a_stopped_server_never_holds_epochs_back_and_the_sink_catches_up(spark,
         down = [epoch(i) for i in (1, 2, 3)]
         # the epochs commit while the target is down; each sink step fails, naming sink, epoch and cause
         assert runtime.controller.epoch_log.committed_epoch() == down[-1]
-        with pytest.raises(SinkError, match=rf"sink orders_pg, epochs {down[0]}..{down[-1]} .*127\.0\.0\.1:{scratch.port}"):
+        named = rf"sink orders_pg, epochs {down[0]}..{down[-1]} .*127\.0\.0\.1:{scratch.port}"
+        with pytest.raises(SinkError, match=named):
             runtime.run_sink(down[-1], "orders_pg")
         lag = runtime.controller.status()["sinks"]["orders_pg"]
         assert lag["delivered_epoch"] == first and lag["lag_epochs"] == 3 and lag["lag_seconds"] > 0
