@@ -16,6 +16,7 @@ from dagster import (
 
 from assets.materialization import to_metadata
 from epochal.pipeline.model import Pipeline, ViewDef
+from epochal.sinks.spec import shown_options
 from resources.checkpoint import EPOCHS_PARTITIONS, CheckpointControllerResource
 
 EPOCHS = DynamicPartitionsDefinition(name=EPOCHS_PARTITIONS)
@@ -126,7 +127,8 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
     assets.append(_commit_asset(pipeline.tables))
     assets.append(_compaction_asset())
     for name, sink in pipeline.sinks.items():
-        options = ", ".join(f"{k} = '{v}'" for k, v in sink.options.items())
+        # a password written into the pipeline's file is masked; a ${ENV} reference is shown as is
+        options = ", ".join(f"{k} = '{v}'" for k, v in shown_options(sink.connector, sink.options).items())
         assets.append(
             _sink_asset(
                 name,
