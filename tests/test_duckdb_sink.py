@@ -215,3 +215,31 @@ def test_a_batch_state_changes_only_along_its_transitions(tmp_path: Path) -> Non
         h.coordinator._mark(batch, SinkBatchState.ABORTED)
     # a second attempt of delivered epochs cannot become PENDING
     assert not h.coordinator._mark(BatchId("s", 1, 1, 2, "m"), SinkBatchState.PENDING)
+
+
+def test_the_claim_of_a_killed_run_is_taken_over_at_once(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    """A run SIGKILLed while delivering leaves its claim; the next run on this host sees its process
+    is gone and delivers now, not after the epoch timeout."""
+    import socket
+    import subprocess
+    import time
+
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1)])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    h.backend.transaction(
+        lambda cur: cur.execute(
+            "INSERT INTO sink_claims VALUES (?, ?, ?)", ["s", f"{socket.gethostname()}:{dead.pid}:x", time.time()]
+        )
+    )
+    assert h.deliver().epochs == 1 and h.rows() == [(1, "a")]
+    # a live owner's fresh claim is respected: a run leaves the sink to it
+    h.backend.transaction(
+        lambda cur: cur.execute(
+            "INSERT INTO sink_claims VALUES (?, ?, ?)", ["s", f"{socket.gethostname()}:1:y", time.time()]
+        )
+    )
+    h.change(2, [(2, "b", 1)])
+    report = h.deliver()
+    assert report.busy and report.epochs == 0 and report.lag_epochs == 1

@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import secrets
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
-from epochal.checkpoint.records import InvariantViolation
+from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.faults import fault_point
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
@@ -291,10 +290,10 @@ class SinkCoordinator:
             if row is None:
                 cur.execute("INSERT INTO sink_claims VALUES (?, ?, ?)", [sink, owner, now])
                 return True
-            if row[0] != owner and now - row[1] <= self.claim_timeout_s:
+            if row[0] != owner and now - row[1] <= self.claim_timeout_s and _owner_alive(row[0]):
                 return False
             if row[0] != owner:
-                log.warning("sink %s: taking over the claim of %s, silent for %.0fs", sink, row[0], now - row[1])
+                log.warning("sink %s: taking over the claim of %s (dead, or silent %.0fs)", sink, row[0], now - row[1])
             cur.execute("UPDATE sink_claims SET owner = ?, heartbeat_at = ? WHERE sink = ?", [owner, now, sink])
             return True
 
@@ -391,7 +390,7 @@ class SinkCoordinator:
         writers of one batch over the payloads (the epochs' change files) and returns their
         pre-commits."""
         started = time.time()
-        owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
         if not self._wait_for_claim(target.name, owner):
             delivered = self.delivered_epoch(target.name)
             report = DeliveryReport(target.name, busy=True, delivered_epoch=delivered)
@@ -482,6 +481,14 @@ class SinkCoordinator:
             log.exception("%s: could not throw the aborted pre-commit away now; recovery will", batch.describe())
             return
         self._mark_cleaned(batch)
+
+
+def _owner_alive(owner: str) -> bool:
+    """False when a claim's owner ("host:pid:nonce") is a process of this host that is gone: a
+    killed run's claim is taken over at once, not after the timeout."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid)))
 
 
 _WRITER_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(?P<kind>Sink\w*Error|PrecommitLost): (?P<message>.+)$", re.MULTILINE)
