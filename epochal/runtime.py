@@ -689,9 +689,15 @@ class EpochRuntime:
         if files:
             schema = self.query_schema(definition.from_table)
             if target.name not in self._prepared_targets:
+                import pyarrow as pa
                 from pyspark.sql.pandas.types import to_arrow_schema
 
-                target.prepare_target(to_arrow_schema(schema, timezone="UTC"))  # as Spark writes it
+                # Timestamps as Spark writes them (UTC). Every column nullable: Spark's NOT NULL is
+                # what analysis proved of today's query (count(*) is never null), but the writers'
+                # files and a changed query need not say so, and a table created NOT NULL would
+                # then refuse them (Iceberg compares the two exactly).
+                arrow = to_arrow_schema(schema, timezone="UTC")
+                target.prepare_target(pa.schema([f.with_nullable(True) for f in arrow]))
                 self._prepared_targets.add(target.name)
         return run_writers(
             self.spark if files else None, target, batch, files, schema, writer_count(definition.options)
