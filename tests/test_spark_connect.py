@@ -1,6 +1,6 @@
 """The same pipeline on a Spark Connect server: `dagster job execute` with EPOCHAL_SPARK_REMOTE set
 runs every kind of view (linear, keyed, delta join, partial aggregate with kept MIN/MAX values,
-full refresh) on a real Connect server, and each view is checked after every epoch against a
+full refresh) and a sink's writer tasks on a real Connect server, and each view is checked after every epoch against a
 Spark batch over the committed source rows, computed in this process with classic Spark.
 
 Connect analyses a plan when it runs, not when it is built: a view bound to its inputs by name
@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from epochal.connectors.log import append_records
-from tests.consistency import assert_views_match_batch
+from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import make_harness
 from tests.test_connectors import assert_log_read_parses_once
 from tests.test_incremental_views import EPOCHS, SOURCES, VIEWS
@@ -61,7 +62,8 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory):
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.ui.enabled=false",
         ],
-        env={**os.environ, "SPARK_HOME": str(spark_home)},
+        # the server's Python workers (a sink's writer tasks) run this interpreter, which has Epochal
+        env={**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable},
         stdout=log.open("w"), stderr=subprocess.STDOUT,
     )
     try:
@@ -89,6 +91,11 @@ def test_every_kind_of_view_runs_on_spark_connect_and_matches_batch(spark, conne
     statements = [f"CREATE MATERIALIZED VIEW {n} AS {q};" for n, q in VIEWS_ON_CONNECT.items()]
     statements.append(f"CREATE MATERIALIZED VIEW extremes WITH (min_max_cache = 1) AS {EXTREMES};")
     statements.append(f"CREATE MATERIALIZED VIEW regions_full WITH (refresh = 'full') AS {FULL};")
+    # a sink too: its writer tasks are Python (mapInArrow) that the server runs, spread over vnodes
+    statements.append(
+        "CREATE SINK cheap_out FROM cheap WITH (connector = 'duckdb', database = 'out/cheap.duckdb', "
+        "table = 'cheap', type = 'upsert', primary_key = 'id', writers = '3');"
+    )
     h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": "\n".join(statements)})
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
     checked = {**VIEWS_ON_CONNECT, "extremes": EXTREMES, "regions_full": FULL}
@@ -112,6 +119,7 @@ def test_every_kind_of_view_runs_on_spark_connect_and_matches_batch(spark, conne
             snapshots = runtime.controller.catalog.snapshots(table)
             assert snapshots and snapshots[-1].epoch == committed[-1], f"{table}: no snapshot at epoch {committed[-1]}"
         assert_views_match_batch(runtime, checked)
+        assert_sink_exactly_once(runtime, "cheap_out")
 
 
 @pytest.mark.parametrize("keyed, parses", [(False, 1), (True, 2)])
