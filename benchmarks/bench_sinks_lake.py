@@ -4,12 +4,12 @@ rows as plain Parquet.
     python benchmarks/bench_sinks_lake.py                  # 1M rows, 2 writers, 5 timed pairs
     python benchmarks/bench_sinks_lake.py --rows 200000 --reps 2
 
-Sink:     N Spark tasks run ``df.mapInArrow`` with the pickled DeltaTarget, each calling
-          ``target.write`` on its partition (Parquet files into the table directory, uncommitted),
-          then the driver calls ``target.commit`` (one Delta commit with the application
-          transaction). Timed: the Spark job plus the commit.
-Baseline: ``df.drop('_weight').write.parquet(dir)`` of the same cached rows, same partitions, same
-          codec (zstd), a fresh directory each time.
+Sink:     the coordinator's own path over an epoch's change files: ``run_writers`` (append-only:
+          Spark's Parquet writer into a staging directory, files moved into the table uncommitted;
+          upsert: ``mapInArrow`` writer tasks calling ``target.write``), then ``target.commit`` (one
+          Delta commit with the application transaction). Timed: the Spark job plus the commit.
+Baseline: ``spark.read.parquet(change files).drop('_weight').write.parquet(dir)`` of the same rows,
+          same codec (zstd), a fresh directory each time.
 
 Measured interleaved (sink, baseline, sink, ...) after one warm-up of each, on one SparkSession; the
 ratio is the median of the per-pair ratios baseline_time / sink_time (the sink's share of Spark's
@@ -21,7 +21,6 @@ removed at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -37,38 +36,23 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ
 # ... with this interpreter's packages (deltalake), not whatever `python3` is first on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-OUTPUT_SCHEMA = "writer INT, metadata STRING"
+def deliver(spark, files, schema, target, batch, writers: int) -> tuple[float, float, int]:
+    """The coordinator's own path (epochal.sinks.spark_writers.run_writers over the batch's change
+    files, then the target's commit): seconds for the writers' Spark job, for the commit, files."""
+    from epochal.sinks.spark_writers import run_writers
 
-
-def writer_function(target, batch, writers):
-    """The mapInArrow function: one writer per Spark partition, as the coordinator spreads them."""
-
-    def run(batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        from epochal.sinks.base import WriterTask, vnode_ranges
-
-        writer = TaskContext.get().partitionId()
-        task = WriterTask(batch, writer, writers, vnode_ranges(writers)[writer])
-        metadata = target.write(task, batches)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([writer], pa.int32()), pa.array([json.dumps(metadata)])], names=["writer", "metadata"]
-        )
-
-    return run
-
-
-def deliver(df, target, batch, writers: int) -> tuple[float, float, int]:
-    """Seconds for the writers' Spark job, seconds for the commit, files committed."""
     start = time.perf_counter()
-    results = df.mapInArrow(writer_function(target, batch, writers), OUTPUT_SCHEMA).collect()
+    results = run_writers(spark, target, batch, files, schema, writers)
     written = time.perf_counter()
-    metadata = [json.loads(r.metadata) for r in sorted(results, key=lambda r: r.writer)]
-    if sorted(r.writer for r in results) != list(range(writers)):
-        raise RuntimeError(f"expected one result per writer 0..{writers - 1}, got {[r.writer for r in results]}")
+    metadata = [r.metadata for r in results]
     target.commit(batch, metadata)
     return written - start, time.perf_counter() - written, sum(len(m["files"]) for m in metadata)
+
+
+def change_files(frame, directory: Path) -> list[str]:
+    """``frame`` (columns and _weight) written as an epoch's change files, as the warehouse holds them."""
+    frame.write.mode("overwrite").parquet(str(directory))
+    return sorted(str(p) for p in directory.glob("*.parquet"))
 
 
 def main() -> int:
@@ -101,6 +85,12 @@ def main() -> int:
         ).cache()
         df.count()
         columns = ["k", "name", "amount"]
+        from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+        spark_schema = StructType(
+            [StructField("k", LongType()), StructField("name", StringType()), StructField("amount", DoubleType())]
+        )
+        files = change_files(df, root / "change")
         schema = pa.schema([("k", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
         target = DeltaTarget("bench_out", {"location": str(root / "delta")}, columns, root, None)
         target.prepare_target(schema)
@@ -109,14 +99,16 @@ def main() -> int:
         sink_times, base_times, ratios, commits = [], [], [], []
         for rep in range(args.reps + 1):  # rep 0 warms up both paths
             epoch += 1
-            write_s, commit_s, files = deliver(df, target, BatchId("bench_out", epoch, epoch), args.writers)
+            write_s, commit_s, written = deliver(
+                spark, files, spark_schema, target, BatchId("bench_out", epoch, epoch), args.writers
+            )
             start = time.perf_counter()
-            df.drop("_weight").write.mode("overwrite").parquet(str(root / f"plain-{rep}"))
+            spark.read.parquet(*files).drop("_weight").write.mode("overwrite").parquet(str(root / f"plain-{rep}"))
             base_s = time.perf_counter() - start
             shutil.rmtree(root / f"plain-{rep}", ignore_errors=True)
             sink_s = write_s + commit_s
             label = "warm-up" if rep == 0 else f"pair {rep}"
-            print(f"{label}: sink {sink_s:.2f}s (writers {write_s:.2f}s, commit {commit_s:.3f}s, {files} files), "
+            print(f"{label}: sink {sink_s:.2f}s (writers {write_s:.2f}s, commit {commit_s:.3f}s, {written} files), "
                   f"df.write.parquet {base_s:.2f}s", flush=True)
             if rep:
                 sink_times.append(sink_s)
@@ -142,14 +134,17 @@ def main() -> int:
             keys = DeltaTarget("bench_up", {"location": str(root / "delta-upsert"), "type": "upsert",
                                             "primary_key": "k"}, columns, root, None)
             keys.prepare_target(schema)
-            deliver(df, keys, BatchId("bench_up", 1, 1), args.writers)
+            deliver(spark, files, spark_schema, keys, BatchId("bench_up", 1, 1), args.writers)
             # 10% of the keys: their old rows (weight -1) and new rows (+1)
             changed = df.where("k % 10 = 0")
             change = changed.withColumn("_weight", changed["_weight"] * -1).unionByName(
                 changed.withColumn("amount", changed["amount"] + 1)).repartition(args.writers, "k")
-            write_s, commit_s, files = deliver(change, keys, BatchId("bench_up", 2, 2), args.writers)
+            changed_files = change_files(change, root / "change-upsert")
+            write_s, commit_s, written = deliver(
+                spark, changed_files, spark_schema, keys, BatchId("bench_up", 2, 2), args.writers
+            )
             print(f"upsert of {args.rows // 10:,} keys: writers {write_s:.2f}s, commit with copy-on-write on the "
-                  f"driver {commit_s:.2f}s ({files} new files)")
+                  f"driver {commit_s:.2f}s ({written} new files)")
             assert keys.row_count() == args.rows
         return 0
     finally:

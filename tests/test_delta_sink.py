@@ -273,3 +273,36 @@ def test_zoned_timestamps_are_stored_as_utc(tmp_path):
     table = DeltaTable(t.location).to_pyarrow_table()
     assert table.schema.field("at").type == pa.timestamp("us", tz="UTC")
     assert table.column("at").cast(pa.int64()).to_pylist() == [0]
+
+
+def test_append_only_batches_are_written_by_spark_itself_and_committed_once(tmp_path, spark):
+    """Through the coordinator's writer path: Spark's own Parquet writer writes an append-only
+    batch (weights as copies), the files move into the table under the batch's names, one commit."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    from epochal.sinks.spark_writers import run_writers
+
+    t = target(tmp_path)
+    t.prepare_target(SCHEMA)
+    change = tmp_path / "change.parquet"
+    pq.write_table(pa.Table.from_batches([rows((1, "a", 1.5, 1), (2, "b", 2.5, 2), (3, None, None, 1))]), change)
+    spark_schema = StructType(
+        [StructField("k", LongType()), StructField("name", StringType()), StructField("amount", DoubleType())]
+    )
+    batch = BatchId("orders_out", 7, 7, 1, "n1")
+    results = run_writers(spark, t, batch, [str(change)], spark_schema, 3)
+    assert [r.vnodes for r in results] == [(0, 255)] and results[0].rows == 4
+    assert not (Path(t.location) / STAGING_DIR / "epochal-orders_out-7-7-1-n1_spark").exists()
+    assert table_rows(t) == [], "nothing is visible before the commit"
+    t.commit(batch, [r.metadata for r in results])
+    got = sorted((r["k"], r["name"], r["amount"]) for r in table_rows(t))
+    assert got == [(1, "a", 1.5), (2, "b", 2.5), (2, "b", 2.5), (3, None, None)]
+    assert len(commits(t)) == 1 and DeltaTable(t.location).transaction_version("orders_out") == 7
+
+    # a retraction in an append-only batch fails the whole Spark job, naming the sink and epoch
+    pq.write_table(pa.Table.from_batches([rows((1, "a", 1.5, -1))]), change)
+    with pytest.raises(Exception, match=r"sink orders_out, epoch 8: the sink is append-only"):
+        run_writers(spark, t, BatchId("orders_out", 8, 8, 1, "n2"), [str(change)], spark_schema, 2)
+    assert t.abort_orphans([]) == 1  # the failed job's staging directory
+    assert len(commits(t)) == 1

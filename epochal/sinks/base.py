@@ -179,6 +179,14 @@ class SinkTarget(abc.ABC):
         sink that belongs to no batch in ``keep`` (the PENDING ones), such as the prepared
         transactions of a run killed before it persisted PENDING. Returns how many it threw away."""
 
+    def spark_write(self, frame: Any, batch: BatchId, writers: int) -> list[WriterResult] | None:
+        """Optional: write the batch with Spark's own writer instead of :meth:`write` in Python tasks,
+        for a target whose pre-commit is plain files (no per-writer transaction). ``frame`` holds
+        the upstream columns and :data:`WEIGHT` (netted for upsert), partitioned as read. One Spark
+        job writes every partition or fails as a whole, so its one result covers every vnode.
+        None (the default): the coordinator runs :meth:`write` per writer task."""
+        return None
+
     def delivered_epoch(self) -> int | None:
         """The last epoch the target itself records as delivered, when it keeps such a record
         (Delta's application transaction, a progress row); None when it keeps none. Used to check
