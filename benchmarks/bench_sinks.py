@@ -3,19 +3,20 @@
     python benchmarks/bench_sinks.py                          # PostgreSQL, 1M rows, 2 writers, 3 reps
     python benchmarks/bench_sinks.py --rows 200000 --writers 4 --reps 5
 
-PostgreSQL part: one epoch of ``--rows`` rows (bigint, text, double, timestamp), cached in Spark and
-spread over ``--writers`` partitions, is delivered two ways, interleaved, into fresh tables of a
-scratch database on the local server:
+PostgreSQL part: one epoch of ``--rows`` rows (bigint, text, double, timestamp), written once as
+the epoch's change files, is delivered two ways, interleaved, into fresh tables of a scratch
+database on the local server:
 
-* **Epochal**: the PostgreSQL sink target as the coordinator drives it: ``df.mapInArrow`` runs
-  ``PostgresTarget.write`` in every partition (COPY, then PREPARE TRANSACTION), the driver collects
-  the writers' metadata and ``commit``s (COMMIT PREPARED each). Timed from the Spark action to the
-  end of the commit: what a batch costs end to end, exactly once.
+* **Epochal**: the coordinator's own writer path, ``run_writers``: Spark reads the change files,
+  spreads the rows over ``--writers`` vnode ranges, and each writer task runs
+  ``PostgresTarget.write`` (COPY, then PREPARE TRANSACTION); the driver collects the writers'
+  metadata and ``commit``s (COMMIT PREPARED each). Timed from the Spark action to the end of the
+  commit: what a batch costs end to end, exactly once.
 * **Spark JDBC**: ``df.write.jdbc(..., mode="append")`` with the PostgreSQL JDBC driver (Debian's
   libpostgresql-jdbc-java, ``/usr/share/java/postgresql.jar``) at Spark's defaults (batched INSERTs,
   one transaction per partition, no exactly-once).
 
-Both write the same cached rows into empty tables (truncated between reps, outside the timing). It
+Both read the same change files and write into empty tables (truncated between reps, outside the timing). It
 prints each rep, the median rows/s of both and the median of the paired ratios (Epochal / JDBC).
 The machine is shared and noisy, so the ratio of interleaved pairs is the figure to read.
 """
@@ -23,10 +24,11 @@ The machine is shared and noisy, so the ratio of interleaved pairs is the figure
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -34,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from epochal.sinks.base import WEIGHT, BatchId, WriterTask, vnode_ranges  # noqa: E402
+from epochal.sinks.base import WEIGHT, BatchId  # noqa: E402
 from epochal.sinks.postgres_sink import PostgresTarget  # noqa: E402
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
@@ -71,30 +73,24 @@ def run_sql(database: str, statement: str) -> list[tuple]:
         return cursor.fetchall() if cursor.description else []
 
 
-def deliver_epochal(df, target: PostgresTarget, batch: BatchId, writers: int) -> int:
-    """One batch through the target as the coordinator drives it: writers on the executors,
-    metadata back to the driver, commit there. Returns the rows the writers report."""
-    ranges = vnode_ranges(writers)
+def deliver_epochal(spark, files: list[str], schema, target: PostgresTarget, batch: BatchId, writers: int) -> int:
+    """One batch through the coordinator's own writer path (``run_writers`` over the epoch's change
+    files: vnode spread, writer tasks on the executors, metadata back), then the commit on the
+    driver. Returns the rows the writers report."""
+    from epochal.sinks.spark_writers import run_writers
 
-    def write_partition(batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        writer = TaskContext.get().partitionId()
-        meta = target.write(WriterTask(batch, writer, writers, ranges[writer]), batches)
-        yield pa.RecordBatch.from_pydict({"meta": [json.dumps(dict(meta))]})
-
-    metadata = [json.loads(r.meta) for r in df.mapInArrow(write_partition, "meta string").collect()]
-    if len(metadata) != writers:
-        raise RuntimeError(f"expected {writers} writers' metadata, got {len(metadata)}")
-    target.commit(batch, sorted(metadata, key=lambda m: m["writer"]))
-    return sum(m["rows"] for m in metadata)
+    results = run_writers(spark, target, batch, files, schema, writers)
+    if len(results) != writers:
+        raise RuntimeError(f"expected {writers} writers' results, got {len(results)}")
+    target.commit(batch, [r.metadata for r in results])
+    return sum(r.rows for r in results)
 
 
 def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
     from pyspark.sql import functions as F
 
     database = make_database()
+    change_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-pg-"))
     print(f"== PostgreSQL: {rows:,} rows, {writers} writers, {reps} timed reps (database {database})")
     try:
         df = (
@@ -109,7 +105,11 @@ def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
             .cache()
         )
         df.count()
-        plain = df.drop(WEIGHT)
+        # the epoch's change files, as the warehouse holds them: both sides read these
+        df.write.mode("overwrite").parquet(str(change_dir / "change"))
+        files = sorted(str(f) for f in (change_dir / "change").glob("*.parquet"))
+        plain = spark.read.parquet(*files).drop(WEIGHT)
+        schema = plain.schema
         columns = plain.columns
         options = {"host": "127.0.0.1", "user": "postgres", "database": database, "table": "bench_epochal",
                    "type": "append-only", "writers": str(writers)}  # fmt: skip
@@ -121,7 +121,8 @@ def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
         def epochal_once(epoch: int) -> float:
             run_sql(database, "TRUNCATE bench_epochal, _epochal_sink_progress")
             started = time.perf_counter()
-            written = deliver_epochal(df, target, BatchId("bench_sink", epoch, epoch, 1, uuid.uuid4().hex[:6]), writers)
+            batch = BatchId("bench_sink", epoch, epoch, 1, uuid.uuid4().hex[:6])
+            written = deliver_epochal(spark, files, schema, target, batch, writers)
             elapsed = time.perf_counter() - started
             if written != rows or run_sql(database, "SELECT count(*) FROM bench_epochal")[0][0] != rows:
                 raise RuntimeError(f"the sink delivered {written} rows, expected {rows}")
@@ -153,6 +154,7 @@ def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
         df.unpersist()
     finally:
         drop_database(database)
+        shutil.rmtree(change_dir, ignore_errors=True)
     result = {
         "rows": rows,
         "writers": writers,
