@@ -306,3 +306,42 @@ def test_append_only_batches_are_written_by_spark_itself_and_committed_once(tmp_
         run_writers(spark, t, BatchId("orders_out", 8, 8, 1, "n2"), [str(change)], spark_schema, 2)
     assert t.abort_orphans([]) == 1  # the failed job's staging directory
     assert len(commits(t)) == 1
+
+
+def test_upsert_batches_copy_on_write_on_the_executors_in_one_commit(tmp_path, spark):
+    """Through the coordinator's writer path: an upsert batch's files are written by Spark, and the
+    table's files holding touched keys are rewritten by Spark too (no row through the driver); one
+    commit removes them and adds the rest. NULL keys match NULL keys."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    from epochal.sinks.spark_writers import run_writers
+
+    t = target(tmp_path, "upsert")
+    t.prepare_target(SCHEMA)
+    spark_schema = StructType(
+        [StructField("k", LongType()), StructField("name", StringType()), StructField("amount", DoubleType())]
+    )
+    change = tmp_path / "change.parquet"
+
+    def batch(epoch: int, *values: tuple) -> None:
+        pq.write_table(pa.Table.from_batches([rows(*values)]), change)
+        b = BatchId("orders_out", epoch, epoch, 1, f"n{epoch}")
+        results = run_writers(spark, t, b, [str(change)], spark_schema, 2)
+        t.commit(b, [r.metadata for r in results])
+
+    batch(1, (1, "a", 1.0, 1), (2, "b", 2.0, 1), (3, "c", 3.0, 1), (None, "null-key", 0.0, 1))
+    batch(2, (4, "d", 4.0, 1), (5, "e", 5.0, 1))  # a second file no later batch touches
+    # 1 updated, 2 deleted, the NULL key updated, 6 inserted; 3, 4 and 5 untouched
+    batch(3, (1, "a", 1.0, -1), (1, "A", 10.0, 1), (2, "b", 2.0, -1), (None, "null-key", 0.0, -1),
+          (None, "NULL-KEY", 9.0, 1), (6, "f", 6.0, 1))  # fmt: skip
+    got = sorted(((r["k"] is None, r["k"]), r["name"], r["amount"]) for r in table_rows(t))
+    assert got == [
+        ((False, 1), "A", 10.0), ((False, 3), "c", 3.0), ((False, 4), "d", 4.0), ((False, 5), "e", 5.0),
+        ((False, 6), "f", 6.0), ((True, None), "NULL-KEY", 9.0),
+    ]  # fmt: skip
+    assert len(commits(t)) == 3
+    last = DeltaTable(t.location).version()
+    assert log_actions(t, last).count("remove") >= 1 and "add" in log_actions(t, last)
+    # batch 2's file held no touched key: it was not rewritten
+    assert any("-2-2-1-n2_" in f for f in DeltaTable(t.location).file_uris())

@@ -1,20 +1,18 @@
 """The Delta Lake sink: each batch is one Delta commit, delivered exactly once.
 
-Append-only batches are written by Spark's own Parquet writer into a staging directory and moved
-into the table directory under the batch's names (:meth:`DeltaTarget.spark_write`; no row passes
-through Python); upsert batches by writer tasks (:meth:`DeltaTarget.write`), which write Parquet
-files straight into the table directory. No reader sees them
-until the driver commits their add actions; the commit carries the sink's *application transaction*
+Batches are written by Spark's own Parquet writer (:meth:`DeltaTarget.spark_write`): into a staging
+directory, then moved into the table directory under the batch's names. No reader sees them until
+the driver commits their add actions; the commit carries the sink's *application transaction*
 (``txn`` action: app id = the sink's name, version = the batch's last epoch), which Delta records
 atomically with the files. Before committing, the driver reads that version and skips a batch the
 table already holds, so a commit replayed after a crash changes nothing: the same mechanism Spark's
 ``foreachBatch`` writers use (``txnAppId``/``txnVersion``).
 
-Upsert is copy-on-write, in the same one commit: the writers also store the keys their rows touch
-(deleted keys and keys written again) in a small Parquet file under ``_epochal_staging/``; the
-driver finds the table's files holding any of them (file stats prune integer and date keys), writes
-each again without those rows, and commits ``remove`` (old file) + ``add`` (rewritten file) + ``add``
-(new rows) with the application transaction. The rewrite runs on the driver with pyarrow.
+Upsert is copy-on-write on the executors, in the same one commit: a semi join finds the table's
+files holding a key the batch touches (deleted, or written again), Spark writes their other rows
+together with the batch's new rows, and the commit is ``remove`` (those files) + ``add`` (the new
+ones) with the application transaction. :meth:`DeltaTarget.write` (Python writer tasks, keys staged
+under ``_epochal_staging/`` and the rewrite on the driver) remains for callers without Spark.
 """
 
 from __future__ import annotations
@@ -221,54 +219,125 @@ class DeltaTarget(SinkTarget):
         }
 
     def spark_write(self, frame: Any, batch: BatchId, writers: int) -> list[WriterResult] | None:
-        """Append-only batches are written by Spark's own Parquet writer (no rows through Python:
-        the JVM-to-Python hand-over alone costs more than a third of a plain write), into a staging
-        directory, then moved into the table under this batch's file names. Upsert batches go
-        through :meth:`write`, which also stores the keys for the copy-on-write."""
-        if self.type != "append-only":
-            return None
-        import pyarrow.parquet as pq
+        """Write the batch with Spark's own Parquet writer: no row passes through Python (the
+        JVM-to-Python hand-over alone cost more than a third of a plain write) nor the driver.
+
+        Append-only: the rows, each weight n as n copies. Upsert (copy-on-write, on the executors):
+        the table's files holding a key the batch touches are found by a semi join, written again
+        without those keys together with the batch's new rows, and listed as files to remove; the
+        commit then removes and adds in one Delta commit. Either way one Spark job writes a staging
+        directory, whose files move into the table under this batch's names."""
         from pyspark.sql import functions as F
 
         from epochal.sql import quote
 
+        columns = [F.col(quote(c)) for c in self.columns]
+        if self.type == "append-only":
+            refused = (
+                f"{batch.describe()}: the sink is append-only but its upstream deleted or updated a row: use "
+                "type = 'upsert' with a primary_key"
+            )
+            weight = F.when(F.col(WEIGHT) < 0, F.raise_error(F.lit(refused))).otherwise(F.col(WEIGHT)).cast("int")
+            copies = F.explode(F.array_repeat(F.lit(0), weight)).alias("_epochal_copy")  # weight n: n rows
+            files = self._spark_files(frame.select(*columns, copies).drop("_epochal_copy"), batch, "s")
+            total = sum(f.rows for f in files)
+            metadata = {"files": [f.to_json() for f in files], "rows": total, "keys_file": None, "keys": 0}
+            return [WriterResult(0, (0, VNODE_COUNT - 1), total, metadata)]
+        return [self._spark_upsert(frame, batch, columns)]
+
+    def _spark_upsert(self, frame: Any, batch: BatchId, columns: list[Any]) -> WriterResult:
+        from pyspark.sql import functions as F
+
+        from epochal.sql import quote
+
+        keys = [quote(k) for k in self.primary_key]
+        inserts = frame.where(F.col(WEIGHT) > 0)
+        # The loader proved the key unique in the view: more than one row to write for a key is a bug.
+        clashes = (
+            inserts.groupBy(*keys)
+            .agg(F.count(F.lit(1)).alias("n"), F.sum(WEIGHT).alias("w"))
+            .where((F.col("n") > 1) | (F.col("w") > 1))
+            .limit(1)
+            .count()
+        )
+        if clashes:
+            raise SinkError(
+                f"{batch.describe()}: key(s) of ({', '.join(self.primary_key)}) have more than one row to write "
+                "although the key was proven unique at load: this is a bug in Epochal, please report it"
+            )
+        touched = frame.select(*keys).distinct()
+        table = self._open(batch)
+        # the table's files by their path as the log writes it, and the path on disk
+        infos = {i["path"]: i for i in _add_infos(table)}
+        current = {urllib.parse.unquote(raw): raw for raw in infos}
+        removes: list[dict[str, Any]] = []
+        kept = None
+        if current:
+            spark = frame.sparkSession
+            existing = spark.read.schema(_spark_schema(frame, self.columns)).parquet(
+                *[f"{self.location.rstrip('/')}/{p}" for p in sorted(current)]
+            ).withColumn("_epochal_file", F.input_file_name())
+            # NULL keys match NULL keys, as a key's row is found again when the key holds a NULL
+            match = [existing[quote(k)].eqNullSafe(touched[quote(k)]) for k in self.primary_key]
+            hit_names = {
+                Path(urllib.parse.urlparse(r[0]).path).name
+                for r in existing.join(touched, match, "left_semi").select("_epochal_file").distinct().collect()
+            }
+            hit = sorted(p for p in current if Path(p).name in hit_names)
+            if hit:
+                removes = [{"path": current[p], "size": int(infos[current[p]]["size_bytes"])} for p in hit]
+                old = spark.read.schema(_spark_schema(frame, self.columns)).parquet(
+                    *[f"{self.location.rstrip('/')}/{p}" for p in hit]
+                )
+                kept = old.join(touched, [old[quote(k)].eqNullSafe(touched[quote(k)]) for k in self.primary_key],
+                                "left_anti")  # fmt: skip
+        rows = inserts.select(*columns)
+        if kept is not None:
+            rows = kept.select(*columns).unionByName(rows)
+        files = self._spark_files(rows, batch, "u")
+        total = sum(f.rows for f in files)
+        metadata = {
+            "files": [f.to_json() for f in files],
+            "removes": removes,
+            "rows": total,
+            "keys_file": None,
+            "keys": 0,
+        }
+        return WriterResult(0, (0, VNODE_COUNT - 1), total, metadata)
+
+    def _spark_files(self, rows: Any, batch: BatchId, tag: str) -> list[WrittenFile]:
+        """Spark writes ``rows`` into a staging directory of this batch; its files move into the table
+        under the batch's names (not visible until the commit lists them)."""
+        import pyarrow.parquet as pq
+
         filesystem, root = self._filesystem()
         name = f"{batch_prefix(batch)}spark"
         staging = f"{root}/{STAGING_DIR}/{name}"
-        refused = (
-            f"{batch.describe()}: the sink is append-only but its upstream deleted or updated a row: use "
-            "type = 'upsert' with a primary_key"
-        )
-        weight = F.when(F.col(WEIGHT) < 0, F.raise_error(F.lit(refused))).otherwise(F.col(WEIGHT)).cast("int")
-        copies = F.explode(F.array_repeat(F.lit(0), weight)).alias("_epochal_copy")  # weight n: n rows
-        rows = frame.select(*[F.col(quote(c)) for c in self.columns], copies)
-        spark = frame.sparkSession
+        spark = rows.sparkSession
         # Delta's timestamps are microseconds; Spark's default INT96 is not one of its types.
         previous = spark.conf.get("spark.sql.parquet.outputTimestampType")
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         try:
-            rows.drop("_epochal_copy").write.mode("overwrite").option("compression", "zstd").parquet(
+            rows.write.mode("overwrite").option("compression", "zstd").parquet(
                 f"{self.location.rstrip('/')}/{STAGING_DIR}/{name}"
             )
         finally:
             spark.conf.set("spark.sql.parquet.outputTimestampType", previous)
         files: list[WrittenFile] = []
         for index, part in enumerate(sorted(n for n in self._listing(staging) if n.endswith(".parquet"))):
-            final = data_file_name(batch, f"s{index}")
+            final = data_file_name(batch, f"{tag}{index}")
             filesystem.move(f"{staging}/{part}", f"{root}/{final}")
             metadata = pq.read_metadata(f"{root}/{final}", filesystem=filesystem)
             size = filesystem.get_file_info(f"{root}/{final}").size
             stats = delta_stats(metadata, metadata.schema.to_arrow_schema())
             files.append(WrittenFile(final, size, metadata.num_rows, stats))
         filesystem.delete_dir(staging)
-        total = sum(f.rows for f in files)
-        metadata_out = {"files": [f.to_json() for f in files], "rows": total, "keys_file": None, "keys": 0}
-        return [WriterResult(0, (0, VNODE_COUNT - 1), total, metadata_out)]
+        return files
 
     # ------------------------------------------------------------------ driver
 
     def commit(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
-        from deltalake.transaction import AddAction, CommitProperties, Transaction
+        from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
         table = self._open(batch)
         done = table.transaction_version(self.name)
@@ -283,6 +352,19 @@ class DeltaTarget(SinkTarget):
         key_names = [m["keys_file"] for m in metadata if m.get("keys_file")]
         check_precommit(batch, [f"{self.location}/{p}" for p in [f.path for f in files] + key_names], self.describe())
         keys_files = [f"{root}/{k}" for k in key_names]
+        removes = [r for m in metadata for r in m.get("removes", [])]
+        if removes:
+            # Files the executors' copy-on-write replaces: still the table's, or the table changed
+            # under the sink (another writer), and removing them would lose that writer's rows.
+            current = set(_add_paths(table))
+            gone = [r["path"] for r in removes if r["path"] not in current]
+            if gone:
+                raise SinkError(
+                    f"{batch.describe()}: {len(gone)} file(s) the batch rewrote left the Delta table at "
+                    f"{self.describe()} before its commit (first: {gone[0]}): another writer changed the table; "
+                    "a sink must be the only writer of its table"
+                )
+            actions += [RemoveAction(r["path"], True, now, int(r["size"]), {}) for r in removes]
         if self.type == "upsert":
             keys = read_keys(filesystem, keys_files, self.primary_key)
             if keys is not None and keys.num_rows:
@@ -388,6 +470,24 @@ class DeltaTarget(SinkTarget):
         if counts.null_count == 0:
             return sum(counts.to_pylist())
         return table.to_pyarrow_dataset().count_rows()
+
+
+def _add_infos(table: DeltaTable) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    return pa.table(table.get_add_actions(flatten=True)).to_pylist()
+
+
+def _add_paths(table: DeltaTable) -> list[str]:
+    return [i["path"] for i in _add_infos(table)]
+
+
+def _spark_schema(frame: Any, columns: Sequence[str]) -> Any:
+    """The sink's columns as typed in ``frame``, to read the table's files with."""
+    from pyspark.sql.types import StructType
+
+    fields = {f.name: f for f in frame.schema.fields}
+    return StructType([fields[c] for c in columns])
 
 
 def _may_hold(info: Mapping[str, Any], ranges: Mapping[str, tuple[Any, Any, bool]]) -> bool:
