@@ -41,3 +41,14 @@ class ConfigError(EpochalError):
 
 class JavaMissingError(EpochalError):
     """Spark cannot start because Java 17+ is not available."""
+
+
+class InternalError(Exception):
+    """An invariant of Epochal's own code is broken: a bug, never the user's input. Raised where an
+    ``assert`` would do, because ``python -O`` removes asserts and the code would go on wrongly."""
+
+
+def require(condition: object, what: str) -> None:
+    """Raise :class:`InternalError` naming ``what`` (the invariant) unless ``condition`` holds."""
+    if not condition:
+        raise InternalError(f"internal invariant broken: {what}; this is a bug in Epochal, please report it")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.errors import EpochalError
+from epochal.errors import EpochalError, require
 from epochal.options import unknown_option_problems, whole_number_option
 
 if TYPE_CHECKING:
@@ -174,7 +174,9 @@ def parse_nexmark_options(options: Mapping[str, str]) -> tuple[NexmarkConfig | N
     base_time = whole_number_option(options, "nexmark.base.time", DEFAULT_BASE_TIME_MS, 0, problems, MAX_BASE_TIME_MS)
     if problems or table is None:
         return None, problems
-    assert split_num is not None and max_events is not None and gap is not None and base_time is not None
+    require(
+        None not in (split_num, max_events, gap, base_time), "nexmark options without problems are all set"
+    )
     return NexmarkConfig(table, split_num, event_num, max_events, gap, base_time), []
 
 
@@ -209,7 +211,7 @@ class NexmarkConnectorSpec:
         if problems:
             raise EpochalError(f"source {source.name}: " + "; ".join(problems))
         config, _ = parse_nexmark_options(source.options)
-        assert config is not None
+        require(config is not None, "the loader accepted these nexmark options")
         return NexmarkSource(config, source.columns)
 
 

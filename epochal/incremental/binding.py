@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import sqlglot
 from sqlglot import exp
 
+from epochal.errors import require
 from epochal.pipeline.query import DIALECT
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def _template(query: str, names: tuple[str, ...]) -> tuple[str, tuple[int, ...]]
         if name in ctes or node.args.get("db") or node.args.get("catalog") or name not in names:
             continue
         meta = node.this.meta
-        assert "start" in meta, "a parsed table reference knows where it is in the text"
+        require("start" in meta, "a parsed table reference knows where it is in the text")
         index = names.index(name)
         used.add(index)
         written = query[meta["start"] : meta["end"] + 1]

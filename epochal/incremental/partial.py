@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from epochal.errors import require
 from epochal.incremental.binding import sql_over
 from epochal.incremental.keyed import KeyedChange, StateReader, key_names, leaf_states
 from epochal.incremental.planner import PartialAggregate, PartialColumn, Plan
@@ -74,7 +75,7 @@ def partial_change(
     from pyspark.sql.types import ArrayType
 
     spec = plan.aggregate
-    assert spec is not None and len(plan.leaves) == 1, "a partial aggregate reads one input"
+    require(spec is not None and len(plan.leaves) == 1, "a partial aggregate reads one input")
     leaf = plan.leaves[0]
     cached: list[DataFrame] = []
 
@@ -255,7 +256,7 @@ def _merged(
             if not exact[c.name]:
                 needs_input.append(F.coalesce(F.col(quote(_GONE + c.name)), F.lit(False)))
         elif c.kind in ("min", "max"):
-            assert c.cache, "a MIN/MAX of a partial aggregate keeps its values"
+            require(c.cache, "a MIN/MAX of a partial aggregate keeps its values")
             kept = F.col(quote(c.cache))
             values[c.name] = F.try_element_at(kept, F.lit(1))
             # The kept values all went while the group still has some: only the input knows them.

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
+from epochal.errors import require
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS
 from epochal.pipeline.time_windows import window_call, windows_as_input_columns
@@ -630,7 +631,7 @@ class _Analyzer:
             if item.leaf is not None:
                 restrictions.append((item.leaf, offered[0]))
             else:
-                assert item.child is not None
+                require(item.child is not None, "a window item has a child")
                 column = next(unquote(e) for e in offered if unquote(e) in item.child.keys)
                 restrictions += item.child.keys[column]
         return restrictions
@@ -1148,7 +1149,7 @@ def _split_partial(select: exp.Expression, name: str, internal: bool) -> tuple[S
 
     column_of("count", None, None)
     for spec, call in found:
-        assert spec is not None
+        require(spec is not None, "every aggregate call found has its spec")
         kind, argument, condition = spec
         if kind in ("sum", "avg"):
             count = column_of("count", argument, condition)

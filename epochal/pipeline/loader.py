@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epochal.errors import PipelineError, PipelineIssue
+from epochal.errors import PipelineError, PipelineIssue, require
 from epochal.options import unknown_option_problems
 from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
 from epochal.pipeline.model import Location, Pipeline, SinkDef, SourceDef, ViewDef
@@ -167,7 +167,7 @@ def _sources(
         if definition.kind != "source":
             continue
         parsed = definition.parsed
-        assert isinstance(parsed, ParsedSource)
+        require(isinstance(parsed, ParsedSource), "a source definition holds a parsed source")
         where = definition.location
         prefix = f"source {parsed.name}"
         connector = parsed.options.values.get("connector", "").lower()
@@ -238,7 +238,7 @@ def _views(
     analyses: dict[str, QueryAnalysis] = {}
     for name, definition in parsed_views.items():
         parsed = definition.parsed
-        assert isinstance(parsed, ParsedView)
+        require(isinstance(parsed, ParsedView), "a view definition holds a parsed view")
         where = definition.location
         messages = _view_option_problems(parsed.options)
         refresh = _refresh_mode(parsed.options)
@@ -283,7 +283,7 @@ def _views(
             definition = parsed_views[name]
             parsed = definition.parsed
             tree = analyses[name].tree
-            assert isinstance(parsed, ParsedView) and tree is not None
+            require(isinstance(parsed, ParsedView) and tree is not None, "a view was parsed and analysed")
             resolution = resolve_columns(name, tree, parsed.query_text, parsed.query_line, schema)
             for problem in resolution.problems:
                 issues.add(definition.location.file, problem.line, problem.message)
@@ -293,7 +293,7 @@ def _views(
     views: dict[str, ViewDef] = {}
     for name, definition in parsed_views.items():
         parsed = definition.parsed
-        assert isinstance(parsed, ParsedView)
+        require(isinstance(parsed, ParsedView), "a view definition holds a parsed view")
         view = ViewDef(
             name=name,
             query=parsed.query_text.strip(),
@@ -474,7 +474,7 @@ def _sinks(
         if definition.kind != "sink":
             continue
         parsed = definition.parsed
-        assert isinstance(parsed, ParsedSink)
+        require(isinstance(parsed, ParsedSink), "a sink definition holds a parsed sink")
         where = definition.location
         prefix = f"sink {parsed.name}"
         message = _unknown_table(parsed.from_table, prefix, named)
