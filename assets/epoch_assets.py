@@ -5,7 +5,6 @@ injected by the checkpoint controller (epoch_job or the barrier sensor do that);
 keys mirror the meta store.
 """
 
-
 from dagster import (
     AssetExecutionContext,
     AssetsDefinition,
@@ -16,6 +15,7 @@ from dagster import (
 
 from assets.materialization import to_metadata
 from epochal.pipeline.model import Pipeline, ViewDef
+from epochal.runtime import StepReport
 from epochal.sinks.spec import shown_options
 from resources.checkpoint import EPOCHS_PARTITIONS, CheckpointControllerResource
 
@@ -105,6 +105,37 @@ def _sink_asset(name: str, upstream: str, description: str) -> AssetsDefinition:
     return _sink
 
 
+def backfill_asset_name(view: str) -> str:
+    return f"backfill__{view}"
+
+
+def _backfill_asset(view: str, upstreams: tuple[str, ...]) -> AssetsDefinition:
+    @asset(
+        name=backfill_asset_name(view),
+        deps=list(upstreams),
+        partitions_def=EPOCHS,
+        group_name="backfill",
+        kinds={"spark"},
+        description=f"Backfill of `{view}` when it is added to a pipeline that has committed epochs: its "
+        "inputs at a snapshot epoch, range by range of 256 vnodes, then their change logs up to the committed "
+        "epoch, then the join. Each materialization reports its phase, vnodes done, rows read, rows per "
+        "second and epochs behind; `backfill_job` and the barrier sensor advance it.",
+    )
+    def _backfill(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
+        import time
+
+        from epochal.backfill.runner import BackfillRunner
+
+        runtime = checkpoint.runtime
+        deadline = time.monotonic() + runtime.settings.backfill_run_s
+        progress = BackfillRunner(runtime).advance_view(view, deadline)
+        return MaterializeResult(
+            metadata=to_metadata(StepReport(context.asset_key.path[-1], _epoch(context), progress.metadata()))
+        )
+
+    return _backfill
+
+
 def _fenced(sql: str) -> str:
     return f"```sql\n{sql.strip()}\n```"
 
@@ -124,6 +155,8 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
     for name in pipeline.view_order():
         view = pipeline.views[name]
         assets.append(_view_asset(name, view.upstreams, _view_description(view)))
+    for name in pipeline.view_order():
+        assets.append(_backfill_asset(name, pipeline.views[name].upstreams))
     assets.append(_commit_asset(pipeline.tables))
     assets.append(_compaction_asset())
     for name, sink in pipeline.sinks.items():

@@ -1,4 +1,4 @@
-"""The `epochal` command: status, query, produce, recover, compact, pause, resume, settings, validate.
+"""The `epochal` command: status, query, produce, recover, compact, pause, resume, backfill, settings, validate.
 
 Every command exits non-zero with one clear line on bad input; tracebacks are for bugs only.
 """
@@ -82,6 +82,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 behind = f"{lag['lag_epochs']} epoch(s), {lag['lag_seconds']:.0f}s behind"
             error = f"; last failure: {lag['last_error']}" if lag["last_error"] and lag["lag_epochs"] else ""
             print(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{error}")
+    if status["backfills"]:
+        print("backfills       : phase, vnodes, rows, epochs behind (epochal backfill for more)")
+        for view, b in status["backfills"].items():
+            print(
+                f"  {view:<28} {b['phase']:<9} {b['vnodes_done']}/{b['vnodes_total']}  {b['rows']} rows  "
+                f"{b['epochs_behind'] if b['epochs_behind'] is not None else '-'} behind"
+            )
     last = status["last_recovery"]
     if last:
         outcome = f"FAILED: {last['error']}" if last["error"] else f"aborted {last['aborted_epochs'] or 'nothing'}"
@@ -231,6 +238,65 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backfill(args: argparse.Namespace) -> int:
+    runtime = _runtime()
+    backfills = runtime.controller.backfills
+    if args.view is None:
+        shown = backfills.status()
+        if args.json:
+            print(json.dumps(shown, indent=2, default=str))
+        elif not shown:
+            print("no backfill: a view backfills when it is added to a pipeline that has committed epochs")
+        for view, b in shown.items() if not args.json else ():
+            print(
+                f"{view:<28} {b['phase']:<9} vnodes {b['vnodes_done']}/{b['vnodes_total']}  rows {b['rows']}  "
+                f"epochs behind {b['epochs_behind'] if b['epochs_behind'] is not None else '-'}"
+                + (f"  rate limit {b['rate_limit']:g}/s" if b["rate_limit"] is not None else "")
+                + (f"  last error: {b['error']}" if b["error"] else "")
+            )
+        return 0
+    if args.view not in runtime.pipeline.views:
+        raise EpochalError(f"{args.view} is not a view of the pipeline (views: {', '.join(runtime.pipeline.views)})")
+    if args.cancel:
+        backfill, garbage = backfills.cancel(args.view)
+        runtime.warehouse.delete(garbage, prune_parents=True)
+        runtime.warehouse.delete([runtime.warehouse.backfill_root(args.view, backfill.snapshot_epoch)])
+        print(f"cancelled the backfill of {args.view}; its partial state is deleted. `--restart` starts it again")
+        return 0
+    if args.restart:
+        garbage = backfills.restart(args.view)
+        runtime.warehouse.delete(garbage, prune_parents=True)
+        print(f"the backfill of {args.view} starts again from a new snapshot at the next epoch")
+        return 0
+    if args.rate_limit is not None:
+        backfills.set_rate_limit(args.view, None if args.rate_limit.lower() in ("", "none") else float(args.rate_limit))
+        print(f"backfill rate limit of {args.view}: {args.rate_limit} rows/s (0 pauses)")
+    if args.run:
+        from epochal.backfill.runner import BackfillRunner
+
+        for progress in BackfillRunner(runtime).advance(views=[args.view]):
+            print(json.dumps(progress.metadata(), default=str))
+    b = backfills.status().get(args.view)
+    if b is None:
+        print(f"{args.view} has no backfill")
+    elif args.rate_limit is None and not args.run:
+        print(json.dumps({args.view: b}, indent=2, default=str))
+    return 0
+
+
+def _rate(text: str) -> str:
+    if text.lower() in ("", "none"):
+        return text
+    try:
+        if float(text) < 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not rows per second (a number >= 0; 0 pauses, none: unlimited)"
+        ) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epochal", description="Epochs, barriers and checkpoints on Dagster + Spark.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,6 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_pause)
     p = sub.add_parser("resume", help="inject epochs again")
     p.set_defaults(fn=cmd_resume)
+    p = sub.add_parser("backfill", help="backfills of views added to a running pipeline: progress and control")
+    p.add_argument("view", nargs="?", help="the view (default: list every backfill)")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--rate-limit", type=_rate, help="rows per second while it runs (0 pauses, none: unlimited)")
+    action.add_argument("--cancel", action="store_true", help="stop it and delete its partial state")
+    action.add_argument("--restart", action="store_true", help="forget it; the next epoch starts it again")
+    p.add_argument("--run", action="store_true", help="advance it now, in this process (as backfill_job does)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_backfill)
     p = sub.add_parser("settings", help="list the EPOCHAL_* settings: variable, default, meaning")
     p.add_argument("--markdown", action="store_true", help="print the README's settings table")
     p.set_defaults(fn=cmd_settings)

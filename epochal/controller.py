@@ -11,10 +11,11 @@ go, and every decision is one meta-store transaction, so runs, the sensor and th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.backfill_log import BackfillLog
 from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.epoch_log import EpochLog
 from epochal.checkpoint.records import RecoveryReport
@@ -35,6 +36,7 @@ class CheckpointController:
         views: Iterable[str] = (),
         sinks: Iterable[str] = (),
         backend: Backend | None = None,
+        upstreams: Mapping[str, tuple[str, ...]] | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -43,7 +45,8 @@ class CheckpointController:
         self.sinks = list(sinks)
         self.backend = backend or open_backend(settings.meta_url)
         self.backend.transaction(ensure_schema)
-        self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables)
+        self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables, upstreams)
+        self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)
         self.sink_coordinator = SinkCoordinator(self.backend, settings.epoch_timeout_s, settings.sink_retry_s)
 

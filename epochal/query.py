@@ -17,6 +17,7 @@ from epochal.storage.warehouse import WEIGHT, dead_letter_table
 if TYPE_CHECKING:
     import duckdb
 
+    from epochal.backfill.state import Backfill
     from epochal.runtime import EpochRuntime
 
 READ_ONLY = {"SELECT", "EXPLAIN"}
@@ -60,9 +61,16 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
     controller, warehouse = runtime.controller, runtime.warehouse
     epoch = controller.epoch_log.committed_epoch()
     con = duckdb.connect()
+    backfills = {b.view: b for b in controller.backfills.all() if b.phase.value != "JOINED"}
     for table in runtime.pipeline.tables:
         columns = _columns_of(runtime, table)
         cols = ", ".join(quote(n, DUCKDB) for n, _ in columns)
+        if table in backfills:
+            # Not joined yet: its rows are not at the committed epoch. Reading it fails, saying how far it is.
+            message = _not_joined(backfills[table]).replace("'", "''")
+            failing = ", ".join(f"error('{message}') AS {quote(n, DUCKDB)}" for n, _ in columns)
+            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS SELECT {failing}")
+            continue
         # The newest snapshot at the epoch plus the change files after it, as the Spark readers do.
         parts = controller.catalog.state_parts(table, epoch, inclusive=True) if epoch is not None else None
         snapshot = [] if parts is None or parts.snapshot is None else warehouse.snapshot_files(parts.snapshot.location)
@@ -91,6 +99,19 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
         )
         con.execute(f"CREATE VIEW {quote(dead_letter_table(source), DUCKDB)} AS {body}")
     return con, epoch
+
+
+def _not_joined(backfill: "Backfill") -> str:
+    if backfill.phase.value == "CANCELLED":
+        return (
+            f"view {backfill.view} has no rows: its backfill was cancelled. Restart it with "
+            f"`epochal backfill {backfill.view} --restart`, or remove the view from the pipeline"
+        )
+    return (
+        f"view {backfill.view} is backfilling and has not joined the pipeline yet: phase {backfill.phase.shown}, "
+        f"{backfill.vnodes_done}/256 vnodes, {backfill.rows_read} rows read, written up to epoch "
+        f"{backfill.caught_up_epoch}. Run backfill_job (or `epochal backfill {backfill.view} --run`) to advance it"
+    )
 
 
 def run_query(runtime: "EpochRuntime", sql: str) -> tuple[list[str], list[tuple], int | None]:

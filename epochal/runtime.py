@@ -78,7 +78,11 @@ class EpochRuntime:
         self.pipeline = pipeline
         self._spark_factory = spark
         self.controller = controller or CheckpointController(
-            settings, sources=list(pipeline.sources), views=pipeline.view_order(), sinks=list(pipeline.sinks)
+            settings,
+            sources=list(pipeline.sources),
+            views=pipeline.view_order(),
+            sinks=list(pipeline.sinks),
+            upstreams={name: view.upstreams for name, view in pipeline.views.items()},
         )
         self.warehouse = Warehouse(settings.warehouse)
         self.state_cache = StateCache(enabled=settings.state_cache)
@@ -89,6 +93,10 @@ class EpochRuntime:
         self._query_schemas: dict[str, "StructType"] = {}
         self.sink_steps = SinkSteps(self)
         self._plans_checked = False
+        #: set by the backfill runner while it writes a committed epoch of a view: where the view's
+        #: output is recorded instead of the epoch's collect (the epoch committed without it)
+        self._record_backfill: Callable[[Collected], None] | None = None
+        self._backfill_root: str | None = None
 
     def check_plans(self) -> None:
         """Once per runtime, before its first step touches data: Spark analyses every plan of the
@@ -159,7 +167,27 @@ class EpochRuntime:
         reason = self.controller.epoch_log.recovery_reason()
         if reason:
             report = self.recover(reason)
+        self.retire_removed()
         return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
+
+    def retire_removed(self) -> list[str]:
+        """Views whose statement left the pipeline: their meta-store rows and files are deleted
+        (the loader already refused the pipeline if anything still reads them)."""
+        from epochal.checkpoint import backfill_log
+
+        tables = set(self.pipeline.tables)
+
+        def retire(cur) -> tuple[list[str], list[str]]:
+            known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
+            known |= {b.view for b in backfill_log.all_backfills(cur)}
+            gone = sorted(known - tables)
+            return gone, backfill_log.retire(cur, gone)
+
+        gone, garbage = self.controller.backend.transaction(retire)
+        if gone:
+            self.warehouse.delete(garbage, prune_parents=True)
+            log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
+        return gone
 
     def _begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
         """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an
@@ -184,6 +212,9 @@ class EpochRuntime:
             raise
 
     def _collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:
+        if self._record_backfill is not None:
+            self._record_backfill(collected)
+            return True
         result = self.controller.epoch_log.collect(epoch, collected, release=release)
         if not result.recorded:
             # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
@@ -291,12 +322,31 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
+        backfill = self.controller.backfills.get(name)
+        if backfill is not None and backfill.phase.value != "JOINED":
+            # Outside commit alignment: the epoch commits without it, the backfill writes it later.
+            return StepReport(
+                name,
+                epoch,
+                {
+                    "epoch": epoch,
+                    "mode": "backfilling",
+                    "phase": backfill.phase.shown,
+                    "vnodes_done": backfill.vnodes_done,
+                    "backfill_rows": backfill.rows_read,
+                },
+            )
+        return self._guard(epoch, lambda: self.view_epoch(epoch, name, run_id, release))
+
+    def view_epoch(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
+        """The view's step for ``epoch``, without the epoch's lease (``run_view`` holds it; the
+        backfill runner writes committed epochs, which have none)."""
         view = self.pipeline.views[name]
         if view.refresh == "full":
-            return self._guard(epoch, lambda: self._run_view_full(epoch, name, run_id, release))
+            return self._run_view_full(epoch, name, run_id, release)
         if view.plan is not None and view.plan.kind == "keyed":
-            return self._guard(epoch, lambda: self._run_view_keyed(epoch, name, run_id, release))
-        return self._guard(epoch, lambda: self._run_view(epoch, name, run_id, release))
+            return self._run_view_keyed(epoch, name, run_id, release)
+        return self._run_view(epoch, name, run_id, release)
 
     def _run_view_keyed(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         """A view with state: its change is recomputed at the keys the epoch touched, reading only
@@ -486,6 +536,10 @@ class EpochRuntime:
     ) -> tuple[int, bool]:
         """Write a view's change for the epoch and collect it; returns (rows written, recorded)."""
         location = self.warehouse.new_location(name, epoch)
+        if self._backfill_root is not None:
+            # A committed epoch's change written by a backfill: outside the epoch= directories that
+            # recovery sweeps up to the committed epoch (it would take the file before it is recorded).
+            location = f"{self._backfill_root}/{location[len(self.warehouse.table_root(name)) + 1 :]}"
         try:
             rows = self.warehouse.write(change, location)
             recorded = self._collect(
@@ -634,8 +688,10 @@ class EpochRuntime:
         table's failure, which is logged and reported in the metadata: the epoch is committed."""
         from epochal.storage.compaction import Layout, compact_tables
 
+        # A backfilling view's state is not at the committed epoch yet: it is snapshotted once it joins.
+        outside = self.controller.backfills.outside_alignment()
         layout = Layout(
-            list(self.pipeline.tables),
+            [t for t in self.pipeline.tables if t not in outside],
             self.distribution_key,
             lambda table: [name for name, sink in self.pipeline.sinks.items() if sink.from_table == table],
         )

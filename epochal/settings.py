@@ -82,9 +82,7 @@ def parse_spark_conf(raw: str) -> dict[str, str]:
         if "=" not in item:
             # named by position, and shown only when it cannot be a secret's name and value run together
             shown = "" if is_secret_name(item) else f" ({item.strip()!r})"
-            raise ConfigError(
-                f"EPOCHAL_SPARK_CONF item {number}{shown} has no '=': use key=value,key=value"
-            )
+            raise ConfigError(f"EPOCHAL_SPARK_CONF item {number}{shown} has no '=': use key=value,key=value")
         key, value = item.split("=", 1)
         conf[key.strip()] = value.strip()
     return conf
@@ -153,6 +151,25 @@ class Settings:
         "30",
         "A sink step retries a failing target with backoff this long, then fails and lags; epochs go on.",
         minimum=0,
+    )
+    backfill_rate_limit: float | None = setting(
+        "EPOCHAL_BACKFILL_RATE_LIMIT",
+        "",
+        "Rows per second a backfill reads, for views without `backfill_rate_limit` in their `WITH`; empty: "
+        "unlimited, `0`: paused. `epochal backfill VIEW --rate-limit N` overrides both while it runs.",
+        parse=lambda text: _rate_limit(text, "EPOCHAL_BACKFILL_RATE_LIMIT"),
+    )
+    backfill_run_s: int = setting(
+        "EPOCHAL_BACKFILL_RUN_S",
+        "300",
+        "How long one `backfill_job` run advances backfills before it ends (the sensor requests the next).",
+        minimum=1,
+    )
+    backfill_chunk_rows: int = setting(
+        "EPOCHAL_BACKFILL_CHUNK_ROWS",
+        "2000000",
+        "Input rows a backfill's snapshot phase reads per vnode range; progress is saved after each range.",
+        minimum=1000,
     )
     state_cache: bool = setting(
         "EPOCHAL_STATE_CACHE",
@@ -299,8 +316,7 @@ def settings_text() -> str:
     defaults = [shown_default(s) or "(empty)" for s in SETTINGS]
     dwidth = max(len(d) for d in defaults)
     return "\n".join(
-        f"{s.env:<{width}}  {d:<{dwidth}}  {s.help.replace('`', '')}"
-        for s, d in zip(SETTINGS, defaults, strict=True)
+        f"{s.env:<{width}}  {d:<{dwidth}}  {s.help.replace('`', '')}" for s, d in zip(SETTINGS, defaults, strict=True)
     )
 
 
@@ -315,3 +331,18 @@ def settings_markdown() -> str:
 
 
 __all__ = ["DEMO_PIPELINE", "SETTINGS", "Setting", "Settings", "parse_spark_conf", "setting"]
+
+
+def _rate_limit(text: str, where: str) -> float | None:
+    """Rows per second: empty means unlimited, 0 pauses."""
+    if not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{where}={text!r} is not a number of rows per second (empty: unlimited, 0: paused)"
+        ) from None
+    if value < 0:
+        raise ConfigError(f"{where}={text!r} is negative: give rows per second (empty: unlimited, 0: paused)")
+    return value

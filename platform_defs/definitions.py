@@ -10,6 +10,7 @@ from dagster import Definitions, in_process_executor
 from assets.epoch_assets import build_epoch_assets
 from epochal.pipeline.loader import load_pipeline
 from epochal.settings import Settings
+from platform_defs.backfill import build_backfill_job
 from platform_defs.jobs import build_epoch_job
 from platform_defs.sensors import build_barrier_sensor
 from resources.checkpoint import CheckpointControllerResource
@@ -24,10 +25,11 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         spark=spark, home=str(settings.home), pipeline_dir=str(settings.pipeline_dir)
     )
     job = build_epoch_job(pipeline)
+    backfill = build_backfill_job()
     return Definitions(
         assets=build_epoch_assets(pipeline),
-        jobs=[job],
-        sensors=[build_barrier_sensor(settings, job.name)],
+        jobs=[job, backfill],
+        sensors=[build_barrier_sensor(settings, job, backfill)],
         resources={"spark": spark, "checkpoint": checkpoint},
         # Asset materializations from the UI run in-process too: one JVM per run, not per step.
         executor=in_process_executor,

@@ -5,7 +5,6 @@ to run a partitioned asset job without one); its ops report partitioned material
 same assets, so the UI's partition view shows its epochs like any other materialization.
 """
 
-
 from dagster import In, JobDefinition, Nothing, OpDefinition, OpExecutionContext, Out, in_process_executor, job, op
 
 from assets.epoch_assets import COMMIT_ASSET, COMPACTION_ASSET

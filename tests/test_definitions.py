@@ -19,7 +19,8 @@ def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {
-        "bid", "orders", "big_bids", "big_orders", "epoch_commit", "epoch_compaction", "big_bids_out", "orders_out"}
+        "bid", "orders", "big_bids", "big_orders", "epoch_commit", "epoch_compaction", "big_bids_out", "orders_out",
+        "backfill__big_bids", "backfill__big_orders"}
     for key in keys:
         assert graph.get(dg.AssetKey(key)).partitions_def == dg.DynamicPartitionsDefinition(name="epochs")
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("big_bids")).parent_keys} == {"bid"}
@@ -28,7 +29,10 @@ def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
     assert "price * 0.908" in defs.get_assets_def("big_bids").descriptions_by_key[dg.AssetKey("big_bids")]
     job = defs.get_job_def("epoch_job")
     assert job.executor_def.name == "in_process"
-    assert defs.get_sensor_def("barrier_sensor").job_name == "epoch_job"
+    sensor = defs.get_sensor_def("barrier_sensor")
+    assert {t.job_name for t in sensor.targets} == {"epoch_job", "backfill_job"}
+    assert {p.to_user_string() for p in graph.get(dg.AssetKey("backfill__big_bids")).parent_keys} == {"bid"}
+    assert defs.get_job_def("backfill_job").executor_def.name == "in_process"
 
 
 def test_pipeline_errors_fail_the_load_with_file_and_line(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Iterable
 
+from epochal.checkpoint import backfill_log
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.checkpoint.records import (
@@ -256,7 +257,11 @@ class SnapshotCatalog:
                 "SELECT epoch, location FROM snapshots WHERE table_name = ? AND state = 'READY' ORDER BY epoch DESC",
                 [table],
             ).fetchall()
-            garbage = [loc for _, loc in ready[keep:]]
+            # A backfill reading the table at its snapshot epoch needs the newest snapshot at or
+            # before it, and every change file after it: retention keeps both until it is past them.
+            needed = backfill_log.needed_from(cur, table)
+            pinned = None if needed is None else next((e for e, _ in ready if e <= needed), -1)
+            garbage = [loc for e, loc in ready[keep:] if e != pinned]
             for loc in garbage:
                 cur.execute("DELETE FROM snapshots WHERE location = ?", [loc])
             kept = ready[:keep]
@@ -264,6 +269,8 @@ class SnapshotCatalog:
                 # The first snapshot: keep every change file, a reader of any epoch may still need them.
                 return PublishResult(recorded=True, garbage=garbage)
             horizon = kept[-1][0]
+            if pinned is not None:
+                horizon = min(horizon, pinned)
             for sink in sinks:
                 delivered = q.sink_delivered(cur, sink)
                 horizon = min(horizon, delivered if delivered is not None else -1)
@@ -333,6 +340,10 @@ class SnapshotCatalog:
                 if delivered is None:
                     return 0
                 horizon = delivered if horizon is None else min(horizon, delivered)
+            for table in tables:
+                needed = backfill_log.needed_from(cur, table)
+                if needed is not None:  # a backfill still lists the epochs after it
+                    horizon = needed if horizon is None else min(horizon, needed)
             window = cur.execute(
                 "SELECT epoch FROM epochs ORDER BY epoch DESC LIMIT 1 OFFSET ?", [keep_epochs]
             ).fetchone()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
+from epochal.checkpoint import backfill_log
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import (
     Collected,
@@ -79,12 +80,22 @@ class Lease:
 
 
 class EpochLog:
-    def __init__(self, settings: Settings, backend: Backend, sources: Iterable[str], tables: Iterable[str]):
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        sources: Iterable[str],
+        tables: Iterable[str],
+        upstreams: Mapping[str, tuple[str, ...]] | None = None,
+    ):
         self.settings = settings
         self.backend = backend
         self.sources = list(sources)
-        #: the state tables whose commit is aligned: every source and view
+        #: the state tables of the pipeline: every source and view. An epoch commits when those not
+        #: backfilling have written it (``backfill_log.aligned``, read in the commit's transaction)
         self.tables = list(tables)
+        #: each view's inputs: a view new to a pipeline with history is registered as a backfill
+        self.upstreams = dict(upstreams or {})
 
     # ------------------------------------------------------------------ flags
 
@@ -195,9 +206,13 @@ class EpochLog:
         return q.reserved_starts(cur)
 
     def _check_can_inject(self, cur: Cursor) -> None:
-        # A table that joined after epochs were committed would run from here on without its
-        # history (a linear view reads no state to notice): refused before any epoch reaches it.
-        q.check_alignment(cur, self.tables, q.committed_epoch(cur))
+        # A view that joined after epochs were committed would run from here on without its
+        # history (a linear view reads no state to notice): it backfills, outside alignment, and
+        # every other table must agree on the committed epoch.
+        committed = q.committed_epoch(cur)
+        known = {*self.sources, *self.upstreams}
+        backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
+        q.check_alignment(cur, backfill_log.aligned(cur, self.tables), committed)
         if q.get_flag(cur, "paused"):
             raise InjectionBlocked("injection is paused: run `epochal resume` to inject epochs again")
         if q.get_flag(cur, "recovery_requested"):
@@ -368,9 +383,10 @@ class EpochLog:
         def check(cur: Cursor) -> tuple[EpochState, list[tuple[int, list[str]]], str | None]:
             state = q.epoch_record(cur, epoch).state
             missing: list[tuple[int, list[str]]] = []
-            # Committed and COLLECTED epochs were collected by every table: only INJECTED ones matter.
+            # Committed epochs were collected by every table. A COLLECTED one may still lack a view
+            # that joined after its other tables collected it (the backfill writes it next).
             for (earlier,) in cur.execute(
-                "SELECT epoch FROM epochs WHERE state = 'INJECTED' AND epoch < ? ORDER BY epoch", [epoch]
+                f"SELECT epoch FROM epochs WHERE state IN {q.IN_FLIGHT} AND epoch < ? ORDER BY epoch", [epoch]
             ).fetchall():
                 done = {r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [earlier]).fetchall()}
                 if tables - done:
@@ -466,7 +482,7 @@ class EpochLog:
             committed = self._commit_ready(cur)
             record = q.epoch_record(cur, epoch)
             done_tables = q.collected(cur, epoch)
-            missing = [t for t in self.tables if t not in done_tables]
+            missing = [t for t in backfill_log.aligned(cur, self.tables) if t not in done_tables]
             done = record.state is EpochState.COMMITTED or (
                 record.state is not EpochState.ABORTED and not missing and not record.is_checkpoint
             )
@@ -480,7 +496,9 @@ class EpochLog:
         return step
 
     def _commit_ready(self, cur: Cursor) -> list[int]:
-        tables = self.tables
+        # Read in this transaction: a backfill joins in one of its own, so a commit is wholly
+        # before the join (without the view) or after it (waiting for the view's step).
+        tables = backfill_log.aligned(cur, self.tables)
         committed = q.committed_epoch(cur)
         ready: list[EpochRecord] = []  # the collected epochs right after the committed one
         gap = False

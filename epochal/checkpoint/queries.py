@@ -120,9 +120,9 @@ def check_alignment(cur: Cursor, tables: list[str], committed: int | None) -> No
     listing = ", ".join(f"{t}={e}" for t, e in sorted(wrong.items(), key=lambda kv: kv[0]))
     new = [t for t, e in wrong.items() if e is None]
     hint = (
-        f"table(s) {', '.join(sorted(new))} joined the pipeline after epochs were committed; adding a "
-        "view to a running pipeline needs a backfill, which Epochal does not do yet: remove the new "
-        "definition, or start over with a fresh EPOCHAL_HOME"
+        f"table(s) {', '.join(sorted(new))} joined the pipeline after epochs were committed, and this "
+        "controller was opened without what they read, so it cannot start their backfill: open it "
+        "through the pipeline (EpochRuntime, epoch_job), which backfills a new view"
         if new and len(new) == len(wrong)
         else "the meta store was edited or damaged; restore it from a backup"
     )

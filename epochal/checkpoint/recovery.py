@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from epochal.checkpoint import backfill_log
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.records import CommitAlignmentError, EpochState, RecoveryReport
@@ -100,7 +101,7 @@ class Recovery:
     def _abort_in_flight(self, cur: Cursor) -> tuple[list[int], list[str], int | None, bool, int | None]:
         committed = q.committed_epoch(cur)
         latest = cur.execute("SELECT max(epoch) FROM epochs").fetchone()[0]
-        q.check_alignment(cur, self.tables, committed)
+        q.check_alignment(cur, backfill_log.aligned(cur, self.tables), committed)
         aborted: list[int] = []
         locations: list[str] = []
         for rec in q.in_flight(cur):

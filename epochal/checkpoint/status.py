@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from epochal.checkpoint import backfill_log
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import EpochState
 from epochal.checkpoint.sink_coordinator import SinkCoordinator
@@ -52,6 +53,7 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
             "pause_on_next_start": bool(q.get_flag(cur, "pause_on_next_start")),
             "recovery_requested": q.get_flag(cur, "recovery_requested"),
             "sinks": {s: SinkCoordinator.lag(cur, s) for s in sinks},
+            "backfills": backfill_log.status(cur),
             # newest snapshot per table, and the epoch up to which its change files were deleted
             "snapshots": {
                 t: {**snapshots[t], "changes_dropped_upto": retention.get(t)} if t in snapshots else None

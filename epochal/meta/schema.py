@@ -126,6 +126,40 @@ DDL = (
     # recovery reaps a WRITING snapshot whose lease is older than the epoch timeout, not one whose
     # compaction is merely long.
     "ALTER TABLE snapshots ADD COLUMN IF NOT EXISTS heartbeat_at DOUBLE PRECISION",
+    # Backfills of views added to a running pipeline (epochal/checkpoint/backfill_log.py): one row
+    # per view, its phase (epochal/backfill/state.py), the snapshot epoch its rows start from, the
+    # newest epoch it has written, progress, and who works on it now (one runner at a time).
+    """CREATE TABLE IF NOT EXISTS backfills (
+        view_name VARCHAR PRIMARY KEY,
+        upstreams VARCHAR NOT NULL,
+        phase VARCHAR NOT NULL,
+        snapshot_epoch BIGINT NOT NULL,
+        caught_up_epoch BIGINT,
+        vnodes_done INTEGER NOT NULL,
+        rows_read BIGINT NOT NULL,
+        rows_written BIGINT NOT NULL,
+        rate_limit DOUBLE PRECISION,
+        started_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        joined_epoch BIGINT,
+        error VARCHAR,
+        snapshot_location VARCHAR,
+        owner VARCHAR,
+        heartbeat_at DOUBLE PRECISION
+    )""",
+    # The vnode ranges of a backfill's snapshot phase that are written: a killed runner resumes at
+    # the first range without a row. ``nonce`` names the range's files in the snapshot directory.
+    """CREATE TABLE IF NOT EXISTS backfill_chunks (
+        view_name VARCHAR NOT NULL,
+        vnode_lo INTEGER NOT NULL,
+        vnode_hi INTEGER NOT NULL,
+        state VARCHAR NOT NULL,
+        nonce VARCHAR NOT NULL,
+        rows_read BIGINT NOT NULL,
+        rows_written BIGINT NOT NULL,
+        finished_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (view_name, vnode_lo)
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

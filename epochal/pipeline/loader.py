@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 PIPELINE_ENV = "EPOCHAL_PIPELINE"
 #: WITH (...) keys a materialized view accepts.
-VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache"})
+VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache", "backfill_rate_limit"})
 #: Bounds of WITH (min_max_cache = n): values kept per group and MIN/MAX column.
 MIN_MAX_CACHE_RANGE = (1, 10_000)
 #: How a view is maintained: from its inputs' changes, or by recomputing and diffing every epoch.
@@ -96,9 +96,7 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
                 kind = {ParsedSource: "source", ParsedView: "view", ParsedSink: "sink"}[type(parsed)]
                 definitions.append(_Definition(kind, parsed, Location(file, parsed.line)))
     if not definitions and not issues.items:
-        raise PipelineError(
-            [PipelineIssue(str(directory), 0, _no_statements_message(directory))]
-        )
+        raise PipelineError([PipelineIssue(str(directory), 0, _no_statements_message(directory))])
 
     named = _unique(definitions, issues)
     sources = _sources(named, issues, connector_spec)
@@ -159,9 +157,7 @@ def _connector_names(lookup: ConnectorLookup) -> list[str]:
     return sorted(name for name in SOURCE_CONNECTORS if lookup(name) is not None)
 
 
-def _sources(
-    named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLookup
-) -> dict[str, SourceDef]:
+def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLookup) -> dict[str, SourceDef]:
     sources: dict[str, SourceDef] = {}
     for definition in named.values():
         if definition.kind != "source":
@@ -175,8 +171,7 @@ def _sources(
             issues.add(
                 where.file,
                 parsed.primary_key_line,
-                f"{prefix}: PRIMARY KEY on a source is not supported yet (sources are append-only "
-                "for now): remove it",
+                f"{prefix}: PRIMARY KEY on a source is not supported yet (sources are append-only for now): remove it",
             )
         elif parsed.primary_key:
             for message in _source_key_problems(parsed, connector, lookup):
@@ -211,9 +206,7 @@ def _source_key_problems(parsed: ParsedSource, connector: str, lookup: Connector
     if connector and lookup(connector) is not None and connector not in SOURCE_PRIMARY_KEY_CONNECTORS:
         # an unknown connector has its own error; a key means nothing without one
         takers = ", ".join(sorted(SOURCE_PRIMARY_KEY_CONNECTORS))
-        problems.append(
-            f"{connector} sources are append-only: remove PRIMARY KEY (only {takers} sources take one)"
-        )
+        problems.append(f"{connector} sources are append-only: remove PRIMARY KEY (only {takers} sources take one)")
     for key in sorted({k for k in parsed.primary_key if parsed.primary_key.count(k) > 1}):
         problems.append(f"PRIMARY KEY names column '{key}' twice: list it once")
     # read() adds these after the declared columns of a keyed source; a declared one would clash
@@ -226,15 +219,11 @@ def _source_key_problems(parsed: ParsedSource, connector: str, lookup: Connector
     return problems
 
 
-def _views(
-    named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues
-) -> dict[str, ViewDef]:
+def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues) -> dict[str, ViewDef]:
     # sqlglot is imported here so that importing the loader stays cheap
     from epochal.pipeline.query import analyze_query, resolve_columns
 
-    parsed_views = {
-        name: d for name, d in named.items() if d.kind == "view" and isinstance(d.parsed, ParsedView)
-    }
+    parsed_views = {name: d for name, d in named.items() if d.kind == "view" and isinstance(d.parsed, ParsedView)}
     analyses: dict[str, QueryAnalysis] = {}
     for name, definition in parsed_views.items():
         parsed = definition.parsed
@@ -252,6 +241,15 @@ def _views(
                 f"min_max_cache = '{parsed.options.values['min_max_cache']}' is not a number of values to keep "
                 f"per group: use a whole number from {low} to {high} (default {DEFAULT_MIN_MAX_CACHE})"
             )
+        rate = parsed.options.values.get("backfill_rate_limit")
+        if rate is not None:
+            try:
+                if float(rate) < 0:
+                    raise ValueError
+            except ValueError:
+                messages.append(
+                    f"backfill_rate_limit = '{rate}' is not a rate: give rows per second, a number >= 0 (0 pauses)"
+                )
         issues.options(where, parsed.options, messages, f"view {name}")
         analysis = analyze_query(name, parsed.query_text, parsed.query_line, full_refresh=refresh == "full")
         analyses[name] = analysis
@@ -375,9 +373,7 @@ def _view_option_problems(options: Options) -> list[str]:
     # With no known option the generic hint ends in an empty list; say what to do instead.
     empty_hint = ": known options: "
     return [
-        m[: -len(empty_hint)] + ": materialized views take no options yet; remove it"
-        if m.endswith(empty_hint)
-        else m
+        m[: -len(empty_hint)] + ": materialized views take no options yet; remove it" if m.endswith(empty_hint) else m
         for m in messages
     ]
 

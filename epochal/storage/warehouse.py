@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from epochal.storage.vnode import VNODE
+from epochal.storage.vnode import VNODE, vnode_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -182,6 +182,36 @@ class Warehouse:
         """Every Parquet file of a snapshot, from one recursive listing (one paginated LIST on an
         object store, where listing each of 256 vnode directories would be 256 round trips)."""
         return self.parquet_files(location, recursive=True)
+
+    # ------------------------------------------------------------------ backfill snapshots, built range by range
+
+    def backfill_root(self, table: str, snapshot_epoch: int) -> str:
+        """Where a backfill of ``table`` keeps its work. Not an ``epoch=`` or ``snapshot=`` directory:
+        recovery's sweep never takes it, since a backfill spans many runs and records its own files."""
+        return f"{self.table_root(table)}/backfill={snapshot_epoch}"
+
+    def adopt_vnode_files(self, staging: str, target: str, prefix: str) -> int:
+        """Move the files of snapshot-layout directory ``staging`` into ``target``'s vnode
+        directories, each name prefixed by ``prefix``; returns the files moved. A move that dies
+        midway leaves files named ``prefix*``, which ``drop_prefixed`` deletes before a retry."""
+        moved = 0
+        for vnode, directory in self.vnode_dirs(staging).items():
+            destination = self._path(vnode_dir(target, vnode))
+            self.fs.create_dir(destination, recursive=True)
+            for file in self.parquet_files(directory):
+                name = file.rsplit("/", 1)[-1]
+                self.fs.move(self._path(file), f"{destination}/{prefix}{name}")
+                moved += 1
+        return moved
+
+    def drop_prefixed(self, target: str, prefix: str) -> None:
+        """Delete the files named ``prefix*`` in ``target``'s vnode directories."""
+        path = self._path(target)
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return
+        for info in self.fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+            if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
+                self.fs.delete_file(info.path)
 
     def table_file_count(self, table: str) -> int:
         """Parquet files under ``table``'s directory, snapshots and changes alike."""

@@ -1,0 +1,464 @@
+"""The work of a backfill, with Spark: the snapshot phase, range by range of the key space, then
+the log-store phase, epoch by epoch, then the join (:mod:`epochal.checkpoint.backfill_log` holds
+the state; this module never changes it but through that log).
+
+**Snapshot phase.** The view's rows at the snapshot epoch S are its incremental plan run once over
+its inputs' state at S taken as inserts: nothing before them, so nothing is retracted. That is
+done for one vnode range of the plan's key at a time: a keyed plan's rows at a key depend only on
+its inputs' rows at that key (the planner's guarantee, which the live epochs use to read state at
+the keys a change touches), so the ranges partition the work and their outputs add up to the
+view. A linear view is split by any hash of its rows; a plan without a key (a global aggregate,
+a full refresh, a leaf over a subquery) is one range. Each range's rows go to a staging
+directory, then into the snapshot directory under names of their own, and only then is the range
+recorded DONE: a runner killed midway deletes those names and writes the range again, and a
+killed backfill resumes at the first range not done, never from zero.
+
+**Log-store phase.** The inputs' committed change files are the log store. The view writes each
+committed epoch after S in order, exactly as a live step would have, recorded against the
+committed epoch (retention keeps those files while a backfill needs them).
+
+**Join.** Once the view has written the committed epoch it joins in one transaction, and writes
+the epochs in flight whose live step it missed; from then on its own step runs with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
+from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
+from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
+from epochal.checkpoint.records import Collected
+from epochal.errors import EpochalError, require
+from epochal.incremental.binding import sql_over
+from epochal.sql import quote, unquote
+from epochal.storage.vnode import VNODE, vnode_column
+from epochal.storage.warehouse import WEIGHT
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from epochal.runtime import EpochRuntime
+
+log = logging.getLogger("epochal.backfill")
+
+
+@dataclass
+class Progress:
+    """What one runner did for one view, for logs and the backfill asset's metadata."""
+
+    view: str
+    phase: str = ""
+    vnodes_done: int = 0
+    rows_read: int = 0
+    rows_written: int = 0
+    epochs_written: int = 0
+    epochs_behind: int | None = None
+    seconds: float = 0.0
+    joined_epoch: int | None = None
+    note: str = ""
+    caught_up_epoch: int | None = None
+    snapshot_epoch: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        rate = round(self.rows_read / self.seconds, 1) if self.seconds > 0 else 0.0
+        return {
+            "phase": self.phase,
+            "vnodes_done": self.vnodes_done,
+            "vnodes_total": VNODES_TOTAL,
+            "rows_read": self.rows_read,
+            "rows_written": self.rows_written,
+            "rows_per_second": rate,
+            "epochs_written": self.epochs_written,
+            "epochs_behind": self.epochs_behind,
+            "snapshot_epoch": self.snapshot_epoch,
+            "caught_up_epoch": self.caught_up_epoch,
+            "joined_epoch": self.joined_epoch,
+            "seconds": round(self.seconds, 3),
+            "note": self.note,
+        }
+
+
+class BackfillRunner:
+    def __init__(self, runtime: EpochRuntime):
+        self.runtime = runtime
+        self.log: BackfillLog = runtime.controller.backfills
+
+    # ------------------------------------------------------------------ driving
+
+    def pending(self) -> list[Backfill]:
+        """Active backfills of views in the pipeline, upstreams first."""
+        order = {name: i for i, name in enumerate(self.runtime.pipeline.view_order())}
+        active = [b for b in self.log.all() if b.phase.active and b.view in order]
+        return sorted(active, key=lambda b: order[b.view])
+
+    def advance(self, budget_s: float | None = None, views: list[str] | None = None) -> list[Progress]:
+        """Work on every pending backfill (or ``views``), upstreams first, for at most ``budget_s``
+        seconds (default EPOCHAL_BACKFILL_RUN_S); each view as far as it gets. Returns progress."""
+        budget = self.runtime.settings.backfill_run_s if budget_s is None else budget_s
+        deadline = time.monotonic() + budget
+        reports = []
+        for backfill in self.pending():
+            if views is not None and backfill.view not in views:
+                continue
+            if time.monotonic() >= deadline:
+                break
+            reports.append(self.advance_view(backfill.view, deadline))
+        return reports
+
+    def advance_view(self, view: str, deadline: float) -> Progress:
+        progress = Progress(view)
+        started = time.time()
+        if not self.log.claim(view):
+            progress.note = "another runner is working on it"
+            return self._finish(progress, started)
+        interval = max(0.05, self.runtime.settings.epoch_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
+        try:
+            with Lease(f"backfill {view}", lambda: self.log.renew(view), interval):
+                self._advance(view, deadline, progress)
+            self.log.record_error(view, None)
+        except BackfillLost as lost:
+            progress.note = str(lost)
+        except Exception as exc:
+            self.log.record_error(view, f"{type(exc).__name__}: {exc}"[:1000])
+            raise
+        finally:
+            self.log.release(view)
+        return self._finish(progress, started)
+
+    def _finish(self, progress: Progress, started: float) -> Progress:
+        progress.seconds = time.time() - started
+        status = self.log.status().get(progress.view, {})
+        progress.phase = status.get("phase", progress.phase)
+        progress.vnodes_done = status.get("vnodes_done", progress.vnodes_done)
+        progress.epochs_behind = status.get("epochs_behind")
+        progress.caught_up_epoch = status.get("caught_up_epoch")
+        progress.snapshot_epoch = status.get("snapshot_epoch")
+        log.info("backfill %s: %s", progress.view, progress.metadata())
+        return progress
+
+    def _advance(self, view: str, deadline: float, progress: Progress) -> None:
+        backfill = self.log.get(view)
+        require(backfill is not None, f"a claimed backfill of {view} has a row")
+        if backfill.phase is BackfillPhase.WAITING and not self.log.start_snapshot(view):
+            progress.note = "waiting for a backfilling upstream to reach the snapshot epoch"
+            return
+        backfill = self.log.get(view)
+        if backfill.phase is BackfillPhase.SNAPSHOT:
+            if not self._snapshot_phase(backfill, deadline, progress):
+                return
+            backfill = self.log.get(view)
+        if backfill.phase is BackfillPhase.LOG_STORE:
+            self._log_store_phase(backfill, deadline, progress)
+
+    # ------------------------------------------------------------------ rate limit
+
+    def rate_limit(self, view: str) -> float | None:
+        """Rows per second: the one set while it runs, else the view's WITH, else the setting."""
+        set_now = self.log.rate_limit(view)
+        if set_now is not None:
+            return set_now
+        written = self.runtime.pipeline.views[view].options.get("backfill_rate_limit")
+        if written is not None:
+            return float(written)
+        return self.runtime.settings.backfill_rate_limit
+
+    def _throttle(self, view: str, rows: int, seconds: float, deadline: float) -> bool:
+        """Sleep so the rows read stay within the rate limit; False when paused (rate 0)."""
+        rate = self.rate_limit(view)
+        if rate is None:
+            return True
+        if rate == 0:
+            return False
+        wait = rows / rate - seconds
+        if wait > 0:
+            time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        return True
+
+    # ------------------------------------------------------------------ snapshot phase
+
+    def _snapshot_phase(self, backfill: Backfill, deadline: float, progress: Progress) -> bool:
+        """Write vnode ranges until all are done (True, snapshot published) or time runs out."""
+        view, epoch = backfill.view, backfill.snapshot_epoch
+        warehouse = self.runtime.warehouse
+        root = warehouse.backfill_root(view, epoch)
+        target = f"{root}/snapshot"
+        done = self.log.done_ranges(view)
+        known = {nonce for _, nonce in done}
+        # What a runner that died left: files of ranges never recorded, and its staging.
+        self._clean_unrecorded(target, known)
+        warehouse.delete([f"{root}/staging"])
+        chunking = chunk_keys(self.runtime, view)
+        width = VNODES_TOTAL
+        while True:
+            ranges = [r for r, _ in done]
+            vnodes = next_range(ranges, width if chunking is not None else VNODES_TOTAL)
+            if vnodes is None:
+                break
+            if time.monotonic() >= deadline:
+                progress.note = "time budget used; the next run resumes at the next vnode range"
+                return False
+            if self.rate_limit(view) == 0:
+                progress.note = "paused (backfill_rate_limit = 0)"
+                return False
+            started = time.time()
+            nonce = f"r{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
+            rows_read, rows_written, total = self._write_range(backfill, vnodes, chunking, root, target, nonce)
+            self.log.record_chunk(view, vnodes, nonce, rows_read, rows_written)
+            done.append((vnodes, nonce))
+            progress.rows_read += rows_read
+            progress.rows_written += rows_written
+            progress.vnodes_done += vnodes.size
+            if chunking is not None and width == VNODES_TOTAL and total > 0:
+                # After the first range the input's size is known: ranges of about chunk_rows rows.
+                wanted = self.runtime.settings.backfill_chunk_rows
+                rate = self.rate_limit(view)
+                if rate:
+                    wanted = min(wanted, max(1000, int(rate * 10)))  # progress about every 10 s
+                per_vnode = max(1.0, total / VNODES_TOTAL)
+                width = max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
+            if not self._throttle(view, rows_read, time.time() - started, deadline):
+                progress.note = "paused (backfill_rate_limit = 0)"
+                return False
+        files = warehouse.snapshot_files(target) if _exists(warehouse, target) else []
+        rows = warehouse.files_row_count(files)
+        key = self.runtime.distribution_key(view)
+        schema = self.runtime.query_schema(view) if not files else self._written_schema(files)
+        if not _exists(warehouse, target):
+            warehouse.fs.create_dir(warehouse._path(target), recursive=True)
+        self.log.finish_snapshot(view, target, key, schema.json(), rows, len(files))
+        warehouse.delete([f"{root}/staging"])
+        log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
+        return True
+
+    def _written_schema(self, files: list[str]):
+        from epochal.storage.warehouse import _recorded_schema
+
+        footers = self.runtime.warehouse._footers(files[:1])
+        recorded = _recorded_schema(footers[0])
+        return recorded if recorded is not None else self.runtime.spark.read.parquet(files[0]).schema
+
+    def _clean_unrecorded(self, target: str, known: set[str]) -> None:
+        warehouse = self.runtime.warehouse
+        if not _exists(warehouse, target):
+            return
+        import pyarrow.fs as pafs
+
+        path = warehouse._path(target)
+        for info in warehouse.fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+            if info.type != pafs.FileType.File or not info.base_name.startswith("r"):
+                continue
+            prefix = info.base_name[: len("r000-12345678-")]
+            if prefix not in known:
+                warehouse.fs.delete_file(info.path)
+
+    def _write_range(
+        self,
+        backfill: Backfill,
+        vnodes: VnodeRange,
+        chunking: dict[str, Callable[[DataFrame], Column]] | None,
+        root: str,
+        target: str,
+        nonce: str,
+    ) -> tuple[int, int, int]:
+        """The view's rows at the snapshot epoch for one vnode range, into ``target``. Returns
+        (input rows read, rows written, input rows of the whole snapshot)."""
+        from pyspark.sql import functions as F
+
+        runtime = self.runtime
+        view = runtime.pipeline.views[backfill.view]
+        epoch = backfill.snapshot_epoch
+        states: dict[str, DataFrame] = {}
+        total = 0
+        for upstream in view.upstreams:
+            state, read = runtime.read_state(upstream, epoch, inclusive=True)
+            total += read
+            hashed = None if chunking is None else chunking.get(upstream)
+            if hashed is not None and vnodes.size < VNODES_TOTAL:
+                state = state.where(hashed(state).between(vnodes.lo, vnodes.hi - 1))
+            states[upstream] = state
+        rows, release = self._rows_over(backfill.view, states)
+        key = runtime.distribution_key(backfill.view)
+        staging = f"{root}/staging/{nonce.rstrip('-')}"
+        try:
+            (
+                rows.withColumn(VNODE, vnode_column(rows.schema, key))
+                .repartition(F.col(VNODE))
+                .write.mode("overwrite")
+                .partitionBy(VNODE)
+                .parquet(staging)
+            )
+        finally:
+            release()
+        written = runtime.warehouse.files_row_count(runtime.warehouse.snapshot_files(staging))
+        runtime.warehouse.adopt_vnode_files(staging, target, nonce)
+        runtime.warehouse.delete([staging])
+        # Rows read: the range's share of the inputs (the read itself lists every file's rows).
+        share = total * vnodes.size // VNODES_TOTAL if chunking is not None else total
+        return share, written, total
+
+    def _rows_over(self, name: str, states: dict[str, DataFrame]) -> tuple[DataFrame, Callable[[], None]]:
+        """The view's stored rows over inputs ``states`` taken as inserts into empty tables, and
+        what releases the frames cached for them once they are written."""
+        from pyspark.sql import functions as F
+
+        from epochal.incremental.partial import partial_change
+        from epochal.incremental.planner import PARTIAL_RULE
+        from epochal.storage.state_reader import semi_join
+
+        runtime = self.runtime
+        spark = runtime.spark
+        view = runtime.pipeline.views[name]
+        nothing: Callable[[], None] = lambda: None  # noqa: E731
+        if view.refresh == "full" or view.plan is None:
+            rows = sql_over(spark, view.query, states).toDF(*view.columns)
+            return _cast_like(rows, runtime.query_schema(name)), nothing
+        plan = view.plan
+        if plan.kind == "keyed" and plan.rule == PARTIAL_RULE:
+            # The table stores partial state (hidden MIN/MAX values): built by the epoch's own code,
+            # with every input row an insert into an empty group.
+            deltas = {u: s.withColumn(WEIGHT, F.lit(1).cast("bigint")) for u, s in states.items()}
+
+            def read(table: str, inclusive: bool, restrict):
+                if table not in states:  # the table itself: empty before its first rows
+                    return spark.createDataFrame([], runtime.query_schema(table)), 0
+                if not inclusive:
+                    return None, 0
+                return (states[table] if restrict is None else semi_join(states[table], restrict)), 0
+
+            change = partial_change(spark, plan, name, view.columns, deltas, read, runtime.query_schema(name))
+            # Inserts into empty groups: every row comes with weight +1 and nothing to net.
+            return change.weighted.where(F.col(WEIGHT) > 0).drop(WEIGHT), change.release
+        if plan.kind == "keyed":
+            # The view at every key of the range: its query over the leaves' rows (what an epoch
+            # computes at the keys it touches, without the restriction: the range is the restriction).
+            leaves = {leaf.name: sql_over(spark, leaf.sql, states) for leaf in plan.leaves}
+            return sql_over(spark, plan.query, leaves).toDF(*view.columns), nothing
+        rows = sql_over(spark, plan.query or view.query, states).toDF(*view.columns)
+        if plan.typed_like_query:
+            rows = _cast_like(rows, runtime.query_schema(name))
+        return rows, nothing
+
+    # ------------------------------------------------------------------ log-store phase and join
+
+    def _log_store_phase(self, backfill: Backfill, deadline: float, progress: Progress) -> None:
+        view = backfill.view
+        runtime = self.runtime
+        root = runtime.warehouse.backfill_root(view, backfill.snapshot_epoch)
+        while True:
+            epoch = self.log.next_epoch(view)
+            if epoch is None:
+                joined, pending = self.log.join(view)
+                if joined:
+                    progress.joined_epoch = self.log.get(view).joined_epoch  # type: ignore[union-attr]
+                    progress.note = f"joined at epoch {progress.joined_epoch}"
+                    for in_flight in pending:
+                        self._write_in_flight(view, in_flight)
+                    return
+                continue  # an epoch committed meanwhile: write it first
+            if time.monotonic() >= deadline:
+                progress.note = "time budget used; the next run goes on from the next epoch"
+                return
+            if self.rate_limit(view) == 0:
+                progress.note = "paused (backfill_rate_limit = 0)"
+                return
+            started = time.time()
+            recorded: list[Collected] = []
+
+            def record(collected: Collected, epoch: int = epoch) -> None:
+                self.log.record_epoch(
+                    view, epoch, collected.location, collected.rows_in or 0, collected.rows_out or 0, collected.seconds
+                )
+                recorded.append(collected)
+
+            runtime._record_backfill = record
+            runtime._backfill_root = root
+            try:
+                runtime.view_epoch(epoch, view, run_id="backfill")
+            finally:
+                runtime._record_backfill = None
+                runtime._backfill_root = None
+            require(len(recorded) == 1, f"the backfill of {view} recorded epoch {epoch} once")
+            progress.epochs_written += 1
+            progress.rows_read += recorded[0].rows_in or 0
+            progress.rows_written += recorded[0].rows_out or 0
+            if not self._throttle(view, recorded[0].rows_in or 0, time.time() - started, deadline):
+                progress.note = "paused (backfill_rate_limit = 0)"
+                return
+
+    def _write_in_flight(self, view: str, epoch: int) -> None:
+        """An epoch in flight at the join, whose live step skipped the view: written now, with the
+        epoch's lease, as its own step would have (an aborted epoch is simply left)."""
+        from epochal.checkpoint.records import EpochAborted
+
+        try:
+            self.runtime.run_view(epoch, view, run_id="backfill")
+        except EpochAborted:
+            log.info("backfill %s: epoch %s was aborted meanwhile; recovery re-runs it", view, epoch)
+
+
+def chunk_keys(runtime: EpochRuntime, name: str) -> dict[str, Any] | None:
+    """Per input table, a function giving each row's vnode in the backfill's key space, or None
+    when the view cannot be split (one range: a global aggregate, a full refresh, a leaf over a
+    subquery, a table read under two keys). Values equal under SQL's comparison get the same vnode
+    in every input: a join of an INT with a BIGINT key hashes both as the same double."""
+    view = runtime.pipeline.views[name]
+    plan = view.plan
+    if view.refresh == "full" or plan is None:
+        return None
+    if plan.kind != "keyed":
+        # Linear: any split of the input rows adds up to the view; hash whole rows.
+        return {u: (lambda frame: _canonical_vnode(frame, list(frame.columns))) for u in view.upstreams}
+    if not plan.key_classes:
+        return None
+    keys: dict[str, tuple[str, ...]] = {}
+    for leaf in plan.leaves:
+        if leaf.table is None:
+            return None
+        columns = tuple(unquote(k) for k in leaf.key)
+        if keys.get(leaf.table, columns) != columns:
+            return None  # a table read twice, under different keys
+        keys[leaf.table] = columns
+    missing = [u for u in view.upstreams if u not in keys]
+    if missing:
+        return None
+    return {u: (lambda frame, cols=keys[u]: _canonical_vnode(frame, list(cols))) for u in view.upstreams}
+
+
+def _canonical_vnode(frame: DataFrame, columns: list[str]) -> Column:
+    """pmod(xxhash64(values), 256) over values in a type-independent form: numbers as doubles
+    (-0.0 as 0.0), everything else as text; NULL keys hash as NULL and land in vnode 0's range."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import NumericType
+
+    types = {f.name: f.dataType for f in frame.schema.fields}
+    parts = []
+    for c in columns:
+        col = F.col(quote(c))
+        if isinstance(types[c], NumericType):
+            value = col.cast("double")
+            parts.append(F.when(value == 0, F.lit(0.0)).otherwise(value))
+        else:
+            parts.append(col.cast("string"))
+    return F.coalesce(F.pmod(F.xxhash64(*parts), F.lit(VNODES_TOTAL)).cast("int"), F.lit(0))
+
+
+def _cast_like(rows: DataFrame, schema: Any) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return rows.select(*(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields))
+
+
+def _exists(warehouse: Any, location: str) -> bool:
+    import pyarrow.fs as pafs
+
+    return warehouse.fs.get_file_info(warehouse._path(location)).type != pafs.FileType.NotFound
+
+
+__all__ = ["BackfillRunner", "EpochalError", "Progress", "chunk_keys"]

@@ -1,0 +1,504 @@
+"""The meta-store side of backfills: which views are backfilling, their progress, the epochs they
+have written, and the join. Every step is one transaction, so a runner that dies between two of
+them resumes at the last one; the work itself is :mod:`epochal.backfill.runner`.
+
+How a backfill meets the live flow:
+
+* A view with no committed epoch in a pipeline that has one is registered here, in the injection's
+  transaction, with the committed epoch as its snapshot epoch. From then on it is outside commit
+  alignment (``aligned``): epochs commit without it, and its live steps do nothing.
+* Its snapshot rows become a READY snapshot of the view at the snapshot epoch, and every committed
+  epoch after it gets a ``collected`` row written by the runner, in order (``record_epoch``).
+* ``join`` makes it a table like any other, in the transaction that checks it has written the
+  committed epoch: a commit is either before (the view had to write that epoch too) or after it
+  (the epoch waits for the view's step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+
+from epochal.backfill.state import (
+    VNODES_TOTAL,
+    Backfill,
+    BackfillPhase,
+    ChunkState,
+    VnodeRange,
+    check_transition,
+)
+from epochal.checkpoint import queries as q
+from epochal.checkpoint.records import InvariantViolation, Owner
+from epochal.errors import EpochalError
+from epochal.meta.backend import Backend, Cursor
+
+log = logging.getLogger("epochal.backfill")
+
+_COLUMNS = (
+    "view_name, upstreams, phase, snapshot_epoch, caught_up_epoch, vnodes_done, rows_read, rows_written, "
+    "rate_limit, started_at, updated_at, joined_epoch, error, snapshot_location"
+)
+
+
+class BackfillLost(EpochalError):
+    """Another runner took the backfill over (this one was silent too long): stop, it goes on."""
+
+
+def _record(row: tuple) -> Backfill:
+    return Backfill(
+        view=row[0],
+        upstreams=tuple(json.loads(row[1])),
+        phase=BackfillPhase(row[2]),
+        snapshot_epoch=row[3],
+        caught_up_epoch=row[4],
+        vnodes_done=row[5],
+        rows_read=row[6],
+        rows_written=row[7],
+        rate_limit=row[8],
+        started_at=row[9],
+        updated_at=row[10],
+        joined_epoch=row[11],
+        error=row[12],
+        snapshot_location=row[13],
+    )
+
+
+def read(cur: Cursor, view: str) -> Backfill | None:
+    row = cur.execute(f"SELECT {_COLUMNS} FROM backfills WHERE view_name = ?", [view]).fetchone()
+    return _record(row) if row else None
+
+
+def all_backfills(cur: Cursor) -> list[Backfill]:
+    return [
+        _record(r) for r in cur.execute(f"SELECT {_COLUMNS} FROM backfills ORDER BY started_at, view_name").fetchall()
+    ]
+
+
+def outside_alignment(cur: Cursor) -> set[str]:
+    """Views that are not committed with the others: backfilling, or cancelled."""
+    return {
+        r[0]
+        for r in cur.execute(
+            "SELECT view_name FROM backfills WHERE phase <> ?", [BackfillPhase.JOINED.value]
+        ).fetchall()
+    }
+
+
+def aligned(cur: Cursor, tables: Iterable[str]) -> list[str]:
+    """``tables`` without the views outside alignment: the tables an epoch's commit waits for."""
+    outside = outside_alignment(cur)
+    return [t for t in tables if t not in outside]
+
+
+def register_new(
+    cur: Cursor, tables: Iterable[str], upstreams: Mapping[str, tuple[str, ...]], committed: int | None
+) -> list[str]:
+    """Start a backfill for every view of ``tables`` (upstreams first) that has no committed epoch
+    while the pipeline has one; a new source joins at once (its history is read by the next epoch,
+    from its splits' start). Returns the views registered. ``upstreams``: every view's inputs."""
+    if committed is None:
+        return []
+    known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
+    backfilling = {b.view: b for b in all_backfills(cur)}
+    started: list[str] = []
+    now = time.time()
+    for table in tables:
+        if table in known or table in backfilling:
+            continue
+        if table not in upstreams:  # a source added to a running pipeline
+            cur.execute("INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?)", [table, committed])
+            known.add(table)
+            continue
+        inputs = upstreams[table]
+        missing = [u for u in inputs if u not in known and u not in backfilling]
+        if missing:
+            raise InvariantViolation(f"view {table} reads {missing}, which are neither committed nor backfilling")
+        waits = any(u in backfilling and backfilling[u].phase.active for u in inputs)
+        phase = BackfillPhase.WAITING if waits else BackfillPhase.SNAPSHOT
+        cur.execute(
+            f"INSERT INTO backfills ({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, 0, 0, 0, NULL, ?, ?, NULL, NULL, NULL)",
+            [table, json.dumps(list(inputs)), phase.value, committed, now, now],
+        )
+        backfilling[table] = read(cur, table)  # type: ignore[assignment]
+        started.append(table)
+    if started:
+        log.info("backfill started for %s at snapshot epoch %s", started, committed)
+    return started
+
+
+def forget(cur: Cursor, tables: Iterable[str]) -> None:
+    """Delete the backfill rows of views that left the pipeline."""
+    for table in tables:
+        cur.execute("DELETE FROM backfill_chunks WHERE view_name = ?", [table])
+        cur.execute("DELETE FROM backfills WHERE view_name = ?", [table])
+
+
+def _transition(cur: Cursor, view: str, old: BackfillPhase, new: BackfillPhase, **extra: object) -> None:
+    """The only place a backfill's phase changes: checked against the table, and against the row."""
+    check_transition(view, old, new)
+    sets = ", ".join(f"{k} = ?" for k in extra)
+    done = cur.execute(
+        f"UPDATE backfills SET phase = ?, updated_at = ?{', ' + sets if sets else ''} "
+        "WHERE view_name = ? AND phase = ? RETURNING view_name",
+        [new.value, time.time(), *extra.values(), view, old.value],
+    ).fetchall()
+    if not done:
+        raise InvariantViolation(f"backfill of {view} is not in phase {old.value} any more")
+
+
+def needed_from(cur: Cursor, table: str) -> int | None:
+    """The oldest epoch whose state of ``table`` an active backfill still reads (its snapshot epoch,
+    or in the log-store phase the newest epoch it wrote), or None: retention keeps what follows."""
+    row = cur.execute(
+        "SELECT min(CASE WHEN phase = 'LOG_STORE' THEN caught_up_epoch ELSE snapshot_epoch END) FROM backfills "
+        "WHERE phase IN ('WAITING', 'SNAPSHOT', 'LOG_STORE') AND upstreams LIKE ?",
+        [f'%"{table}"%'],
+    ).fetchone()
+    return row[0] if row else None
+
+
+def status(cur: Cursor) -> dict[str, dict]:
+    """Per view: phase, vnodes done, rows, epochs behind (committed epochs it has still to write)."""
+    committed = q.committed_epoch(cur)
+    shown = {}
+    for b in all_backfills(cur):
+        behind = None
+        if b.phase.active and committed is not None:
+            since = b.caught_up_epoch if b.caught_up_epoch is not None else -1
+            behind = cur.execute(
+                "SELECT count(*) FROM epochs WHERE state = 'COMMITTED' AND epoch > ? AND epoch <= ?",
+                [since, committed],
+            ).fetchone()[0]
+        shown[b.view] = b.as_status(behind)
+    return shown
+
+
+class BackfillLog:
+    def __init__(self, backend: Backend, claim_timeout_s: float):
+        self.backend = backend
+        self.claim_timeout_s = claim_timeout_s
+        self.owner = f"{Owner.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    # ------------------------------------------------------------------ reading
+
+    def get(self, view: str) -> Backfill | None:
+        return self.backend.transaction(lambda cur: read(cur, view))
+
+    def all(self) -> list[Backfill]:
+        return self.backend.transaction(all_backfills)
+
+    def outside_alignment(self) -> set[str]:
+        return self.backend.transaction(outside_alignment)
+
+    def status(self) -> dict[str, dict]:
+        """Per view, what `epochal status --json` shows under ``backfills``."""
+        return self.backend.transaction(status)
+
+    def done_ranges(self, view: str) -> list[tuple[VnodeRange, str]]:
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                "SELECT vnode_lo, vnode_hi, nonce FROM backfill_chunks WHERE view_name = ? AND state = ? "
+                "ORDER BY vnode_lo",
+                [view, ChunkState.DONE.value],
+            ).fetchall()
+        )
+        return [(VnodeRange(lo, hi), nonce) for lo, hi, nonce in rows]
+
+    # ------------------------------------------------------------------ one runner per view
+
+    def claim(self, view: str) -> bool:
+        """Take the view's backfill for this process if it is free, ours, or its owner went silent."""
+
+        def take(cur: Cursor) -> bool:
+            row = cur.execute("SELECT owner, heartbeat_at FROM backfills WHERE view_name = ?", [view]).fetchone()
+            if row is None:
+                return False
+            owner, beat = row
+            now = time.time()
+            if owner and owner != self.owner and beat is not None and now - beat <= self.claim_timeout_s:
+                host, _, rest = owner.partition(":")
+                pid = rest.partition(":")[0]
+                if not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid))):
+                    return False
+            cur.execute("UPDATE backfills SET owner = ?, heartbeat_at = ? WHERE view_name = ?", [self.owner, now, view])
+            return True
+
+        return self.backend.transaction(take)
+
+    def renew(self, view: str) -> bool:
+        return bool(
+            self.backend.transaction(
+                lambda cur: cur.execute(
+                    "UPDATE backfills SET heartbeat_at = ? WHERE view_name = ? AND owner = ? RETURNING view_name",
+                    [time.time(), view, self.owner],
+                ).fetchall()
+            )
+        )
+
+    def release(self, view: str) -> None:
+        self.backend.transaction(
+            lambda cur: cur.execute(
+                "UPDATE backfills SET owner = NULL WHERE view_name = ? AND owner = ?", [view, self.owner]
+            )
+        )
+
+    def _check_owner(self, cur: Cursor, view: str) -> Backfill:
+        row = cur.execute("SELECT owner FROM backfills WHERE view_name = ?", [view]).fetchone()
+        if row is None or row[0] != self.owner:
+            raise BackfillLost(f"the backfill of {view} was taken over by another runner (or cancelled)")
+        found = read(cur, view)
+        if found is None:
+            raise BackfillLost(f"the backfill of {view} was cancelled")
+        return found
+
+    # ------------------------------------------------------------------ phases
+
+    def start_snapshot(self, view: str) -> bool:
+        """WAITING -> SNAPSHOT once every backfilling upstream has written the snapshot epoch."""
+
+        def move(cur: Cursor) -> bool:
+            b = self._check_owner(cur, view)
+            if b.phase is not BackfillPhase.WAITING:
+                return b.phase is BackfillPhase.SNAPSHOT
+            for upstream in b.upstreams:
+                other = read(cur, upstream)
+                if other is None or other.phase is BackfillPhase.JOINED:
+                    continue
+                if other.phase is BackfillPhase.CANCELLED:
+                    raise EpochalError(
+                        f"view {view} reads {upstream}, whose backfill was cancelled: restart it with "
+                        f"`epochal backfill {upstream} --restart`, or remove {view}"
+                    )
+                if other.caught_up_epoch is None or other.caught_up_epoch < b.snapshot_epoch:
+                    return False
+            _transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT)
+            return True
+
+        return self.backend.transaction(move)
+
+    def record_chunk(self, view: str, vnodes: VnodeRange, nonce: str, rows_read: int, rows_written: int) -> None:
+        """A vnode range's rows are in place under ``nonce``: recorded DONE, with the progress."""
+
+        def record(cur: Cursor) -> None:
+            b = self._check_owner(cur, view)
+            if b.phase is not BackfillPhase.SNAPSHOT:
+                raise InvariantViolation(f"backfill of {view} records a vnode range in phase {b.phase.value}")
+            cur.execute(
+                "INSERT INTO backfill_chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [view, vnodes.lo, vnodes.hi, ChunkState.DONE.value, nonce, rows_read, rows_written, time.time()],
+            )
+            cur.execute(
+                "UPDATE backfills SET vnodes_done = vnodes_done + ?, rows_read = rows_read + ?, "
+                "rows_written = rows_written + ?, updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
+                [vnodes.size, rows_read, rows_written, time.time(), time.time(), view],
+            )
+
+        self.backend.transaction(record)
+
+    def finish_snapshot(
+        self, view: str, location: str, distribution_key: tuple[str, ...], schema: str, rows: int, files: int
+    ) -> None:
+        """Publish the snapshot rows as the view's READY snapshot at the snapshot epoch and move to
+        the log-store phase, in one transaction: a reader sees the view's state at that epoch."""
+
+        def finish(cur: Cursor) -> None:
+            b = self._check_owner(cur, view)
+            done = cur.execute(
+                "SELECT coalesce(sum(vnode_hi - vnode_lo), 0) FROM backfill_chunks WHERE view_name = ? AND state = ?",
+                [view, ChunkState.DONE.value],
+            ).fetchone()[0]
+            if done != VNODES_TOTAL:
+                raise InvariantViolation(f"backfill of {view} publishes its snapshot with {done} vnodes written")
+            now = time.time()
+            cur.execute("DELETE FROM snapshots WHERE table_name = ?", [view])
+            cur.execute(
+                "INSERT INTO snapshots (location, table_name, epoch, state, distribution_key, spark_schema, rows_out, "
+                "files_out, owner_host, owner_pid, started_at, finished_at, heartbeat_at) "
+                "VALUES (?, ?, ?, 'READY', ?, ?, ?, ?, NULL, NULL, ?, ?, ?)",
+                [location, view, b.snapshot_epoch, json.dumps(list(distribution_key)), schema, rows, files]
+                + [b.started_at, now, now],
+            )
+            _transition(
+                cur,
+                view,
+                BackfillPhase.SNAPSHOT,
+                BackfillPhase.LOG_STORE,
+                caught_up_epoch=b.snapshot_epoch,
+                snapshot_location=location,
+            )
+
+        self.backend.transaction(finish)
+
+    def next_epoch(self, view: str) -> int | None:
+        """The next committed epoch the view has to write in the log-store phase, or None when it
+        has written the committed epoch."""
+
+        def find(cur: Cursor) -> int | None:
+            b = read(cur, view)
+            if b is None or b.phase is not BackfillPhase.LOG_STORE:
+                return None
+            row = cur.execute(
+                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?", [b.caught_up_epoch]
+            ).fetchone()
+            return row[0]
+
+        return self.backend.transaction(find)
+
+    def record_epoch(
+        self, view: str, epoch: int, location: str | None, rows_in: int, rows_out: int, seconds: float
+    ) -> None:
+        """The view's change for committed ``epoch`` is written: recorded as the view's collected
+        output for that epoch, which must be the one after the last it wrote."""
+
+        def record(cur: Cursor) -> None:
+            b = self._check_owner(cur, view)
+            if b.phase is not BackfillPhase.LOG_STORE:
+                raise InvariantViolation(f"backfill of {view} writes epoch {epoch} in phase {b.phase.value}")
+            expected = cur.execute(
+                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?", [b.caught_up_epoch]
+            ).fetchone()[0]
+            if expected != epoch:
+                raise InvariantViolation(
+                    f"backfill of {view} writes epoch {epoch}, but the next committed epoch after "
+                    f"{b.caught_up_epoch} is {expected}"
+                )
+            cur.execute("DELETE FROM collected WHERE epoch = ? AND asset = ?", [epoch, view])
+            cur.execute(
+                "INSERT INTO collected VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, 'backfill', ?)",
+                [epoch, view, location, rows_in, rows_out, seconds, time.time()],
+            )
+            cur.execute(
+                "UPDATE backfills SET caught_up_epoch = ?, rows_read = rows_read + ?, rows_written = rows_written + ?, "
+                "updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
+                [epoch, rows_in, rows_out, time.time(), time.time(), view],
+            )
+
+        self.backend.transaction(record)
+
+    def join(self, view: str) -> tuple[bool, list[int]]:
+        """LOG_STORE -> JOINED if the view has written the committed epoch, with the in-flight epochs
+        it must now write itself (their live step ran while it was outside alignment; from this
+        transaction on their commit waits for it). (False, []) when an epoch committed meanwhile."""
+
+        def attempt(cur: Cursor) -> tuple[bool, list[int]]:
+            b = self._check_owner(cur, view)
+            committed = q.committed_epoch(cur)
+            if b.phase is not BackfillPhase.LOG_STORE or b.caught_up_epoch != committed:
+                return False, []
+            pending = [
+                r.epoch
+                for r in q.in_flight(cur)
+                if not cur.execute("SELECT 1 FROM collected WHERE epoch = ? AND asset = ?", [r.epoch, view]).fetchone()
+            ]
+            _transition(cur, view, BackfillPhase.LOG_STORE, BackfillPhase.JOINED, joined_epoch=committed)
+            cur.execute(
+                "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
+                "ON CONFLICT (table_name) DO UPDATE SET committed_epoch = excluded.committed_epoch",
+                [view, committed],
+            )
+            return True, pending
+
+        return self.backend.transaction(attempt)
+
+    # ------------------------------------------------------------------ control
+
+    def set_rate_limit(self, view: str, rows_per_second: float | None) -> Backfill:
+        if rows_per_second is not None and rows_per_second < 0:
+            raise EpochalError(f"backfill rate limit {rows_per_second} is negative: give rows per second, 0 pauses")
+
+        def update(cur: Cursor) -> Backfill:
+            b = self._require(cur, view)
+            cur.execute(
+                "UPDATE backfills SET rate_limit = ?, updated_at = ? WHERE view_name = ?",
+                [rows_per_second, time.time(), view],
+            )
+            return read(cur, view) or b
+
+        return self.backend.transaction(update)
+
+    def rate_limit(self, view: str) -> float | None:
+        return self.backend.transaction(
+            lambda cur: (
+                cur.execute("SELECT rate_limit FROM backfills WHERE view_name = ?", [view]).fetchone() or [None]
+            )[0]
+        )
+
+    def cancel(self, view: str) -> tuple[Backfill, list[str]]:
+        """Stop the backfill and forget its partial state; returns the locations to delete. The view
+        stays out of the flow until it is removed from the pipeline or restarted."""
+
+        def stop(cur: Cursor) -> tuple[Backfill, list[str]]:
+            b = self._require(cur, view)
+            if not b.phase.active:
+                raise EpochalError(f"the backfill of {view} is {b.phase.shown}: there is nothing to cancel")
+            garbage = _view_files(cur, view)
+            _drop_state(cur, view)
+            cur.execute("DELETE FROM backfill_chunks WHERE view_name = ?", [view])
+            _transition(cur, view, b.phase, BackfillPhase.CANCELLED, owner=None)
+            return b, garbage
+
+        return self.backend.transaction(stop)
+
+    def restart(self, view: str) -> list[str]:
+        """Forget a cancelled (or stuck) backfill: the next injection starts it again from a new snapshot."""
+
+        def drop(cur: Cursor) -> list[str]:
+            b = self._require(cur, view)
+            if b.phase is BackfillPhase.JOINED:
+                raise EpochalError(f"{view} has joined the pipeline: there is no backfill to restart")
+            garbage = _view_files(cur, view)
+            _drop_state(cur, view)
+            forget(cur, [view])
+            return garbage
+
+        return self.backend.transaction(drop)
+
+    def record_error(self, view: str, error: str | None) -> None:
+        self.backend.transaction(
+            lambda cur: cur.execute(
+                "UPDATE backfills SET error = ?, updated_at = ? WHERE view_name = ?", [error, time.time(), view]
+            )
+        )
+
+    @staticmethod
+    def _require(cur: Cursor, view: str) -> Backfill:
+        b = read(cur, view)
+        if b is None:
+            known = [r.view for r in all_backfills(cur)]
+            raise EpochalError(
+                f"{view} has no backfill (backfills: {', '.join(known) or 'none'}): a view backfills when it is "
+                "added to a pipeline that has committed epochs"
+            )
+        return b
+
+
+def _view_files(cur: Cursor, view: str) -> list[str]:
+    rows = cur.execute(
+        "SELECT location FROM collected WHERE asset = ? AND location IS NOT NULL "
+        "UNION SELECT location FROM snapshots WHERE table_name = ?",
+        [view, view],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _drop_state(cur: Cursor, view: str) -> None:
+    """Forget every row of ``view``'s state: its change files, snapshots, retention, alignment."""
+    cur.execute("DELETE FROM collected WHERE asset = ?", [view])
+    cur.execute("DELETE FROM snapshots WHERE table_name = ?", [view])
+    cur.execute("DELETE FROM table_retention WHERE table_name = ?", [view])
+    cur.execute("DELETE FROM table_epochs WHERE table_name = ?", [view])
+
+
+def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
+    """Views that left the pipeline: every meta-store row of theirs goes; returns their file
+    locations for deletion."""
+    garbage: list[str] = []
+    for table in tables:
+        garbage += _view_files(cur, table)
+        _drop_state(cur, table)
+        forget(cur, [table])
+    return garbage
