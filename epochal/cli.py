@@ -263,6 +263,14 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         runtime.warehouse.delete([runtime.warehouse.backfill_root(args.view, backfill.snapshot_epoch)])
         print(f"cancelled the backfill of {args.view}; its partial state is deleted. `--restart` starts it again")
         return 0
+    if args.rebuild:
+        pipeline = runtime.pipeline
+        readers = [v for v, d in pipeline.views.items() if args.view in d.upstreams]
+        readers += [s for s, d in pipeline.sinks.items() if d.from_table == args.view]
+        garbage = backfills.rebuild(args.view, readers)
+        runtime.warehouse.delete(garbage, prune_parents=True)
+        print(f"{args.view} is rebuilt from its current statement, by a backfill that starts at the next epoch")
+        return 0
     if args.restart:
         garbage = backfills.restart(args.view)
         runtime.warehouse.delete(garbage, prune_parents=True)
@@ -328,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--rate-limit", type=_rate, help="rows per second while it runs (0 pauses, none: unlimited)")
     action.add_argument("--cancel", action="store_true", help="stop it and delete its partial state")
     action.add_argument("--restart", action="store_true", help="forget it; the next epoch starts it again")
+    action.add_argument(
+        "--rebuild", action="store_true", help="a joined view whose statement changed: backfill it again in place"
+    )
     p.add_argument("--run", action="store_true", help="advance it now, in this process (as backfill_job does)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_backfill)

@@ -37,6 +37,7 @@ class CheckpointController:
         sinks: Iterable[str] = (),
         backend: Backend | None = None,
         upstreams: Mapping[str, tuple[str, ...]] | None = None,
+        fingerprints: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -45,7 +46,7 @@ class CheckpointController:
         self.sinks = list(sinks)
         self.backend = backend or open_backend(settings.meta_url)
         self.backend.transaction(ensure_schema)
-        self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables, upstreams)
+        self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables, upstreams, fingerprints)
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)
         self.sink_coordinator = SinkCoordinator(self.backend, settings.epoch_timeout_s, settings.sink_retry_s)
@@ -57,7 +58,8 @@ class CheckpointController:
         optionally deletes warehouse data of epochs <= ``upto`` that no live epoch references
         (written by a run that died before it could collect); it calls ``keep()`` for what to keep
         only after it listed the warehouse, so a snapshot announced meanwhile is never swept."""
-        return Recovery(self.backend, self.tables, self.catalog).run(reason, discard, sweep)
+        registrable = [*self.epoch_log.sources, *self.epoch_log.upstreams]
+        return Recovery(self.backend, self.tables, self.catalog, registrable).run(reason, discard, sweep)
 
     def status(self) -> dict[str, Any]:
         return read_status(self.backend, self.tables, self.sinks)

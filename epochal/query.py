@@ -68,8 +68,8 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
         if table in backfills:
             # Not joined yet: its rows are not at the committed epoch. Reading it fails, saying how far it is.
             message = _not_joined(backfills[table]).replace("'", "''")
-            failing = ", ".join(f"error('{message}') AS {quote(n, DUCKDB)}" for n, _ in columns)
-            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS SELECT {failing}")
+            typed = _empty_view(columns).removesuffix(" WHERE false")
+            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS {typed} FROM range(1) WHERE error('{message}')")
             continue
         # The newest snapshot at the epoch plus the change files after it, as the Spark readers do.
         parts = controller.catalog.state_parts(table, epoch, inclusive=True) if epoch is not None else None

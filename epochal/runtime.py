@@ -29,7 +29,7 @@ from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over, tables_read
-from epochal.pipeline.model import Pipeline
+from epochal.pipeline.model import Pipeline, ViewDef
 from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
@@ -83,6 +83,7 @@ class EpochRuntime:
             views=pipeline.view_order(),
             sinks=list(pipeline.sinks),
             upstreams={name: view.upstreams for name, view in pipeline.views.items()},
+            fingerprints={name: view_fingerprint(view) for name, view in pipeline.views.items()},
         )
         self.warehouse = Warehouse(settings.warehouse)
         self.state_cache = StateCache(enabled=settings.state_cache)
@@ -181,7 +182,21 @@ class EpochRuntime:
             known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
             known |= {b.view for b in backfill_log.all_backfills(cur)}
             gone = sorted(known - tables)
-            return gone, backfill_log.retire(cur, gone)
+            # A removed sink's delivery records go too (its target keeps what it received).
+            sinks = {r[0] for r in cur.execute("SELECT DISTINCT sink FROM sink_batches").fetchall()}
+            for sink in sorted(sinks - set(self.pipeline.sinks)):
+                open_batches = cur.execute(
+                    "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "
+                    "AND state <> 'COMMITTED'",
+                    [sink],
+                ).fetchone()[0]
+                if open_batches:  # a pre-commit may still hold locks downstream: kept for its recovery
+                    log.warning("sink %s left the pipeline with %d batch(es) not finished", sink, open_batches)
+                    continue
+                cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
+                cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
+                gone.append(f"sink {sink}")
+            return gone, backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
 
         gone, garbage = self.controller.backend.transaction(retire)
         if gone:
@@ -705,6 +720,14 @@ class EpochRuntime:
         # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
         at = epoch if epoch is not None else (report.committed_epoch or 0)
         return StepReport("epoch_compaction", at, report.metadata)
+
+
+def view_fingerprint(view: "ViewDef") -> str:
+    """What a view's stored rows depend on: its query (whitespace aside), columns and refresh mode."""
+    import hashlib
+
+    text = " ".join(view.query.split()) + "|" + ",".join(view.columns) + "|" + view.refresh
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _not_written(view: str, upstream: str, epoch: int) -> EpochalError:

@@ -59,6 +59,16 @@ class SinkSteps:
         if record.state is EpochState.ABORTED:
             raise EpochAborted(f"epoch {epoch} was aborted by a recovery; sinks only deliver committed epochs")
         definition = self.runtime.pipeline.sinks[name]
+        backfill = self.runtime.controller.backfills.get(definition.from_table)
+        if backfill is not None and backfill.phase.active:
+            # Its table is not at the committed epoch yet: delivering now would skip its history.
+            from epochal.runtime import StepReport
+
+            return StepReport(
+                name,
+                epoch,
+                {"epoch": epoch, "waiting_for_backfill": definition.from_table, "phase": backfill.phase.shown},
+            )
         target = self.sink(name)
         coordinator = self.runtime.controller.sink_coordinator
         committed = self.runtime.controller.epoch_log.committed_epoch()

@@ -6,14 +6,18 @@ every epoch after the join, while live epochs go on committing."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from epochal.backfill.runner import BackfillRunner
+from epochal.errors import EpochalError
 from tests.consistency import assert_views_match_batch
-from tests.epochal_harness import make_harness
+from tests.epochal_harness import REPO, SMALL_PIPELINE, make_harness
 
 #: one of each kind: linear, aggregate (partial), join, top-N, and a view on a new view
 NEW_VIEWS = {
@@ -102,3 +106,205 @@ def test_new_views_backfill_while_epochs_commit_and_match_the_batch_oracle(spark
 
 
 SMALL_PIPELINE_TABLES = ["bid", "orders", "big_bids", "big_orders"]
+
+
+def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **h.env, **ENV}
+    env.pop("EPOCHAL_FAULT", None)
+    if fault:
+        env["EPOCHAL_FAULT"] = fault
+    return subprocess.run(
+        [sys.executable, "-m", "epochal.cli", "backfill", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_a_killed_backfill_resumes_where_it_stopped(spark, tmp_path: Path, postgres_url: str, monkeyenv) -> None:
+    """SIGKILL after a range is recorded, with a range's files moved but not recorded, and in the
+    log-store phase: each run goes on from what the meta store (PostgreSQL here) recorded."""
+    monkeyenv.setenv("EPOCHAL_META_URL", postgres_url)
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance)
+    views = {"bidder_counts": NEW_VIEWS["bidder_counts"], "cheap_bids": NEW_VIEWS["cheap_bids"]}
+    (h.pipeline_dir / "new.sql").write_text(_views_file(views))
+    _run(h, instance)  # registers the backfills; this epoch is one the log-store phase writes
+
+    killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-range-done")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    first = h.runtime(spark).controller.backfills.get("cheap_bids")
+    assert first is not None and 0 < first.vnodes_done < 256, first
+
+    killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-range-moved")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    second = h.runtime(spark).controller.backfills.get("cheap_bids")
+    assert second.vnodes_done >= first.vnodes_done and second.rows_read >= first.rows_read  # resumed, not reset
+
+    h.produce([order(500, "c1", 12.0)])
+    _run(h, instance)
+    killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-epoch-written")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    third = h.runtime(spark).controller.backfills.get("cheap_bids")
+    assert third.phase.value == "LOG_STORE" and third.vnodes_done == 256, third
+
+    runtime = h.runtime(spark)
+    BackfillRunner(runtime).advance(budget_s=600)
+    status = runtime.controller.status()
+    phases = {v: b["phase"] for v, b in status["backfills"].items()}
+    assert phases == {"cheap_bids": "done", "bidder_counts": "done", "bidder_counts__stage1": "done"}
+    assert_views_match_batch(runtime, views)
+    h.produce([order(501, "c2", 99.0)])
+    _run(h, instance)
+    assert_views_match_batch(h.runtime(spark), views)
+    # What the killed runs left behind was deleted: the snapshot holds exactly the view's rows.
+    snapshot = runtime.controller.catalog.snapshots("cheap_bids")[0]
+    assert runtime.warehouse.files_row_count(runtime.warehouse.snapshot_files(snapshot.location)) == snapshot.rows
+
+
+def test_backfill_control_pause_cancel_restart_and_queries(spark, tmp_path: Path, monkeyenv) -> None:
+    from epochal.cli import main
+
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=2)
+    views = {"bidder_counts": NEW_VIEWS["bidder_counts"]}
+    (h.pipeline_dir / "new.sql").write_text(_views_file(views))
+    _run(h, instance)
+    for key, value in h.env.items():
+        monkeyenv.setenv(key, value)
+
+    # A view that has not joined: queries say so, with its progress.
+    from epochal.query import run_query
+
+    with pytest.raises(EpochalError, match="bidder_counts is backfilling.*phase"):
+        run_query(h.runtime(spark), "SELECT count(*) FROM bidder_counts")
+    assert run_query(h.runtime(spark), "SELECT count(*) FROM big_bids")[1][0][0] > 0  # the rest reads fine
+
+    # Rate limit 0 pauses it; changing it while it runs takes effect at the next range.
+    assert main(["backfill", "bidder_counts", "--rate-limit", "0"]) == 0
+    BackfillRunner(h.runtime(spark)).advance(budget_s=60)
+    paused = h.runtime(spark).controller.backfills.get("bidder_counts")
+    assert paused.vnodes_done == 0 and paused.rate_limit == 0
+    with pytest.raises(SystemExit):  # argparse refuses it, naming the value
+        main(["backfill", "bidder_counts", "--rate-limit", "bogus"])
+
+    # Cancel deletes the partial state; the view stays out of the flow, live epochs go on.
+    assert main(["backfill", "bidder_counts", "--rate-limit", "none"]) == 0
+    assert main(["backfill", "bidder_counts", "--cancel"]) == 0
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    assert runtime.controller.status()["backfills"]["bidder_counts"]["phase"] == "cancelled"
+    assert not runtime.controller.status()["in_flight"]
+    with pytest.raises(EpochalError, match="cancelled"):
+        run_query(runtime, "SELECT * FROM bidder_counts")
+
+    # Restart: the next epoch starts it again from a new snapshot; then it joins and is right.
+    assert main(["backfill", "bidder_counts", "--restart"]) == 0
+    _run(h, instance)
+    assert main(["backfill", "bidder_counts", "--run"]) == 0
+    runtime = h.runtime(spark)
+    assert runtime.controller.status()["backfills"]["bidder_counts"]["phase"] == "done"
+    assert_views_match_batch(runtime, views)
+    assert main(["backfill", "nope", "--cancel"]) == 1
+
+
+def test_backfill_job_and_sensor_in_dagster_and_a_dropped_view_retires(spark, tmp_path: Path, monkeyenv) -> None:
+    """backfill_job advances every backfill and reports backfill__<view> materializations; a view
+    and its sink removed from the pipeline lose their files and meta-store rows."""
+    from resources.checkpoint import CheckpointControllerResource
+    from resources.spark import EpochalSparkResource
+
+    files = {
+        **SMALL_PIPELINE,
+        "new.sql": _views_file({"top_bid": NEW_VIEWS["top_bid"]})
+        + "\nCREATE SINK top_out FROM top_bid WITH (connector = 'duckdb', database = 'out/top.duckdb', "
+        "table = 'top', type = 'upsert', primary_key = 'auction');\n",
+    }
+    h = make_harness(tmp_path, {k: v for k, v in files.items() if k != "new.sql"})
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance)
+    (h.pipeline_dir / "new.sql").write_text(files["new.sql"])
+    _run(h, instance)  # registers top_bid; its sink waits for the join
+    defs = h.definitions()
+    spark_resource = EpochalSparkResource(spark_config={}, master="local[2]", stop_on_teardown=False)
+    checkpoint = CheckpointControllerResource(spark=spark_resource, home=str(h.home), pipeline_dir=str(h.pipeline_dir))
+    result = defs.get_job_def("backfill_job").execute_in_process(
+        instance=instance, resources={"spark": spark_resource, "checkpoint": checkpoint}
+    )
+    assert result.success
+    materialized = [
+        e.event_specific_data.materialization
+        for e in result.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    assert [m.asset_key.to_user_string() for m in materialized] == ["backfill__top_bid"]
+    metadata = materialized[0].metadata
+    assert metadata["phase"].value == "done" and metadata["vnodes_done"].value == 256
+    assert metadata["rows_read"].value > 0 and "rows_per_second" in metadata and "epochs_behind" in metadata
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    assert_views_match_batch(runtime, {"top_bid": NEW_VIEWS["top_bid"]})
+    top_root = Path(runtime.warehouse.table_root("top_bid"))
+    assert top_root.exists()
+
+    # Removing the view and its sink retires them: rows and files go, the rest goes on.
+    (h.pipeline_dir / "new.sql").unlink()
+    h.produce([order(900, "c1", 50.0)])
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    status = runtime.controller.status()
+    assert "top_bid" not in status["backfills"] and not status["in_flight"]
+    assert runtime.controller.backend.transaction(
+        lambda cur: cur.execute(
+            "SELECT (SELECT count(*) FROM collected WHERE asset = 'top_bid') + "
+            "(SELECT count(*) FROM snapshots WHERE table_name = 'top_bid') + "
+            "(SELECT count(*) FROM table_epochs WHERE table_name = 'top_bid')"
+        ).fetchone()[0]
+    ) == 0
+    assert not any(p.suffix == ".parquet" for p in top_root.rglob("*")) if top_root.exists() else True
+
+
+def test_dropping_a_view_that_others_read_is_a_load_error(tmp_path: Path) -> None:
+    from epochal.errors import PipelineError
+    from epochal.pipeline.loader import load_pipeline
+
+    h = make_harness(tmp_path, {**SMALL_PIPELINE, "new.sql": _views_file(
+        {"v1": "SELECT bidder FROM cheap", "v2": "SELECT bidder FROM v3", "v3": "SELECT bidder FROM v2"})})
+    with pytest.raises(PipelineError) as error:
+        load_pipeline(h.pipeline_dir)
+    text = str(error.value)
+    assert "v1" in text and "cheap" in text  # a missing upstream names the view that reads it
+    assert "cycle" in text.lower() or ("v2" in text and "v3" in text)
+
+
+def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, monkeyenv) -> None:
+    """A view whose statement changed must not go on from rows its old query made: the epoch is
+    refused with the fix; `--rebuild` backfills it again from its new statement."""
+    from epochal.cli import main
+
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=2)
+    for key, value in h.env.items():
+        monkeyenv.setenv(key, value)
+    views_file = h.pipeline_dir / "views.sql"
+    changed = views_file.read_text().replace("WHERE price > 1000", "WHERE price > 5000")
+    views_file.write_text(changed)
+    result = h.run_in_process(instance)
+    assert not result.success
+    failure = " ".join(e.message for e in result.all_events if e.is_failure)
+    assert "big_bids" in failure and "changed" in failure and "--rebuild" in failure
+    # A sink reads big_bids: rebuilding in place would leave it with rows of the old version.
+    assert main(["backfill", "big_bids", "--rebuild"]) == 1
+    (h.pipeline_dir / "sinks.sql").write_text(
+        "CREATE SINK orders_out FROM big_orders WITH (connector = 'duckdb', database = 'out/sink.duckdb', "
+        "table = 'big_orders', type = 'append-only');"
+    )
+    assert main(["backfill", "big_bids", "--rebuild"]) == 0
+    _run(h, instance)
+    BackfillRunner(h.runtime(spark)).advance(budget_s=600)
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    assert runtime.controller.status()["backfills"]["big_bids"]["phase"] == "done"
+    query = "SELECT auction, bidder, price * 0.908 AS price_eur, date_time FROM bid WHERE price > 5000"
+    assert_views_match_batch(runtime, {"big_bids": query})

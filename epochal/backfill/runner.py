@@ -35,6 +35,7 @@ from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.checkpoint.records import Collected
 from epochal.errors import EpochalError, require
+from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
 from epochal.sql import quote, unquote
 from epochal.storage.vnode import VNODE, vnode_column
@@ -195,7 +196,7 @@ class BackfillRunner:
         self._clean_unrecorded(target, known)
         warehouse.delete([f"{root}/staging"])
         chunking = chunk_keys(self.runtime, view)
-        width = VNODES_TOTAL
+        width = self._range_width(backfill) if chunking is not None else VNODES_TOTAL
         while True:
             ranges = [r for r, _ in done]
             vnodes = next_range(ranges, width if chunking is not None else VNODES_TOTAL)
@@ -209,20 +210,14 @@ class BackfillRunner:
                 return False
             started = time.time()
             nonce = f"r{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
-            rows_read, rows_written, total = self._write_range(backfill, vnodes, chunking, root, target, nonce)
+            rows_read, rows_written = self._write_range(backfill, vnodes, chunking, root, target, nonce)
+            fault_point("backfill-range-moved")
             self.log.record_chunk(view, vnodes, nonce, rows_read, rows_written)
+            fault_point("backfill-range-done")
             done.append((vnodes, nonce))
             progress.rows_read += rows_read
             progress.rows_written += rows_written
             progress.vnodes_done += vnodes.size
-            if chunking is not None and width == VNODES_TOTAL and total > 0:
-                # After the first range the input's size is known: ranges of about chunk_rows rows.
-                wanted = self.runtime.settings.backfill_chunk_rows
-                rate = self.rate_limit(view)
-                if rate:
-                    wanted = min(wanted, max(1000, int(rate * 10)))  # progress about every 10 s
-                per_vnode = max(1.0, total / VNODES_TOTAL)
-                width = max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
             if not self._throttle(view, rows_read, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return False
@@ -236,6 +231,20 @@ class BackfillRunner:
         warehouse.delete([f"{root}/staging"])
         log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
         return True
+
+    def _range_width(self, backfill: Backfill) -> int:
+        """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS input rows (fewer under
+        a rate limit: progress about every 10 s). The inputs' size comes from file footers."""
+        total = sum(
+            self.runtime.read_state(u, backfill.snapshot_epoch, inclusive=True)[1]
+            for u in self.runtime.pipeline.views[backfill.view].upstreams
+        )
+        wanted = self.runtime.settings.backfill_chunk_rows
+        rate = self.rate_limit(backfill.view)
+        if rate:
+            wanted = min(wanted, max(1000, int(rate * 10)))
+        per_vnode = max(1.0, total / VNODES_TOTAL)
+        return max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
 
     def _written_schema(self, files: list[str]):
         from epochal.storage.warehouse import _recorded_schema
@@ -266,9 +275,9 @@ class BackfillRunner:
         root: str,
         target: str,
         nonce: str,
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int]:
         """The view's rows at the snapshot epoch for one vnode range, into ``target``. Returns
-        (input rows read, rows written, input rows of the whole snapshot)."""
+        (input rows read, rows written)."""
         from pyspark.sql import functions as F
 
         runtime = self.runtime
@@ -301,7 +310,7 @@ class BackfillRunner:
         runtime.warehouse.delete([staging])
         # Rows read: the range's share of the inputs (the read itself lists every file's rows).
         share = total * vnodes.size // VNODES_TOTAL if chunking is not None else total
-        return share, written, total
+        return share, written
 
     def _rows_over(self, name: str, states: dict[str, DataFrame]) -> tuple[DataFrame, Callable[[], None]]:
         """The view's stored rows over inputs ``states`` taken as inserts into empty tables, and
@@ -351,6 +360,7 @@ class BackfillRunner:
         view = backfill.view
         runtime = self.runtime
         root = runtime.warehouse.backfill_root(view, backfill.snapshot_epoch)
+        self._clean_unrecorded_epochs(view, root)
         while True:
             epoch = self.log.next_epoch(view)
             if epoch is None:
@@ -372,6 +382,7 @@ class BackfillRunner:
             recorded: list[Collected] = []
 
             def record(collected: Collected, epoch: int = epoch) -> None:
+                fault_point("backfill-epoch-written")
                 self.log.record_epoch(
                     view, epoch, collected.location, collected.rows_in or 0, collected.rows_out or 0, collected.seconds
                 )
@@ -391,6 +402,24 @@ class BackfillRunner:
             if not self._throttle(view, recorded[0].rows_in or 0, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return
+
+    def _clean_unrecorded_epochs(self, view: str, root: str) -> None:
+        """Change files a killed runner wrote under ``root`` but never recorded."""
+        import pyarrow.fs as pafs
+
+        warehouse = self.runtime.warehouse
+        if not _exists(warehouse, root):
+            return
+        recorded = {warehouse._path(loc) for loc in self.log.recorded_locations(view)}
+        for epoch_dir in warehouse.fs.get_file_info(pafs.FileSelector(warehouse._path(root))):
+            if epoch_dir.type != pafs.FileType.Directory or not epoch_dir.base_name.startswith("epoch="):
+                continue
+            for attempt in warehouse.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
+                if attempt.type == pafs.FileType.Directory and attempt.path not in recorded:
+                    warehouse.fs.delete_dir(attempt.path)
+                    log.info(
+                        "backfill %s: deleted %s, written by a runner that died before recording it", view, attempt.path
+                    )
 
     def _write_in_flight(self, view: str, epoch: int) -> None:
         """An epoch in flight at the join, whose live step skipped the view: written now, with the

@@ -130,6 +130,38 @@ def register_new(
     return started
 
 
+class DefinitionChanged(EpochalError):
+    """A view's statement changed under the same name after it committed epochs."""
+
+
+def check_definitions(cur: Cursor, fingerprints: Mapping[str, str], readers: Mapping[str, list[str]]) -> None:
+    """Every view's definition is the one its stored state was computed from. A view still
+    backfilling starts again from a new snapshot (nothing has read it yet); one that joined is
+    refused, with the fix: it would go on from rows its old query made, silently wrong."""
+    stored = dict(cur.execute("SELECT table_name, fingerprint FROM table_definitions").fetchall())
+    changed = []
+    for view, fingerprint in fingerprints.items():
+        if stored.get(view) == fingerprint:
+            continue
+        b = read(cur, view)
+        if view not in stored:
+            cur.execute("INSERT INTO table_definitions VALUES (?, ?)", [view, fingerprint])
+        elif b is not None and b.phase.active:
+            log.warning("view %s changed while it was backfilling: its backfill starts again", view)
+            _drop_state(cur, view)
+            forget(cur, [view])
+            cur.execute("UPDATE table_definitions SET fingerprint = ? WHERE table_name = ?", [fingerprint, view])
+        else:
+            changed.append(view)
+    if changed:
+        details = "; ".join(f"{v} (read by {', '.join(readers[v])})" if readers.get(v) else v for v in sorted(changed))
+        raise DefinitionChanged(
+            f"the statement of view(s) {details} changed after they committed epochs, and their stored rows come "
+            "from the old query. Give the new statement a new name (it backfills while the old view keeps "
+            "serving), or rebuild in place with `epochal backfill VIEW --rebuild` (readers wait for it)"
+        )
+
+
 def forget(cur: Cursor, tables: Iterable[str]) -> None:
     """Delete the backfill rows of views that left the pipeline."""
     for table in tables:
@@ -166,7 +198,7 @@ def status(cur: Cursor) -> dict[str, dict]:
     committed = q.committed_epoch(cur)
     shown = {}
     for b in all_backfills(cur):
-        behind = None
+        behind = 0 if b.phase is BackfillPhase.JOINED else None
         if b.phase.active and committed is not None:
             since = b.caught_up_epoch if b.caught_up_epoch is not None else -1
             behind = cur.execute(
@@ -197,6 +229,15 @@ class BackfillLog:
     def status(self) -> dict[str, dict]:
         """Per view, what `epochal status --json` shows under ``backfills``."""
         return self.backend.transaction(status)
+
+    def recorded_locations(self, view: str) -> list[str]:
+        """Every change-file location recorded for ``view``."""
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                "SELECT location FROM collected WHERE asset = ? AND location IS NOT NULL", [view]
+            ).fetchall()
+        )
+        return [r[0] for r in rows]
 
     def done_ranges(self, view: str) -> list[tuple[VnodeRange, str]]:
         rows = self.backend.transaction(
@@ -457,6 +498,24 @@ class BackfillLog:
 
         return self.backend.transaction(drop)
 
+    def rebuild(self, view: str, readers: list[str]) -> list[str]:
+        """Drop a joined view's state so the next injection backfills it from its current statement.
+        Refused while something reads it: a sink or view downstream holds rows of the old version."""
+        if readers:
+            raise EpochalError(
+                f"cannot rebuild {view} in place: {', '.join(readers)} read it and hold rows of its old version. "
+                f"Give the new statement a new name instead, and move {', '.join(readers)} to it"
+            )
+
+        def drop(cur: Cursor) -> list[str]:
+            garbage = _view_files(cur, view)
+            _drop_state(cur, view)
+            forget(cur, [view])
+            cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
+            return garbage
+
+        return self.backend.transaction(drop)
+
     def record_error(self, view: str, error: str | None) -> None:
         self.backend.transaction(
             lambda cur: cur.execute(
@@ -501,4 +560,5 @@ def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
         garbage += _view_files(cur, table)
         _drop_state(cur, table)
         forget(cur, [table])
+        cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
     return garbage

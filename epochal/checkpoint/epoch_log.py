@@ -87,6 +87,7 @@ class EpochLog:
         sources: Iterable[str],
         tables: Iterable[str],
         upstreams: Mapping[str, tuple[str, ...]] | None = None,
+        fingerprints: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.backend = backend
@@ -96,6 +97,12 @@ class EpochLog:
         self.tables = list(tables)
         #: each view's inputs: a view new to a pipeline with history is registered as a backfill
         self.upstreams = dict(upstreams or {})
+        #: each view's definition, as ``view_fingerprint`` gives it: a changed statement is caught
+        self.fingerprints = dict(fingerprints or {})
+        self.readers: dict[str, list[str]] = {}
+        for view, inputs in self.upstreams.items():
+            for upstream in inputs:
+                self.readers.setdefault(upstream, []).append(view)
 
     # ------------------------------------------------------------------ flags
 
@@ -210,6 +217,7 @@ class EpochLog:
         # history (a linear view reads no state to notice): it backfills, outside alignment, and
         # every other table must agree on the committed epoch.
         committed = q.committed_epoch(cur)
+        backfill_log.check_definitions(cur, self.fingerprints, self.readers)
         known = {*self.sources, *self.upstreams}
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
         q.check_alignment(cur, backfill_log.aligned(cur, self.tables), committed)

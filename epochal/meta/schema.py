@@ -160,6 +160,13 @@ DDL = (
         finished_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (view_name, vnode_lo)
     )""",
+    # What each view's stored state was computed from (a fingerprint of its query, columns and
+    # refresh mode): a view whose statement changed under the same name must not go on from state
+    # its old query made.
+    """CREATE TABLE IF NOT EXISTS table_definitions (
+        table_name VARCHAR PRIMARY KEY,
+        fingerprint VARCHAR NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

@@ -1,0 +1,212 @@
+"""Backfill benchmark (issue 15): a new grouped aggregation over a table with history, against plain
+Spark doing the same work, and live epochs while a backfill runs, against the same epochs without.
+
+    python benchmarks/bench_backfill.py                 # 10M rows
+    python benchmarks/bench_backfill.py --rows 1000000  # smoke run
+
+1. Snapshot backfill. t(id, k, v, note) of --rows rows is ingested by Epochal (one epoch) and
+   compacted into a vnode snapshot. A view `agg` (GROUP BY k: count, sum, min, max) is added and
+   backfilled (snapshot phase, log-store phase, join) by the BackfillRunner in this process, on one
+   warm SparkSession. Baseline, in the same run: Spark reads the same snapshot files, aggregates
+   the same way and writes Parquet. Target: Epochal's rows per second at least 0.5x Spark's.
+2. Live epochs during a backfill. Epochs of --change new rows through the existing view `big`
+   (a filter), timed alone, then while a backfill of a second new view runs in another thread (the
+   way a backfill_job run shares the machine with epoch runs). Target: at most 1.5x.
+
+Ratios only: the machine is shared and noisy, so both sides are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+sys.path.insert(0, str(REPO))
+
+AGG = "SELECT k, count(*) AS n, sum(v) AS s, min(v) AS lo, max(v) AS hi FROM t GROUP BY k"
+SECOND = "SELECT k, count(*) AS n FROM t WHERE v > 500000 GROUP BY k"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def write_rows(directory: Path, first: int, count: int, groups: int, name: str) -> None:
+    import duckdb
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{name}.tmp"
+    duckdb.sql(
+        f"""COPY (SELECT i::BIGINT AS id, (hash(i, 7) % {groups})::BIGINT AS k,
+                    (hash(i, 8) % 1000000)::BIGINT AS v, 'n' || (i % 997)::VARCHAR AS note
+                  FROM range({first}, {first + count}) r(i)) TO '{tmp}' (FORMAT json)"""
+    )
+    tmp.rename(directory / name)
+
+
+def runtime_for(home: Path, pipeline: Path, spark, chunk_rows: int):  # noqa: ANN001, ANN201
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.runtime import EpochRuntime
+    from epochal.settings import Settings
+
+    settings = Settings.from_env(
+        {
+            "EPOCHAL_HOME": str(home),
+            "EPOCHAL_PIPELINE": str(pipeline),
+            "EPOCHAL_BACKFILL_CHUNK_ROWS": str(chunk_rows),
+            "EPOCHAL_BACKFILL_RUN_S": "100000",
+        }
+    )
+    return EpochRuntime(settings, load_pipeline(pipeline), lambda: spark)
+
+
+def epoch(runtime) -> float:  # noqa: ANN001
+    started = time.perf_counter()
+    record, _ = runtime.start_epoch(None, None)
+    for source in runtime.pipeline.sources:
+        runtime.run_source(record.epoch, source)
+    for view in runtime.pipeline.view_order():
+        runtime.run_view(record.epoch, view)
+    runtime.commit(record.epoch)
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=10_000_000)
+    p.add_argument("--groups", type=int, default=100_000)
+    p.add_argument("--change", type=int, default=10_000, help="rows per live epoch (default 10,000)")
+    p.add_argument("--epochs", type=int, default=5, help="live epochs timed per side (default 5)")
+    p.add_argument("--chunk-rows", type=int, default=2_000_000, help="EPOCHAL_BACKFILL_CHUNK_ROWS")
+    p.add_argument("--driver-memory", default="6g")
+    p.add_argument("--json", help="result file (default benchmarks/results/bench_backfill-<time>.json)")
+    args = p.parse_args(argv)
+
+    from pyspark.sql import functions as F
+
+    from epochal.backfill.runner import BackfillRunner
+    from epochal.spark_session import build_spark_session
+
+    root = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
+    spark = build_spark_session("local[*]", "bench-backfill", {"spark.driver.memory": args.driver_memory})
+    result: dict = {"rows": args.rows, "groups": args.groups, "change": args.change}
+    try:
+        log_dir, pipeline, home = root / "log" / "t", root / "pipeline", root / "home"
+        pipeline.mkdir(parents=True)
+        per_file = 1_000_000
+        for i, first in enumerate(range(0, args.rows, per_file)):
+            write_rows(log_dir, first, min(per_file, args.rows - first), args.groups, f"a-{i:04d}.jsonl")
+        (pipeline / "01.sql").write_text(
+            f"CREATE SOURCE t (id BIGINT, k BIGINT, v BIGINT, note STRING) "
+            f"WITH (connector = 'log', path = '{log_dir}', format = 'json');\n"
+            "CREATE MATERIALIZED VIEW big AS SELECT id, k, v FROM t WHERE v > 990000;\n"
+        )
+        runtime = runtime_for(home, pipeline, spark, args.chunk_rows)
+        log(f"ingesting {args.rows:,} rows")
+        result["ingest_s"] = epoch(runtime)
+        runtime.compact(every=1)
+
+        # -- 1: snapshot backfill of a new aggregation vs Spark read -> aggregate -> write
+        (pipeline / "02.sql").write_text(f"CREATE MATERIALIZED VIEW agg AS {AGG};\n")
+        runtime = runtime_for(home, pipeline, spark, args.chunk_rows)
+        write_rows(log_dir, args.rows, args.change, args.groups, "b-0000.jsonl")
+        epoch(runtime)  # registers the backfill; commits without it
+        snapshot = runtime.controller.catalog.snapshots("t")[-1]
+        files = runtime.warehouse.snapshot_files(snapshot.location)
+        out = root / "spark-agg"
+
+        def spark_baseline() -> float:
+            shutil.rmtree(out, ignore_errors=True)
+            started = time.perf_counter()
+            frame = spark.read.parquet(*files)
+            frame.groupBy("k").agg(
+                F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"), F.min("v").alias("lo"), F.max("v").alias("hi")
+            ).write.parquet(str(out))
+            return time.perf_counter() - started
+
+        log("Spark baseline (read, aggregate, write)")
+        baseline = [spark_baseline()]
+        log(f"backfill of agg over {snapshot.rows:,} rows")
+        started = time.perf_counter()
+        progress = BackfillRunner(runtime).advance()
+        backfill_s = time.perf_counter() - started
+        baseline.append(spark_baseline())
+        status = runtime.controller.status()["backfills"]["agg"]
+        if status["phase"] != "done":
+            raise SystemExit(f"the backfill did not finish: {status}")
+        spark_s = statistics.median(baseline)
+        result["backfill"] = {
+            "seconds": backfill_s,
+            "rows": snapshot.rows,
+            "rows_per_second": snapshot.rows / backfill_s,
+            "spark_seconds": baseline,
+            "spark_rows_per_second": snapshot.rows / spark_s,
+            "ratio": (snapshot.rows / backfill_s) / (snapshot.rows / spark_s),
+            "ranges": [p.metadata() for p in progress],
+        }
+
+        # -- 2: live epochs alone, then while a backfill of another new view runs
+        def live(n: int, tag: str) -> list[float]:
+            times = []
+            for i in range(n):
+                first = args.rows + args.change * (i + 1)
+                write_rows(log_dir, first, args.change, args.groups, f"c-{tag}-{i:04d}.jsonl")
+                times.append(epoch(runtime_for(home, pipeline, spark, args.chunk_rows)))
+            return times
+
+        log("live epochs without a backfill")
+        alone = live(args.epochs, "alone")
+        (pipeline / "03.sql").write_text(f"CREATE MATERIALIZED VIEW second AS {SECOND};\n")
+        epoch(runtime_for(home, pipeline, spark, args.chunk_rows))  # registers it
+        done = threading.Event()
+
+        def backfill() -> None:
+            try:
+                BackfillRunner(runtime_for(home, pipeline, spark, args.chunk_rows)).advance()
+            finally:
+                done.set()
+
+        log("live epochs while a backfill runs")
+        worker = threading.Thread(target=backfill, daemon=True)
+        worker.start()
+        during = []
+        while not done.is_set() or not during:
+            during += live(1, f"during{len(during)}")
+        worker.join()
+        result["live"] = {
+            "alone": alone,
+            "during_backfill": during,
+            "ratio": statistics.median(during) / statistics.median(alone),
+        }
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    b, lv = result["backfill"], result["live"]
+    print(f"rows {args.rows:,}, groups {args.groups:,}, live change {args.change:,} rows/epoch")
+    print(f"snapshot backfill   : {b['rows_per_second']:>12,.0f} rows/s  ({b['seconds']:.1f} s)")
+    runs = len(b["spark_seconds"])
+    print(f"Spark read+agg+write: {b['spark_rows_per_second']:>12,.0f} rows/s  (median of {runs})")
+    print(f"ratio               : {b['ratio']:.2f}x  (target >= 0.5x)")
+    print(f"live epoch alone    : {statistics.median(lv['alone']):.2f} s (median of {len(lv['alone'])})")
+    during = lv["during_backfill"]
+    print(f"live epoch, backfill: {statistics.median(during):.2f} s (median of {len(during)})")
+    print(f"ratio               : {lv['ratio']:.2f}x  (target <= 1.5x)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = Path(args.json) if args.json else BENCH_DIR / "results" / f"bench_backfill-{stamp}.json"
+    target.parent.mkdir(exist_ok=True)
+    target.write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The backfill's meta-store rules, without Spark, on DuckDB and PostgreSQL: a new view is
+registered at injection and stays outside commit alignment; its progress is recorded in order; it
+joins only when it has written the committed epoch, and then every commit waits for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epochal.backfill.state import BACKFILL_TRANSITIONS, BackfillPhase, VnodeRange, next_range
+from epochal.checkpoint.backfill_log import BackfillLost, DefinitionChanged
+from epochal.checkpoint.records import Collected, InvariantViolation
+from epochal.controller import CheckpointController
+from tests.test_controller import collect_all, plan_ten, settings, start
+
+UPSTREAMS = {"v1": ("src",), "v2": ("v1",), "v3": ("src",), "v4": ("v3",)}
+
+
+def grown(home: Path, meta_url: str, fingerprints: dict[str, str] | None = None) -> CheckpointController:
+    return CheckpointController(
+        settings(home, meta_url), ["src"], ["v1", "v2", "v3", "v4"], upstreams=UPSTREAMS, fingerprints=fingerprints
+    )
+
+
+def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_url: str) -> None:
+    old = CheckpointController(settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS)
+    start(old)
+    first = old.epoch_log.inject(plan_ten).epoch
+    collect_all(old, first)
+    ctl = grown(tmp_path, meta_url)
+    e2 = ctl.epoch_log.inject(plan_ten).epoch  # registers v3 (snapshot) and v4 (waits for v3)
+    backfills = {b.view: b for b in ctl.backfills.all()}
+    assert backfills["v3"].phase is BackfillPhase.SNAPSHOT and backfills["v3"].snapshot_epoch == first
+    assert backfills["v4"].phase is BackfillPhase.WAITING
+    assert ctl.backfills.outside_alignment() == {"v3", "v4"}
+    # The epoch commits without them: backfill never blocks another table's commit.
+    assert collect_all(ctl, e2) == [e2]
+
+    assert ctl.backfills.claim("v3")
+    other = grown(tmp_path, meta_url)
+    assert not other.backfills.claim("v3")  # one runner per view
+    assert ctl.backfills.claim("v4") and not ctl.backfills.start_snapshot("v4")  # v3 has not written S
+    for lo, hi in ((0, 100), (100, 256)):
+        ctl.backfills.record_chunk("v3", VnodeRange(lo, hi), f"r{lo:03d}-x-", 10, 5)
+    with pytest.raises(InvariantViolation):
+        ctl.backfills.record_epoch("v3", e2, "/loc/v3", 1, 1, 0.1)  # still in the snapshot phase
+    ctl.backfills.finish_snapshot("v3", "/snap/v3", ("k",), "{}", 5, 2)
+    assert ctl.backfills.next_epoch("v3") == e2
+    e3 = ctl.epoch_log.inject(plan_ten).epoch  # in flight at the join: its live step skipped v3
+    with pytest.raises(InvariantViolation, match="next committed epoch"):
+        ctl.backfills.record_epoch("v3", e3, "/loc/v3", 1, 1, 0.1)
+    assert ctl.backfills.join("v3") == (False, [])  # not caught up
+    ctl.backfills.record_epoch("v3", e2, "/loc/v3/e2", 3, 2, 0.1)
+    assert ctl.backfills.next_epoch("v3") is None
+    joined, pending = ctl.backfills.join("v3")
+    assert joined and pending == [e3]
+    assert ctl.status()["tables"]["v3"] == e2 and ctl.status()["backfills"]["v3"]["phase"] == "done"
+    # From the join on, e3 commits only once v3 has written it.
+    assert collect_all(ctl, e3) == []
+    assert ctl.epoch_log.collect(e3, Collected("v3", "/loc/v3/e3")).committed == [e3]
+    assert ctl.backfills.start_snapshot("v4")  # v3 reached v4's snapshot epoch
+    with pytest.raises(BackfillLost):
+        other.backfills.record_chunk("v4", VnodeRange(0, 256), "r000-y-", 1, 1)  # not its claim
+
+
+def test_retention_keeps_what_a_backfill_reads(tmp_path: Path, meta_url: str) -> None:
+    old = CheckpointController(settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS)
+    start(old)
+    e1 = old.epoch_log.inject(plan_ten).epoch
+    collect_all(old, e1)
+    ctl = grown(tmp_path, meta_url)
+    epochs = []
+    for _ in range(3):
+        epochs.append(ctl.epoch_log.inject(plan_ten).epoch)
+        collect_all(ctl, epochs[-1])
+    # Three snapshots of src after the backfill's snapshot epoch e1, keeping two: none may drop src's
+    # change files after e1, which the backfill still reads.
+    for epoch in epochs:
+        location = f"/snap/src/{epoch}"
+        ctl.catalog.begin_snapshot("src", epoch, location, (), "{}")
+        result = ctl.catalog.publish_snapshot(location, 1, 1, keep=2)
+        assert result.changes_dropped_upto is None or result.changes_dropped_upto <= e1
+    assert ctl.catalog.state_parts("src", e1, inclusive=True).changes  # still readable at e1
+
+
+def test_a_changed_definition_restarts_a_backfill_and_refuses_a_joined_view(tmp_path: Path, meta_url: str) -> None:
+    fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
+    old = CheckpointController(
+        settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS, fingerprints=fingerprints
+    )
+    start(old)
+    collect_all(old, old.epoch_log.inject(plan_ten).epoch)
+    ctl = grown(tmp_path, meta_url, fingerprints)
+    collect_all(ctl, ctl.epoch_log.inject(plan_ten).epoch)
+    started = ctl.backfills.get("v3").started_at
+    changed = grown(tmp_path, meta_url, {**fingerprints, "v3": "c2"})
+    changed.epoch_log.inject(plan_ten)
+    assert changed.backfills.get("v3").started_at > started  # backfilling: starts again
+    refused = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"})
+    with pytest.raises(DefinitionChanged, match=r"v1 \(read by v2\).*--rebuild"):
+        refused.epoch_log.inject(plan_ten)
+
+
+def test_the_phase_rules_and_vnode_ranges() -> None:
+    assert BACKFILL_TRANSITIONS[BackfillPhase.JOINED] == frozenset()
+    assert BackfillPhase.LOG_STORE in BACKFILL_TRANSITIONS[BackfillPhase.SNAPSHOT]
+    assert BackfillPhase.JOINED not in BACKFILL_TRANSITIONS[BackfillPhase.SNAPSHOT]  # no join without catch-up
+    assert next_range([], 100) == VnodeRange(0, 100)
+    assert next_range([VnodeRange(0, 100)], 100) == VnodeRange(100, 200)
+    assert next_range([VnodeRange(100, 256)], 64) == VnodeRange(0, 64)  # a gap first
+    assert next_range([VnodeRange(0, 256)], 64) is None
+    with pytest.raises(InvariantViolation):
+        VnodeRange(10, 10)
