@@ -292,8 +292,10 @@ def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, 
     views_file.write_text(changed)
     result = h.run_in_process(instance)
     assert not result.success
-    failure = " ".join(e.message for e in result.all_events if e.is_failure)
-    assert "big_bids" in failure and "changed" in failure and "--rebuild" in failure
+    failure = " ".join(
+        e.event_specific_data.error.to_string() for e in result.all_events if e.event_type_value == "STEP_FAILURE"
+    )
+    assert "big_bids" in failure and "changed" in failure and "epochal backfill big_bids --rebuild" in failure
     # A sink reads big_bids: rebuilding in place would leave it with rows of the old version.
     assert main(["backfill", "big_bids", "--rebuild"]) == 1
     (h.pipeline_dir / "sinks.sql").write_text(

@@ -53,12 +53,17 @@ def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_
     assert ctl.backfills.join("v3") == (False, [])  # not caught up
     ctl.backfills.record_epoch("v3", e2, "/loc/v3/e2", 3, 2, 0.1)
     assert ctl.backfills.next_epoch("v3") is None
+    e4 = ctl.epoch_log.inject(plan_ten).epoch  # in flight, its src step not run yet
+    ctl.epoch_log.collect(e3, Collected("src", f"/loc/src/{e3}"))
     joined, pending = ctl.backfills.join("v3")
+    # e3's live step of v3 is past (src wrote it): the backfill writes it. e4's is still ahead.
     assert joined and pending == [e3]
     assert ctl.status()["tables"]["v3"] == e2 and ctl.status()["backfills"]["v3"]["phase"] == "done"
     # From the join on, e3 commits only once v3 has written it.
-    assert collect_all(ctl, e3) == []
+    assert collect_all(ctl, e3, tables=("v1", "v2")) == []
     assert ctl.epoch_log.collect(e3, Collected("v3", "/loc/v3/e3")).committed == [e3]
+    assert collect_all(ctl, e4, tables=("src", "v1", "v2")) == []
+    assert ctl.epoch_log.collect(e4, Collected("v3", "/loc/v3/e4")).committed == [e4]
     assert ctl.backfills.start_snapshot("v4")  # v3 reached v4's snapshot epoch
     with pytest.raises(BackfillLost):
         other.backfills.record_chunk("v4", VnodeRange(0, 256), "r000-y-", 1, 1)  # not its claim
@@ -98,7 +103,7 @@ def test_a_changed_definition_restarts_a_backfill_and_refuses_a_joined_view(tmp_
     changed.epoch_log.inject(plan_ten)
     assert changed.backfills.get("v3").started_at > started  # backfilling: starts again
     refused = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"})
-    with pytest.raises(DefinitionChanged, match=r"v1 \(read by v2\).*--rebuild"):
+    with pytest.raises(DefinitionChanged, match=r"v1 \(read by v2\).*epochal backfill v1 --rebuild"):
         refused.epoch_log.inject(plan_ten)
 
 

@@ -218,6 +218,19 @@ class BackfillRunner:
             progress.rows_read += rows_read
             progress.rows_written += rows_written
             progress.vnodes_done += vnodes.size
+            done_vnodes = sum(r.size for r, _ in done)
+            elapsed = time.time() - started
+            log.info(
+                "backfill %s: vnodes [%d, %d) written, %d/%d done, %d rows read in %.1fs (%.0f rows/s)",
+                view,
+                vnodes.lo,
+                vnodes.hi,
+                done_vnodes,
+                VNODES_TOTAL,
+                rows_read,
+                elapsed,
+                rows_read / elapsed if elapsed > 0 else 0.0,
+            )
             if not self._throttle(view, rows_read, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return False
@@ -397,6 +410,9 @@ class BackfillRunner:
                 runtime._backfill_root = None
             require(len(recorded) == 1, f"the backfill of {view} recorded epoch {epoch} once")
             progress.epochs_written += 1
+            log.info(
+                "backfill %s: epoch %s written from the change log (%d rows in)", view, epoch, recorded[0].rows_in or 0
+            )
             progress.rows_read += recorded[0].rows_in or 0
             progress.rows_written += recorded[0].rows_out or 0
             if not self._throttle(view, recorded[0].rows_in or 0, time.time() - started, deadline):
@@ -427,7 +443,9 @@ class BackfillRunner:
         from epochal.checkpoint.records import EpochAborted
 
         try:
-            self.runtime.run_view(epoch, view, run_id="backfill")
+            # release: the claim this step takes on the epoch ends with its collect, so the
+            # backfill's process ending is never taken for the death of the epoch's run.
+            self.runtime.run_view(epoch, view, run_id="backfill", release=True)
         except EpochAborted:
             log.info("backfill %s: epoch %s was aborted meanwhile; recovery re-runs it", view, epoch)
 

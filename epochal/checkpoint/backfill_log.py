@@ -158,7 +158,9 @@ def check_definitions(cur: Cursor, fingerprints: Mapping[str, str], readers: Map
         raise DefinitionChanged(
             f"the statement of view(s) {details} changed after they committed epochs, and their stored rows come "
             "from the old query. Give the new statement a new name (it backfills while the old view keeps "
-            "serving), or rebuild in place with `epochal backfill VIEW --rebuild` (readers wait for it)"
+            "serving), or rebuild in place with "
+            + ", ".join(f"`epochal backfill {v} --rebuild`" for v in sorted(changed))
+            + " (readers wait for it)"
         )
 
 
@@ -430,11 +432,14 @@ class BackfillLog:
             committed = q.committed_epoch(cur)
             if b.phase is not BackfillPhase.LOG_STORE or b.caught_up_epoch != committed:
                 return False, []
-            pending = [
-                r.epoch
-                for r in q.in_flight(cur)
-                if not cur.execute("SELECT 1 FROM collected WHERE epoch = ? AND asset = ?", [r.epoch, view]).fetchone()
-            ]
+            # In-flight epochs whose live step of the view already ran (and skipped it): its
+            # inputs have written them. One whose inputs have not is still ahead of its live step,
+            # which finds the view joined and runs it.
+            pending = []
+            for r in q.in_flight(cur):
+                done = {a for (a,) in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [r.epoch]).fetchall()}
+                if view not in done and set(b.upstreams) <= done:
+                    pending.append(r.epoch)
             _transition(cur, view, BackfillPhase.LOG_STORE, BackfillPhase.JOINED, joined_epoch=committed)
             cur.execute(
                 "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
