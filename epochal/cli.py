@@ -265,10 +265,13 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         return 0
     if args.rebuild:
         pipeline = runtime.pipeline
-        readers = [v for v, d in pipeline.views.items() if args.view in d.upstreams]
-        readers += [s for s, d in pipeline.sinks.items() if d.from_table == args.view]
-        garbage = backfills.rebuild(args.view, readers)
-        runtime.warehouse.delete(garbage, prune_parents=True)
+        # The view with the planner's internal stages of it: they change with it.
+        targets = [args.view, *(v for v, d in pipeline.views.items() if d.internal_of == args.view)]
+        readers = [v for v, d in pipeline.views.items() if v not in targets and set(targets) & set(d.upstreams)]
+        readers += [s for s, d in pipeline.sinks.items() if d.from_table in targets]
+        for target in targets:
+            garbage = backfills.rebuild(target, readers)
+            runtime.warehouse.delete(garbage, prune_parents=True)
         print(f"{args.view} is rebuilt from its current statement, by a backfill that starts at the next epoch")
         return 0
     if args.restart:

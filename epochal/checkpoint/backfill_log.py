@@ -35,6 +35,7 @@ from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
+from epochal.pipeline.model import STAGE_SEPARATOR
 
 log = logging.getLogger("epochal.backfill")
 
@@ -154,6 +155,8 @@ def check_definitions(cur: Cursor, fingerprints: Mapping[str, str], readers: Map
         else:
             changed.append(view)
     if changed:
+        # An internal stage changes with the view it was split from: name the view.
+        changed = sorted({v.split(STAGE_SEPARATOR)[0] for v in changed})
         details = "; ".join(f"{v} (read by {', '.join(readers[v])})" if readers.get(v) else v for v in sorted(changed))
         raise DefinitionChanged(
             f"the statement of view(s) {details} changed after they committed epochs, and their stored rows come "

@@ -46,14 +46,13 @@ from sqlglot import exp
 
 from epochal.errors import require
 from epochal.pipeline.dialect import DIALECT
+from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS
 from epochal.pipeline.time_windows import window_call, windows_as_input_columns
 from epochal.sql import quote, unquote
 
 #: Temp views the rewritten query reads instead of its leaves (one per leaf, per run).
 LEAF_PREFIX = "__epochal_leaf_"
-#: Internal stage views are named ``{view}{STAGE_SEPARATOR}{n}``.
-STAGE_SEPARATOR = "__stage"
 #: How many of its least (MIN) or greatest (MAX) values a partial aggregate keeps per group when
 #: the view says nothing (``WITH (min_max_cache = n)``). A group's input is reread only when a
 #: change deletes all of them and inserts nothing better: with k values kept and deletes spread

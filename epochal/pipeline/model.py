@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     from epochal.incremental.planner import Plan
 
 
+#: Internal stage views the planner splits off a view are named ``{view}{STAGE_SEPARATOR}{n}``.
+STAGE_SEPARATOR = "__stage"
+
+
 @dataclass(frozen=True)
 class Location:
     file: str
