@@ -5,10 +5,13 @@ Modes, chosen by settings (EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or resou
 * a cluster master URL (``spark://host:7077``, ``yarn``, ``k8s://...``): the driver runs in the run's
   process, executors on the cluster.
 * a Spark Connect remote (``sc://host:15002``): no local JVM at all; the server does the work.
+* ``EPOCHAL_SPARK_MODE=server``: Spark Connect to the local server Epochal manages
+  (epochal/spark_server.py), started when a step first needs Spark if it is not running.
 """
 
 
 import os
+from pathlib import Path
 from typing import Any
 
 from dagster import EnvVar, InitResourceContext
@@ -43,6 +46,12 @@ class EpochalSparkResource(LazyPySparkResource):
     stop_on_teardown: bool = Field(
         default=True, description="Stop the session when the run ends (off when a caller shares its own session)."
     )
+    server_home: str = Field(
+        default="",
+        description="EPOCHAL_HOME whose managed Spark Connect server runs attach to (EPOCHAL_SPARK_MODE=server); "
+        "empty: no managed server. `remote` wins.",
+    )
+    server_port: int = Field(default=15052, description="Port of the managed server (EPOCHAL_SPARK_PORT).")
     secret_conf: str = Field(
         default="",
         description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "
@@ -64,6 +73,8 @@ class EpochalSparkResource(LazyPySparkResource):
             secret_conf=EnvVar(conf_env) if secret else "",
             master=settings.spark_master,
             remote=remote,
+            server_home=str(settings.home) if settings.spark_mode == "server" else "",
+            server_port=settings.spark_port,
         )
 
     def session_conf(self) -> dict[str, str]:
@@ -77,11 +88,15 @@ class EpochalSparkResource(LazyPySparkResource):
         # Same lazy contract as dagster-pyspark (no JVM until a step asks for Spark), but through
         # our builder: it checks Java first and knows Spark Connect.
         if self._spark_session is None:
+            conf = self.session_conf()
+            remote = _resolved(self.remote) or None
+            if remote is None and self.server_home:
+                from epochal.spark_server import ServerConfig, ensure
+
+                server = ServerConfig(Path(self.server_home), self.server_port, self.master, conf)
+                remote = ensure(server).url
             self._spark_session = build_spark_session(
-                master=self.master,
-                app_name=self.app_name,
-                conf=self.session_conf(),
-                remote=_resolved(self.remote) or None,
+                master=self.master, app_name=self.app_name, conf=conf, remote=remote
             )
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
