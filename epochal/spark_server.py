@@ -398,7 +398,8 @@ def _owner(port: int) -> str:
                     if SERVER_CLASS in cmdline and "--properties-file" in cmdline:
                         conf = Path(cmdline[cmdline.index("--properties-file") + 1])
                         return f" (pid {entry.name}: Epochal's Spark server of EPOCHAL_HOME={conf.parent.parent})"
-                    return f" (pid {entry.name}: {' '.join(cmdline).strip()[:120]})"
+                    command = " ".join(" ".join(cmdline).split())  # one line, whatever its arguments hold
+                    return f" (pid {entry.name}: {command[:120]})"
     return ""
 
 

@@ -1,4 +1,5 @@
-"""The Spark resource: dagster-pyspark's lazy session, plus Epochal's modes and a clean stop.
+"""The Spark resource: a lazy session (dagster-pyspark's ``LazyPySparkResource`` contract), Epochal's
+modes and a clean stop.
 
 Modes, chosen by settings (EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or resource config:
 * ``local[*]`` (default): a JVM in the run's process. With the in-process executor one run = one JVM.
@@ -14,9 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dagster import EnvVar, InitResourceContext
-from dagster_pyspark import LazyPySparkResource
-from pydantic import Field
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from pydantic import Field, PrivateAttr
 
 from epochal.errors import ConfigError
 from epochal.redaction import redact_url, split_secret_conf
@@ -34,12 +34,18 @@ def _secret_conf(raw: str) -> dict[str, str]:
     return split_secret_conf(parse_spark_conf(raw))[1]
 
 
-class EpochalSparkResource(LazyPySparkResource):
+class EpochalSparkResource(ConfigurableResource):
     """Resource config is what Dagster stores with every run and the UI shows, so it never holds a
     secret: Spark conf keys that look secret (``fs.s3a.secret.key``, ``...password``, ``...token``)
     stay out of ``spark_config`` and are read from ``EPOCHAL_SPARK_CONF`` through Dagster's
-    ``EnvVar`` when the session starts; a Spark Connect URL with a ``;token=`` is read the same way."""
+    ``EnvVar`` when the session starts; a Spark Connect URL with a ``;token=`` is read the same way.
 
+    The same lazy contract as dagster-pyspark's ``LazyPySparkResource`` (``spark_config``,
+    ``spark_session``, ``spark_context``; no session until a step asks), without subclassing it:
+    that module imports pyspark, and so did loading the definitions (0.3 s of every run, measured
+    by benchmarks/bench_warm_spark.py), though an epoch with no new records never touches Spark."""
+
+    spark_config: dict[str, Any] = Field(default_factory=dict, description="Spark conf (no secrets).")
     master: str = Field(default="local[*]", description="Spark master URL, ignored when `remote` is set.")
     remote: str = Field(default="", description="Spark Connect URL (sc://host:port); empty for a JVM session.")
     app_name: str = Field(default="epochal")
@@ -57,6 +63,8 @@ class EpochalSparkResource(LazyPySparkResource):
         description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "
         "keys (only those) join `spark_config` in the session, never in config Dagster stores or shows.",
     )
+
+    _spark_session: Any = PrivateAttr(default=None)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "EpochalSparkResource":
@@ -98,6 +106,15 @@ class EpochalSparkResource(LazyPySparkResource):
             self._spark_session = build_spark_session(
                 master=self.master, app_name=self.app_name, conf=conf, remote=remote
             )
+
+    @property
+    def spark_session(self) -> Any:
+        self._init_session()
+        return self._spark_session
+
+    @property
+    def spark_context(self) -> Any:
+        return self.spark_session.sparkContext
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session: Any = self._spark_session
