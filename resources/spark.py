@@ -42,8 +42,8 @@ class EpochalSparkResource(ConfigurableResource):
 
     The same lazy contract as dagster-pyspark's ``LazyPySparkResource`` (``spark_config``,
     ``spark_session``, ``spark_context``; no session until a step asks), without subclassing it:
-    that module imports pyspark, and so did loading the definitions (0.3 s of every run, measured
-    by benchmarks/bench_warm_spark.py), though an epoch with no new records never touches Spark."""
+    that module imports pyspark, so loading the definitions did too (0.2-0.3 s, in every process that
+    loads them: a code server, `dg check defs`, each run); now pyspark loads when a step needs it."""
 
     spark_config: dict[str, Any] = Field(default_factory=dict, description="Spark conf (no secrets).")
     master: str = Field(default="local[*]", description="Spark master URL, ignored when `remote` is set.")
