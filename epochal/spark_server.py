@@ -68,6 +68,9 @@ class ServerConfig:
         """The server's Spark conf: Epochal's defaults, then the user's, then what only we decide."""
         return {
             **DEFAULT_CONF,
+            # at INFO the server logs every gRPC call (~1 MB for a few runs of the demo): a server
+            # that lives for weeks would fill its disk. EPOCHAL_SPARK_CONF can set it back.
+            "spark.log.level": "WARN",
             **self.conf,
             "spark.master": self.master,
             "spark.app.name": "epochal-server",
