@@ -1,4 +1,5 @@
-"""The `epochal` command: status, query, produce, recover, compact, pause, resume, backfill, settings, validate.
+"""The `epochal` command: status, query, produce, recover, compact, pause, resume, backfill, settings,
+validate, spark.
 
 Every command exits non-zero with one clear line on bad input; tracebacks are for bugs only.
 """
@@ -24,13 +25,13 @@ def _runtime():  # noqa: ANN202 - imported lazily so `epochal --help` stays inst
     from epochal.pipeline.loader import load_pipeline
     from epochal.runtime import EpochRuntime
     from epochal.settings import Settings
-    from epochal.spark_session import build_spark_session
+    from epochal.spark_session import session_for
 
     settings = Settings.from_env()
     pipeline = load_pipeline(settings.pipeline_dir)
 
     def spark():  # noqa: ANN202 - only `produce`/`query` never need it
-        return build_spark_session(settings.spark_master, "epochal-cli", settings.spark_conf, settings.spark_remote)
+        return session_for(settings, "epochal-cli")
 
     return EpochRuntime(settings, pipeline, spark)
 
@@ -220,11 +221,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # Every plan analysed by Spark over empty inputs (no job), as a run's first step does; a
         # pass is remembered in EPOCHAL_HOME, so that run does not analyse again.
         from epochal.incremental.analysis import check_pipeline
-        from epochal.spark_session import build_spark_session
+        from epochal.spark_session import session_for
 
         def spark():  # noqa: ANN202
-            master, conf, remote = settings.spark_master, settings.spark_conf, settings.spark_remote
-            return build_spark_session(master, "epochal-validate", conf, remote)
+            return session_for(settings, "epochal-validate")
 
         seconds = check_pipeline(spark, pipeline, home=settings.home)
         analysed = "analysed before (same plans)" if seconds is None else f"analysed by Spark in {seconds:.2f}s"
@@ -308,6 +308,29 @@ def _rate(text: str) -> str:
     return text
 
 
+def cmd_spark(args: argparse.Namespace) -> int:
+    from epochal import spark_server
+    from epochal.settings import Settings
+
+    settings = Settings.from_env()
+    if args.action == "start":
+        current, started = spark_server.start(spark_server.ServerConfig.from_settings(settings))
+        verb = "started" if started else "already running:"
+        print(f"Spark server {verb} {current.url} (pid {current.pid}); runs use it with EPOCHAL_SPARK_MODE=server")
+        return 0
+    if args.action == "stop":
+        stopped = spark_server.stop(settings.home)
+        print("no Spark server was running" if stopped is None else f"stopped the Spark server (pid {stopped.pid})")
+        return 0
+    current = spark_server.status(settings.home)
+    if args.json:
+        print(json.dumps(None if current is None else current.to_json(), indent=2))
+    else:
+        print(spark_server.describe(current))
+    # scripts can test health by the exit code: 0 healthy, 1 not running or not healthy
+    return 0 if current is not None and current.healthy else EXIT_ERROR
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epochal", description="Epochs, barriers and checkpoints on Dagster + Spark.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -351,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="load the pipeline and report every error, without running anything")
     p.add_argument("--no-spark", action="store_true", help="check with sqlglot only: no JVM, plans not analysed")
     p.set_defaults(fn=cmd_validate)
+    p = sub.add_parser("spark", help="the local Spark server of EPOCHAL_SPARK_MODE=server: start, stop, status")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("--json", action="store_true", help="status as JSON")
+    p.set_defaults(fn=cmd_spark)
     return parser
 
 

@@ -185,6 +185,16 @@ class Settings:
         "Spark Connect server, `sc://host:15002`; wins over the master.",
         redact=redact_url,
     )
+    spark_mode: str = setting(
+        "EPOCHAL_SPARK_MODE",
+        "local",
+        "`local`: each run starts Spark in its own process (~20 s); `server`: runs attach to a Spark Connect "
+        "server Epochal starts on first use and keeps (`epochal spark status`). EPOCHAL_SPARK_REMOTE wins over both.",
+        choices=("local", "server"),
+    )
+    spark_port: int = setting(
+        "EPOCHAL_SPARK_PORT", "15052", "Port (on 127.0.0.1) of the Spark server of `server` mode.", minimum=1
+    )
     spark_conf: Mapping[str, str] = setting(
         "EPOCHAL_SPARK_CONF",
         "",
@@ -207,6 +217,8 @@ class Settings:
                 f"EPOCHAL_MAX_IN_FLIGHT={self.max_in_flight} is below EPOCHAL_CHECKPOINT_FREQUENCY="
                 f"{self.checkpoint_frequency}: raise the limit to at least the checkpoint frequency"
             )
+        if self.spark_port > 65535:
+            raise ConfigError(f"EPOCHAL_SPARK_PORT={self.spark_port} is not a TCP port: use 1-65535")
 
     def __repr__(self) -> str:
         # A repr ends up in logs and tracebacks: secrets never go with it.

@@ -98,3 +98,22 @@ def build_spark_session(
     for key, value in merged.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def spark_remote_for(settings) -> str | None:  # noqa: ANN001 - Settings (spark_session stays light)
+    """The Spark Connect URL a session of ``settings`` attaches to, or None for a JVM in this process.
+
+    EPOCHAL_SPARK_REMOTE wins (a cluster's Connect server); in ``server`` mode it is Epochal's own
+    local server, started now if it is not running (or died)."""
+    if settings.spark_remote:
+        return settings.spark_remote
+    if settings.spark_mode == "server":
+        from epochal.spark_server import ServerConfig, ensure
+
+        return ensure(ServerConfig.from_settings(settings)).url
+    return None
+
+
+def session_for(settings, app_name: str) -> "SparkSession":  # noqa: ANN001 - Settings
+    """The session of ``settings``' mode: local or cluster JVM, Epochal's server, or a Connect remote."""
+    return build_spark_session(settings.spark_master, app_name, settings.spark_conf, spark_remote_for(settings))

@@ -1,19 +1,22 @@
-"""The Spark resource: dagster-pyspark's lazy session, plus Epochal's modes and a clean stop.
+"""The Spark resource: a lazy session (dagster-pyspark's ``LazyPySparkResource`` contract), Epochal's
+modes and a clean stop.
 
 Modes, chosen by settings (EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or resource config:
 * ``local[*]`` (default): a JVM in the run's process. With the in-process executor one run = one JVM.
 * a cluster master URL (``spark://host:7077``, ``yarn``, ``k8s://...``): the driver runs in the run's
   process, executors on the cluster.
 * a Spark Connect remote (``sc://host:15002``): no local JVM at all; the server does the work.
+* ``EPOCHAL_SPARK_MODE=server``: Spark Connect to the local server Epochal manages
+  (epochal/spark_server.py), started when a step first needs Spark if it is not running.
 """
 
 
 import os
+from pathlib import Path
 from typing import Any
 
-from dagster import EnvVar, InitResourceContext
-from dagster_pyspark import LazyPySparkResource
-from pydantic import Field
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from pydantic import Field, PrivateAttr
 
 from epochal.errors import ConfigError
 from epochal.redaction import redact_url, split_secret_conf
@@ -31,23 +34,37 @@ def _secret_conf(raw: str) -> dict[str, str]:
     return split_secret_conf(parse_spark_conf(raw))[1]
 
 
-class EpochalSparkResource(LazyPySparkResource):
+class EpochalSparkResource(ConfigurableResource):
     """Resource config is what Dagster stores with every run and the UI shows, so it never holds a
     secret: Spark conf keys that look secret (``fs.s3a.secret.key``, ``...password``, ``...token``)
     stay out of ``spark_config`` and are read from ``EPOCHAL_SPARK_CONF`` through Dagster's
-    ``EnvVar`` when the session starts; a Spark Connect URL with a ``;token=`` is read the same way."""
+    ``EnvVar`` when the session starts; a Spark Connect URL with a ``;token=`` is read the same way.
 
+    The same lazy contract as dagster-pyspark's ``LazyPySparkResource`` (``spark_config``,
+    ``spark_session``, ``spark_context``; no session until a step asks), without subclassing it:
+    that module imports pyspark, so loading the definitions did too (0.2-0.3 s, in every process that
+    loads them: a code server, `dg check defs`, each run); now pyspark loads when a step needs it."""
+
+    spark_config: dict[str, Any] = Field(default_factory=dict, description="Spark conf (no secrets).")
     master: str = Field(default="local[*]", description="Spark master URL, ignored when `remote` is set.")
     remote: str = Field(default="", description="Spark Connect URL (sc://host:port); empty for a JVM session.")
     app_name: str = Field(default="epochal")
     stop_on_teardown: bool = Field(
         default=True, description="Stop the session when the run ends (off when a caller shares its own session)."
     )
+    server_home: str = Field(
+        default="",
+        description="EPOCHAL_HOME whose managed Spark Connect server runs attach to (EPOCHAL_SPARK_MODE=server); "
+        "empty: no managed server. `remote` wins.",
+    )
+    server_port: int = Field(default=15052, description="Port of the managed server (EPOCHAL_SPARK_PORT).")
     secret_conf: str = Field(
         default="",
         description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "
         "keys (only those) join `spark_config` in the session, never in config Dagster stores or shows.",
     )
+
+    _spark_session: Any = PrivateAttr(default=None)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "EpochalSparkResource":
@@ -64,6 +81,8 @@ class EpochalSparkResource(LazyPySparkResource):
             secret_conf=EnvVar(conf_env) if secret else "",
             master=settings.spark_master,
             remote=remote,
+            server_home=str(settings.home) if settings.spark_mode == "server" else "",
+            server_port=settings.spark_port,
         )
 
     def session_conf(self) -> dict[str, str]:
@@ -77,12 +96,25 @@ class EpochalSparkResource(LazyPySparkResource):
         # Same lazy contract as dagster-pyspark (no JVM until a step asks for Spark), but through
         # our builder: it checks Java first and knows Spark Connect.
         if self._spark_session is None:
+            conf = self.session_conf()
+            remote = _resolved(self.remote) or None
+            if remote is None and self.server_home:
+                from epochal.spark_server import ServerConfig, ensure
+
+                server = ServerConfig(Path(self.server_home), self.server_port, self.master, conf)
+                remote = ensure(server).url
             self._spark_session = build_spark_session(
-                master=self.master,
-                app_name=self.app_name,
-                conf=self.session_conf(),
-                remote=_resolved(self.remote) or None,
+                master=self.master, app_name=self.app_name, conf=conf, remote=remote
             )
+
+    @property
+    def spark_session(self) -> Any:
+        self._init_session()
+        return self._spark_session
+
+    @property
+    def spark_context(self) -> Any:
+        return self.spark_session.sparkContext
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session: Any = self._spark_session

@@ -1,0 +1,456 @@
+"""A local Spark Connect server that Epochal starts, supervises and stops (`EPOCHAL_SPARK_MODE=server`).
+
+A run in local mode starts its own JVM, which costs ~20 s before the first step; with a warm server a
+run only attaches to it over gRPC. The server's files live in ``$EPOCHAL_HOME/spark/``:
+
+* ``server.json``: the state (pid, port, when it started, the conf it started with);
+* ``server.log``: its output (the previous one kept as ``server.log.prev``, to see why it died);
+* ``spark.conf``: its Spark conf, passed as a properties file so that secret keys of
+  ``EPOCHAL_SPARK_CONF`` never show in ``ps`` (the file is readable by its owner only);
+* ``lock``: held while starting or stopping, so concurrent runs start one server, not two.
+
+The server is a separate process group (it outlives the run or command that started it) that
+listens on 127.0.0.1 only: a Connect server runs any code its clients send. Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from epochal.errors import EpochalError
+from epochal.spark_session import DEFAULT_CONF, check_java
+
+log = logging.getLogger("epochal.spark_server")
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+HOST = "127.0.0.1"
+#: the JVM needs ~10-20 s on a small machine; a loaded one, much more
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 30.0
+
+
+class SparkServerError(EpochalError):
+    """The managed Spark Connect server cannot be started, reached or stopped."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What a managed server is started with: the settings' home, port, master and Spark conf."""
+
+    home: Path
+    port: int
+    master: str = "local[*]"
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings) -> ServerConfig:  # noqa: ANN001 - Settings; imported lazily
+        return cls(Path(settings.home), settings.spark_port, settings.spark_master, dict(settings.spark_conf))
+
+    @property
+    def directory(self) -> Path:
+        return server_directory(self.home)
+
+    def spark_conf(self) -> dict[str, str]:
+        """The server's Spark conf: Epochal's defaults, then the user's, then what only we decide."""
+        return {
+            **DEFAULT_CONF,
+            # at INFO the server logs every gRPC call (~1 MB for a few runs of the demo): a server
+            # that lives for weeks would fill its disk. EPOCHAL_SPARK_CONF can set it back.
+            "spark.log.level": "WARN",
+            **self.conf,
+            "spark.master": self.master,
+            "spark.app.name": "epochal-server",
+            "spark.connect.grpc.binding.address": HOST,
+            "spark.connect.grpc.binding.port": str(self.port),
+            # Spark would move to the next port when this one is taken: runs would then not find it
+            "spark.connect.grpc.port.maxRetries": "0",
+            # marks the process as the server of this home, so a reused pid is never mistaken for it
+            "spark.epochal.home": str(self.home),
+        }
+
+    def fingerprint(self) -> str:
+        """A digest of the conf (not the conf: it may hold secrets), to notice a changed conf."""
+        text = json.dumps(self.spark_conf(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """A managed server as found now; ``problem`` says why it is not healthy."""
+
+    pid: int
+    port: int
+    started_at: float
+    log: str
+    healthy: bool
+    problem: str | None = None
+    rss_bytes: int | None = None
+    conf_fingerprint: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"sc://{HOST}:{self.port}"
+
+    @property
+    def uptime_s(self) -> float:
+        return max(0.0, time.time() - self.started_at)
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "url": self.url, "uptime_s": round(self.uptime_s, 1)}
+
+
+def server_directory(home: Path) -> Path:
+    return Path(home) / "spark"
+
+
+def spark_home() -> Path:
+    """``$SPARK_HOME`` if set, else the pyspark install: its jars include the Connect server."""
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"])
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise SparkServerError("pyspark is not installed: `pip install -e .` (or set SPARK_HOME to a Spark 4 install)")
+    return Path(spec.origin).parent
+
+
+# ---------------------------------------------------------------------------------------- queries
+
+
+def status(home: Path) -> ServerStatus | None:
+    """The managed server of ``home`` as it is now, or None if Epochal never started one (or stopped it)."""
+    state = _read_state(server_directory(home))
+    if state is None:
+        return None
+    pid, port = int(state["pid"]), int(state["port"])
+    problem = None
+    if not _is_our_server(pid, Path(home)):
+        problem = f"the server (pid {pid}) is not running; see {state['log']}"
+    elif not _listening(port):
+        problem = f"the server (pid {pid}) runs but does not answer on {HOST}:{port}; see {state['log']}"
+    return ServerStatus(
+        pid=pid,
+        port=port,
+        started_at=float(state["started_at"]),
+        log=str(state["log"]),
+        healthy=problem is None,
+        problem=problem,
+        rss_bytes=_rss_bytes(pid) if problem is None or "does not answer" in problem else None,
+        conf_fingerprint=str(state.get("conf_fingerprint", "")),
+    )
+
+
+# ---------------------------------------------------------------------------------------- actions
+
+
+def ensure(config: ServerConfig) -> ServerStatus:
+    """A healthy managed server for ``config``: the running one, or a new one if there is none or it died."""
+    with _locked(config.directory):
+        return _ensure_locked(config)
+
+
+def start(config: ServerConfig) -> tuple[ServerStatus, bool]:
+    """Start the server unless a healthy one runs; returns it and whether it was started now."""
+    with _locked(config.directory):
+        before = status(config.home)
+        current = _ensure_locked(config)
+        return current, before is None or not before.healthy
+
+
+def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> ServerStatus | None:
+    """Stop the managed server of ``home`` (SIGTERM, then SIGKILL after ``timeout_s``); returns what
+    was stopped, or None when there was nothing to stop."""
+    directory = server_directory(home)
+    with _locked(directory):
+        current = status(home)
+        if current is None:
+            return None
+        if _is_our_server(current.pid, Path(home)):
+            _terminate(current.pid, timeout_s)
+        (directory / "server.json").unlink(missing_ok=True)
+        return current
+
+
+def _ensure_locked(config: ServerConfig) -> ServerStatus:
+    current = status(config.home)
+    if current is not None and current.healthy:
+        if current.port != config.port:
+            raise SparkServerError(
+                f"Epochal's Spark server for {config.home} listens on port {current.port}, not "
+                f"EPOCHAL_SPARK_PORT={config.port}: run `epochal spark stop` to restart it on the new port"
+            )
+        if current.conf_fingerprint and current.conf_fingerprint != config.fingerprint():
+            log.warning(
+                "Epochal's Spark server (pid %d) was started with another Spark conf or master; runs use it "
+                "as it is: `epochal spark stop` to restart it with the current settings",
+                current.pid,
+            )
+        return current
+    if current is not None:
+        # Known but not healthy: a JVM that died (out of memory, killed) or hangs. A hung one still
+        # holds the port, so it goes first.
+        log.warning("restarting Epochal's Spark server: %s", current.problem)
+        if _is_our_server(current.pid, config.home):
+            _terminate(current.pid, STOP_TIMEOUT_S)
+    return _launch(config)
+
+
+def _launch(config: ServerConfig) -> ServerStatus:
+    check_java()
+    _require_free_port(config.port)
+    directory = config.directory
+    directory.mkdir(parents=True, exist_ok=True)
+    log_path = directory / "server.log"
+    if log_path.exists():
+        log_path.replace(directory / "server.log.prev")
+    conf_path = directory / "spark.conf"
+    # created owner-only before anything is written: the conf may hold secret keys
+    fd = os.open(conf_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        for key, value in config.spark_conf().items():
+            out.write(f"{key} {_escape_property(value)}\n")
+    home = spark_home()
+    command = [
+        str(home / "bin" / "spark-submit"),
+        "--class", SERVER_CLASS,
+        "--properties-file", str(conf_path),
+    ]
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        # the server's Python workers (a sink's writer tasks) run Epochal's code: this interpreter has it
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(
+            command,
+            cwd=directory,  # Spark's own scratch files (spark-warehouse, derby.log) stay here
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # outlives the run or command that started it, and its Ctrl-C
+        )
+    started_at = time.time()
+    _write_state(directory, {
+        "pid": process.pid,
+        "port": config.port,
+        "started_at": started_at,
+        "log": str(log_path),
+        "conf_fingerprint": config.fingerprint(),
+        "python": sys.executable,
+    })
+    deadline = started_at + START_TIMEOUT_S
+    while True:
+        code = process.poll()
+        if code is not None:
+            (directory / "server.json").unlink(missing_ok=True)
+            raise SparkServerError(
+                f"the Spark Connect server exited with code {code} while starting; its log ({log_path}) "
+                f"ends with:\n{_tail(log_path)}"
+            )
+        if _listening(config.port):
+            break
+        if time.time() > deadline:
+            _terminate(process.pid, STOP_TIMEOUT_S)
+            (directory / "server.json").unlink(missing_ok=True)
+            raise SparkServerError(
+                f"the Spark Connect server did not listen on {HOST}:{config.port} within {START_TIMEOUT_S:.0f}s "
+                f"and was stopped; its log ({log_path}) ends with:\n{_tail(log_path)}"
+            )
+        time.sleep(0.25)
+    log.info("started Epochal's Spark server, pid %d, on %s:%d in %.1fs", process.pid, HOST, config.port,
+             time.time() - started_at)
+    found = status(config.home)
+    if found is None or not found.healthy:  # it listened a moment ago: only a death in between
+        raise SparkServerError(
+            f"the Spark Connect server stopped right after starting; its log ({log_path}) ends with:\n"
+            f"{_tail(log_path)}"
+        )
+    return found
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_state(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / "server.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, OSError) as exc:
+        raise SparkServerError(
+            f"{directory / 'server.json'} is unreadable ({exc}): stop the server by hand if one runs, then delete it"
+        ) from None
+
+
+def _write_state(directory: Path, state: dict) -> None:
+    temporary = directory / "server.json.tmp"
+    temporary.write_text(json.dumps(state, indent=2))
+    temporary.replace(directory / "server.json")  # readers never see half a file
+
+
+def _escape_property(value: str) -> str:
+    # java.util.Properties reads backslashes as escapes
+    return value.replace("\\", "\\\\")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _is_our_server(pid: int, home: Path) -> bool:
+    """``pid`` runs, and is the Connect server Epochal started for ``home`` (a pid can be reused)."""
+    cmdline = _cmdline(pid)
+    if SERVER_CLASS not in cmdline:
+        return False
+    if _zombie(pid):
+        return False
+    conf = str(server_directory(home) / "spark.conf")
+    return conf in cmdline
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex((HOST, port)) == 0
+
+
+def _require_free_port(port: int) -> None:
+    if not 0 < port < 65536:
+        raise SparkServerError(f"EPOCHAL_SPARK_PORT={port} is not a TCP port: use 1-65535")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+        try:
+            probe.bind((HOST, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise SparkServerError(f"cannot use port {port} for the Spark server: {exc.strerror}") from None
+            raise SparkServerError(
+                f"port {port} is taken by another process{_owner(port)}, so Epochal cannot start its Spark "
+                f"server there: set EPOCHAL_SPARK_PORT to a free port, or stop that process"
+            ) from None
+
+
+def _owner(port: int) -> str:
+    """`` (pid N: cmd)`` for the process listening on ``port``, when /proc shows it (same user)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(parts[9])
+    if not inodes:
+        return ""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    cmdline = _cmdline(int(entry.name))
+                    if SERVER_CLASS in cmdline and "--properties-file" in cmdline:
+                        conf = Path(cmdline[cmdline.index("--properties-file") + 1])
+                        return f" (pid {entry.name}: Epochal's Spark server of EPOCHAL_HOME={conf.parent.parent})"
+                    command = " ".join(" ".join(cmdline).split())  # one line, whatever its arguments hold
+                    return f" (pid {entry.name}: {command[:120]})"
+    return ""
+
+
+def _terminate(pid: int, timeout_s: float) -> None:
+    """SIGTERM (Spark stops its session and workers), SIGKILL if it does not go within ``timeout_s``."""
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            _reap(pid)
+            if _zombie(pid) or not _cmdline(pid):
+                return
+            time.sleep(0.2)
+    raise SparkServerError(f"the Spark server (pid {pid}) did not stop, even on SIGKILL: look at it with `ps {pid}`")
+
+
+def _reap(pid: int) -> None:
+    # A server this process started is its child: collect its exit, or it stays a zombie
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+def describe(current: ServerStatus | None) -> str:
+    """The lines `epochal spark status` prints."""
+    if current is None:
+        return "no Spark server: `epochal spark start` starts one (EPOCHAL_SPARK_MODE=server starts it on first use)"
+    memory = f"{current.rss_bytes / 2**20:.0f} MiB" if current.rss_bytes else "-"
+    state = "healthy" if current.healthy else f"NOT HEALTHY: {current.problem}"
+    return "\n".join([
+        f"state   : {state}",
+        f"url     : {current.url}",
+        f"pid     : {current.pid}",
+        f"uptime  : {current.uptime_s:.0f}s",
+        f"memory  : {memory} (RSS of the JVM)",
+        f"log     : {current.log}",
+    ])
+
+
+__all__ = ["ServerConfig", "ServerStatus", "SparkServerError", "describe", "ensure", "spark_home", "start",
+           "status", "stop"]

@@ -1,0 +1,157 @@
+"""The Spark Connect server Epochal manages (EPOCHAL_SPARK_MODE=server), on real JVMs.
+
+A server start costs 5-20 s, so the slow tests are few and each covers a whole life: start, reuse,
+death, restart, stop; and a pipeline whose runs attach to it, checked against the batch oracle.
+The error paths (port taken, Java missing, a server that cannot start) need no healthy server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from epochal.connectors.log import append_records
+from epochal.errors import JavaMissingError
+from epochal.spark_server import ServerConfig, SparkServerError, ensure, start, status, stop
+from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
+from tests.epochal_harness import make_harness
+from tests.test_incremental_views import EPOCHS, SOURCES
+from tests.test_spark_connect import VIEWS_ON_CONNECT
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _cli(home: Path, port: int, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    env |= {"EPOCHAL_HOME": str(home), "EPOCHAL_SPARK_PORT": str(port)}
+    return subprocess.run([sys.executable, "-m", "epochal.cli", "spark", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_start_reuse_death_restart_and_stop(tmp_path: Path) -> None:
+    home, port = tmp_path / "home", _free_port()
+    config = ServerConfig(home, port, "local[2]", {"spark.driver.memory": "1g"})
+    assert status(home) is None
+    try:
+        # `epochal spark start` in another process: the server must outlive the command that started it
+        started = _cli(home, port, "start")
+        assert started.returncode == 0, started.stderr
+        assert f"started sc://127.0.0.1:{port}" in started.stdout
+        first = status(home)
+        assert first is not None and first.healthy and _alive(first.pid), first
+        assert first.rss_bytes and first.rss_bytes > 50 * 2**20, "RSS of a JVM running Spark"
+        shown = _cli(home, port, "status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        described = json.loads(shown.stdout)
+        assert (described["pid"], described["url"], described["healthy"]) == (first.pid, first.url, True)
+        assert described["uptime_s"] >= 0
+
+        # a second start (and ensure) reuses the healthy server
+        again, was_started = start(config)
+        assert not was_started and again.pid == first.pid
+        assert ensure(config).pid == first.pid
+        assert "already running" in _cli(home, port, "start").stdout
+
+        # the JVM dies (OOM killer, kill -9): status says so, ensure starts a new one on the same port
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.time() + 10
+        while _alive(first.pid) and time.time() < deadline:
+            time.sleep(0.1)
+        dead = status(home)
+        assert dead is not None and not dead.healthy and "not running" in (dead.problem or "")
+        assert _cli(home, port, "status").returncode == 1, "status exits non-zero when the server is not healthy"
+        restarted = ensure(config)
+        assert restarted.healthy and restarted.pid != first.pid and restarted.port == port
+        assert (home / "spark" / "server.log.prev").exists(), "the dead server's log is kept"
+        assert oct((home / "spark" / "spark.conf").stat().st_mode & 0o777) == "0o600", "the conf may hold secrets"
+    finally:
+        stopped = _cli(home, port, "stop")
+    assert stopped.returncode == 0 and "stopped the Spark server" in stopped.stdout, stopped
+    assert status(home) is None and not _alive(restarted.pid)
+    assert "no Spark server was running" in _cli(home, port, "stop").stdout
+
+
+def test_port_taken_by_another_process_names_it_and_the_fix(tmp_path: Path) -> None:
+    port = _free_port()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', {port})); "
+         "s.listen(); print('listening', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "listening"
+        with pytest.raises(SparkServerError, match=f"port {port} is taken by another process.*pid {holder.pid}"):
+            start(ServerConfig(tmp_path, port))
+        run = _cli(tmp_path, port, "start")
+        assert run.returncode == 1
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and "set EPOCHAL_SPARK_PORT to a free port" in lines[0], run.stderr
+        assert status(tmp_path) is None, "nothing was started"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_java_missing_and_a_server_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    with pytest.raises(JavaMissingError, match="install a JDK"):
+        ensure(ServerConfig(tmp_path, _free_port()))
+    monkeypatch.delenv("JAVA_HOME")
+    # the JVM refuses a 1 KiB heap at once: the error carries the tail of the server's log
+    with pytest.raises(SparkServerError, match=r"(?s)exited with code \d+ while starting.*heap"):
+        ensure(ServerConfig(tmp_path, _free_port(), conf={"spark.driver.memory": "1k"}))
+    assert status(tmp_path) is None
+
+
+@pytest.mark.slow
+def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tmp_path: Path) -> None:
+    """Two `dagster job execute` runs in server mode: the first starts the server, the second reuses
+    it; every view equals a classic Spark batch over the committed source rows."""
+    statements = [f"CREATE MATERIALIZED VIEW {n} AS {q};" for n, q in VIEWS_ON_CONNECT.items()]
+    statements.append(
+        "CREATE SINK cheap_out FROM cheap WITH (connector = 'duckdb', database = 'out/cheap.duckdb', "
+        "table = 'cheap', type = 'upsert', primary_key = 'id', writers = '2');"
+    )
+    h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": "\n".join(statements)})
+    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
+    env = {"EPOCHAL_SPARK_MODE": "server", "EPOCHAL_SPARK_PORT": str(_free_port()),
+           "EPOCHAL_SPARK_CONF": "spark.driver.memory=1g"}
+    pids = []
+    try:
+        for orders, customers in (EPOCHS[0], EPOCHS[1]):
+            append_records(h.home / "data" / "orders", orders)
+            append_records(h.home / "data" / "customers", customers)
+            run = h.run_subprocess(env=env, timeout=600)
+            assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+            server = status(h.home)
+            assert server is not None and server.healthy, "the run left the managed server running"
+            pids.append(server.pid)
+            runtime = h.runtime(spark)  # classic Spark reads what the server wrote
+            assert_views_match_batch(runtime, VIEWS_ON_CONNECT)
+            assert_sink_exactly_once(runtime, "cheap_out")
+        assert pids[0] == pids[1], "the second run attached to the warm server"
+    finally:
+        stop(h.home)
