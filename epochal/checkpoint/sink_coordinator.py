@@ -16,6 +16,10 @@ consecutive committed epochs of the sink's upstream table, delivered in one down
   belongs to no PENDING batch (a run killed between its writers and PENDING), and cleans ABORTED
   attempts whose cleaning did not finish.
 
+A sink added to a table with history starts with a *snapshot batch* (epochs ``0..S``: the table's
+state at S, see :data:`epochal.sinks.base.SNAPSHOT_FIRST_EPOCH`), or after that history; where it
+starts is decided once, at its first delivery, and kept in ``sink_starts``.
+
 A slow or failing target never holds epochs back: delivery runs after the epoch commit, lags, and
 catches up from the change files, which retention keeps until they are delivered.
 """
@@ -279,8 +283,15 @@ class SinkCoordinator:
                 upto = cur.execute(
                     "SELECT max(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch < ?", [join_epoch]
                 ).fetchone()[0]
-            cur.execute("INSERT INTO sink_starts VALUES (?, ?, ?, ?)", [sink, snapshot, upto, time.time()])
-            return SinkStart(snapshot, upto)
+            # Two runs' first steps may decide at once: the first insert wins, both return it.
+            cur.execute(
+                "INSERT INTO sink_starts VALUES (?, ?, ?, ?) ON CONFLICT (sink) DO NOTHING",
+                [sink, snapshot, upto, time.time()],
+            )
+            decided = q.sink_start(cur, sink)
+            if decided is None:
+                raise InvariantViolation(f"sink {sink}: its start was recorded but cannot be read back")
+            return SinkStart(*decided)
 
         return self.backend.transaction(decide)
 
