@@ -15,7 +15,7 @@ def to_metadata(report: StepReport) -> dict[str, Any]:
     for key, value in report.metadata.items():
         if value is None:
             continue
-        if key in ("epoch", "committed_epoch", "delivered_epoch") and isinstance(value, int):
+        if key in ("epoch", "committed_epoch", "delivered_epoch", "snapshot_epoch") and isinstance(value, int):
             # Epochs exceed GraphQL's 32-bit Int; show them as text, with their wall-clock time.
             metadata[key] = MetadataValue.text(f"{value} ({epoch_datetime(value):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC)")
         else:

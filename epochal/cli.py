@@ -36,6 +36,22 @@ def _runtime():  # noqa: ANN202 - imported lazily so `epochal --help` stays inst
     return EpochRuntime(settings, pipeline, spark)
 
 
+def _sink_start(start: dict | None) -> str:
+    """How a sink started, when it did not start with the first epoch."""
+    if not start:
+        return ""
+    if not start["snapshot"]:
+        return f"; started after epoch {start['skipped_upto']} (snapshot = 'false')" if start["skipped_upto"] else ""
+    if start["snapshot_epoch"] is None:
+        return ""
+    if not start["snapshot_delivered"]:
+        return f"; snapshot @ {start['snapshot_epoch']} not delivered yet"
+    return (
+        f"; snapshot @ {start['snapshot_epoch']} ({start['snapshot_rows']} rows) "
+        f"delivered {_when(start['snapshot_delivered_at'])}"
+    )
+
+
 def _when(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -82,7 +98,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             if lag["lag_epochs"]:
                 behind = f"{lag['lag_epochs']} epoch(s), {lag['lag_seconds']:.0f}s behind"
             error = f"; last failure: {lag['last_error']}" if lag["last_error"] and lag["lag_epochs"] else ""
-            print(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{error}")
+            print(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{_sink_start(lag.get('start'))}{error}")
     if status["backfills"]:
         print("backfills       : phase, vnodes, rows, epochs behind (epochal backfill for more)")
         for view, b in status["backfills"].items():

@@ -16,7 +16,7 @@ import pytest
 
 from epochal.backfill.runner import BackfillRunner
 from epochal.errors import EpochalError
-from tests.consistency import assert_views_match_batch
+from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import REPO, SMALL_PIPELINE, make_harness
 
 #: one of each kind: linear, aggregate (partial), join, top-N, and a view on a new view
@@ -244,6 +244,8 @@ def test_backfill_job_and_sensor_in_dagster_and_a_dropped_view_retires(spark, tm
     _run(h, instance)
     runtime = h.runtime(spark)
     assert_views_match_batch(runtime, {"top_bid": NEW_VIEWS["top_bid"]})
+    # The sink created with the view waited for its join, then delivered its rows once (snapshot).
+    assert assert_sink_exactly_once(runtime, "top_out") > 0
     top_root = Path(runtime.warehouse.table_root("top_bid"))
     assert top_root.exists()
 

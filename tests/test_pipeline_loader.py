@@ -886,10 +886,14 @@ def test_view_options_are_checked(tmp_path: Path) -> None:
             + "CREATE MATERIALIZED VIEW w\nWITH (refresh = 'sometimes') AS SELECT auction FROM bid;\n"
             + "CREATE MATERIALIZED VIEW x\nWITH (min_max_cache = 'lots') AS SELECT auction FROM bid;\n"
             + "CREATE MATERIALIZED VIEW y\nWITH (min_max_cache = 0) AS SELECT auction FROM bid;\n"
-            + "CREATE MATERIALIZED VIEW z\nWITH (min_max_cach = 4) AS SELECT auction FROM bid;"
+            + "CREATE MATERIALIZED VIEW z\nWITH (min_max_cach = 4) AS SELECT auction FROM bid;\n"
+            + "CREATE MATERIALIZED VIEW r\nWITH (backfill_rate_limit = 'fast') AS SELECT auction FROM bid;\n"
+            + "CREATE MATERIALIZED VIEW s\nWITH (backfill_rate_limit = '-5') AS SELECT auction FROM bid;"
         },
     )
     messages = [i.message for i in found]
+    for bad in ("fast", "-5"):
+        assert any(f"backfill_rate_limit = '{bad}' is not a rate" in m for m in messages), messages
     assert any("unknown materialized view option 'refrsh': did you mean 'refresh'?" in m for m in messages)
     assert any("refresh = 'sometimes' is not a refresh mode" in m for m in messages)
     for bad in ("lots", "0"):
@@ -899,7 +903,7 @@ def test_view_options_are_checked(tmp_path: Path) -> None:
             for m in messages
         ), messages
     assert any("did you mean 'min_max_cache'?" in m for m in messages)
-    assert loader.VIEW_OPTIONS == frozenset({"refresh", "min_max_cache"})
+    assert loader.VIEW_OPTIONS == frozenset({"refresh", "min_max_cache", "backfill_rate_limit"})
 
 
 def test_a_view_sets_how_many_min_max_values_its_stage_keeps(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def _check_not_compacted(cur: Cursor, table: str, after: int | None, what: str) 
         raise StateCompacted(
             f"{what}: the change files of {table} up to epoch {dropped} were compacted into a snapshot "
             f"and deleted, and this read needs them (from epoch {after if after is not None else 'the first'} "
-            "on). Read state through StateReader.read_state; a sink or view added to a running pipeline "
+            "on). Read state through StateReader.read_state; a view added to a running pipeline "
             "needs a backfill"
         )
 
@@ -272,8 +272,9 @@ class SnapshotCatalog:
             if pinned is not None:
                 horizon = min(horizon, pinned)
             for sink in sinks:
-                delivered = q.sink_delivered(cur, sink)
-                horizon = min(horizon, delivered if delivered is not None else -1)
+                # what the sink still reads as change files (nothing, before its snapshot batch)
+                floor = q.sink_retention_floor(cur, sink)
+                horizon = horizon if floor is None else min(horizon, floor)
             dropped = _dropped_upto(cur, table)
             if horizon < 0 or (dropped is not None and horizon <= dropped):
                 return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=dropped)
@@ -336,10 +337,12 @@ class SnapshotCatalog:
                     return 0  # this table's every change file is still readable
                 horizon = dropped if horizon is None else min(horizon, dropped)
             for sink in sinks:
-                delivered = q.sink_delivered(cur, sink)
-                if delivered is None:
+                floor = q.sink_retention_floor(cur, sink)
+                if floor is None:
+                    continue  # it starts from a snapshot: no epoch's rows are listed for it
+                if floor < 0:
                     return 0
-                horizon = delivered if horizon is None else min(horizon, delivered)
+                horizon = floor if horizon is None else min(horizon, floor)
             for table in tables:
                 needed = backfill_log.needed_from(cur, table)
                 if needed is not None:  # a backfill still lists the epochs after it
@@ -359,11 +362,12 @@ class SnapshotCatalog:
                 for table in ("epoch_offsets", "collected"):
                     cur.execute(f"DELETE FROM {table} WHERE epoch IN ({old})", [limit])
                 # Finished sink batches before the horizon; the newest COMMITTED one of a sink ends
-                # at its delivered epoch, which is not before the horizon, so it stays.
+                # at its delivered epoch, which is not before the horizon, so it stays. A committed
+                # snapshot batch stays too (one per sink): status shows when the sink started.
                 cur.execute(
-                    "DELETE FROM sink_batches WHERE last_epoch < ? AND (state = 'COMMITTED' OR "
-                    "(state = 'ABORTED' AND cleaned))",
-                    [limit],
+                    "DELETE FROM sink_batches WHERE last_epoch < ? AND ((state = 'COMMITTED' AND first_epoch <> ?) "
+                    "OR (state = 'ABORTED' AND cleaned))",
+                    [limit, q.SNAPSHOT_FIRST_EPOCH],
                 )
                 cur.execute(f"DELETE FROM epochs WHERE epoch IN ({old})", [limit])
             return count

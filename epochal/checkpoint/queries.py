@@ -15,6 +15,7 @@ from epochal.checkpoint.records import (
 from epochal.connectors.base import SplitRange
 from epochal.epoch import BarrierKind
 from epochal.meta.backend import Cursor
+from epochal.sinks.base import SNAPSHOT_FIRST_EPOCH
 
 EPOCH_COLUMNS = "epoch, prev_epoch, kind, state, injected_at, committed_at, failure"
 IN_FLIGHT = "('INJECTED', 'COLLECTED')"
@@ -136,3 +137,40 @@ def sink_delivered(cur: Cursor, sink: str) -> int | None:
     return cur.execute(
         "SELECT max(last_epoch) FROM sink_batches WHERE sink = ? AND state = 'COMMITTED'", [sink]
     ).fetchone()[0]
+
+
+def sink_start(cur: Cursor, sink: str) -> tuple[bool, int | None] | None:
+    """(snapshot, history_upto) as decided at the sink's first delivery, or None when undecided."""
+    row = cur.execute("SELECT snapshot, history_upto FROM sink_starts WHERE sink = ?", [sink]).fetchone()
+    return None if row is None else (bool(row[0]), row[1])
+
+
+def sink_progress(cur: Cursor, sink: str) -> int | None:
+    """The newest epoch ``sink`` holds or never will: what it delivered, or, before its first batch,
+    the history a ``snapshot = 'false'`` start skips. The epochs after it are what the sink lags."""
+    delivered = sink_delivered(cur, sink)
+    if delivered is not None:
+        return delivered
+    start = sink_start(cur, sink)
+    return start[1] if start is not None and not start[0] else None
+
+
+def sink_retention_floor(cur: Cursor, sink: str) -> int | None:
+    """The newest epoch whose change files ``sink`` no longer needs (retention may drop them), -1
+    when it needs every one, or None when it needs none of the existing ones. A sink that will start
+    with a snapshot batch reads the table's state through its snapshot (any epoch it picks), not
+    change files, so it holds nothing back until that batch is PENDING; then it needs the changes
+    after the batch's epoch. An undecided sink may still deliver from the first epoch: it keeps all."""
+    delivered = sink_delivered(cur, sink)
+    if delivered is not None:
+        return delivered
+    start = sink_start(cur, sink)
+    if start is None or start[1] is None:
+        return -1
+    if not start[0]:
+        return start[1]
+    pending = cur.execute(
+        "SELECT max(last_epoch) FROM sink_batches WHERE sink = ? AND state = 'PENDING' AND first_epoch = ?",
+        [sink, SNAPSHOT_FIRST_EPOCH],
+    ).fetchone()[0]
+    return pending

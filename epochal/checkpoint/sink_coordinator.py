@@ -16,6 +16,10 @@ consecutive committed epochs of the sink's upstream table, delivered in one down
   belongs to no PENDING batch (a run killed between its writers and PENDING), and cleans ABORTED
   attempts whose cleaning did not finish.
 
+A sink added to a table with history starts with a *snapshot batch* (epochs ``0..S``: the table's
+state at S, see :data:`epochal.sinks.base.SNAPSHOT_FIRST_EPOCH`), or after that history; where it
+starts is decided once, at its first delivery, and kept in ``sink_starts``.
+
 A slow or failing target never holds epochs back: delivery runs after the epoch commit, lags, and
 catches up from the change files, which retention keeps until they are delivered.
 """
@@ -40,6 +44,7 @@ from epochal.faults import fault_point
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
 from epochal.sinks.base import (
+    SNAPSHOT_FIRST_EPOCH,
     BatchId,
     PrecommitLost,
     SinkConfigError,
@@ -91,6 +96,25 @@ class SinkBatch:
         return [r.metadata for r in self.results]
 
 
+@dataclass(frozen=True)
+class SinkStart:
+    """Where a sink starts, decided once at its first delivery (``sink_starts``): the table's history
+    up to ``history_upto`` (the newest committed epoch before that delivery's epoch) is delivered as
+    one snapshot batch (``snapshot``) or never; None: the sink was there from the first epoch."""
+
+    snapshot: bool
+    history_upto: int | None
+
+    @property
+    def delivers_snapshot(self) -> bool:
+        return self.snapshot and self.history_upto is not None
+
+    @property
+    def skipped_upto(self) -> int | None:
+        """The newest epoch a ``snapshot = 'false'`` start never delivers."""
+        return None if self.snapshot else self.history_upto
+
+
 @dataclass
 class DeliveryReport:
     """What one call of :meth:`SinkCoordinator.deliver` did, for logs and Dagster metadata."""
@@ -107,6 +131,9 @@ class DeliveryReport:
     delivered_epoch: int | None = None
     #: committed epochs still waiting (a batch not yet full, or the delivery stopped on an error)
     lag_epochs: int = 0
+    #: the epoch of the snapshot batch this call delivered (or re-committed), and its rows
+    snapshot_epoch: int | None = None
+    snapshot_rows: int = 0
     seconds: float = 0.0
     lost_race: bool = False
     #: another run held the sink's delivery claim for the whole wait: it delivers, this one did not
@@ -190,9 +217,10 @@ class SinkCoordinator:
         """How far ``sink`` is behind: the committed epochs it has not delivered, and the seconds
         since the oldest of them was committed."""
         delivered = SinkCoordinator._delivered(cur, sink)
+        progress = q.sink_progress(cur, sink)
         waiting, oldest = cur.execute(
             "SELECT count(*), min(committed_at) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?",
-            [-1 if delivered is None else delivered],
+            [-1 if progress is None else progress],
         ).fetchone()
         last_error = cur.execute(
             "SELECT error, updated_at FROM sink_batches WHERE sink = ? AND state = 'ABORTED' "
@@ -208,7 +236,85 @@ class SinkCoordinator:
             "lag_seconds": round(time.time() - oldest, 3) if oldest is not None else 0.0,
             "pending_batches": pending,
             "last_error": last_error[0] if last_error else None,
+            "start": SinkCoordinator._start_status(cur, sink),
         }
+
+    @staticmethod
+    def _start_status(cur: Cursor, sink: str) -> dict[str, Any] | None:
+        """How the sink started: its snapshot batch (epoch, rows, when committed), or the history it
+        skipped; None before its first delivery decided it."""
+        start = q.sink_start(cur, sink)
+        if start is None:
+            return None
+        snapshot, upto = start
+        if not snapshot:
+            return {"snapshot": False, "skipped_upto": upto}
+        row = cur.execute(
+            "SELECT last_epoch, rows_written, updated_at FROM sink_batches WHERE sink = ? AND first_epoch = ? "
+            "AND state = 'COMMITTED'",
+            [sink, SNAPSHOT_FIRST_EPOCH],
+        ).fetchone()
+        return {
+            "snapshot": True,
+            # None: the sink was there from the first epoch, it delivers every epoch (no snapshot)
+            "snapshot_epoch": row[0] if row else upto,
+            "snapshot_delivered": row is not None,
+            "snapshot_rows": row[1] if row else None,
+            "snapshot_delivered_at": row[2] if row else None,
+        }
+
+    # ------------------------------------------------------------------ where a sink starts
+
+    def start(self, sink: str, snapshot: bool, join_epoch: int) -> SinkStart:
+        """Where ``sink`` starts: decided at its first call (a delivery step of ``join_epoch``) and
+        recorded, so later runs, recoveries and a changed ``snapshot`` option keep it. The history
+        is the committed epochs before ``join_epoch``; a sink that already has batches (from before
+        starts were recorded) or joins at the first epoch has none."""
+
+        def decide(cur: Cursor) -> SinkStart:
+            known = q.sink_start(cur, sink)
+            if known is not None:
+                return SinkStart(*known)
+            batches = cur.execute(
+                "SELECT count(*) FROM sink_batches WHERE sink = ? AND state IN ('PENDING', 'COMMITTED')", [sink]
+            ).fetchone()[0]
+            upto = None
+            if not batches:
+                upto = cur.execute(
+                    "SELECT max(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch < ?", [join_epoch]
+                ).fetchone()[0]
+            # Two runs' first steps may decide at once: the first insert wins, both return it.
+            cur.execute(
+                "INSERT INTO sink_starts VALUES (?, ?, ?, ?) ON CONFLICT (sink) DO NOTHING",
+                [sink, snapshot, upto, time.time()],
+            )
+            decided = q.sink_start(cur, sink)
+            if decided is None:
+                raise InvariantViolation(f"sink {sink}: its start was recorded but cannot be read back")
+            return SinkStart(*decided)
+
+        return self.backend.transaction(decide)
+
+    def move_snapshot(self, sink: str, stale: int, epoch: int) -> SinkStart:
+        """Move a snapshot start whose state can no longer be read (retention released its snapshot
+        and change files) to ``epoch``; only while no snapshot batch is PENDING or COMMITTED, since
+        the target then holds or will hold it. Returns the start as it is now."""
+
+        def move(cur: Cursor) -> SinkStart:
+            batches = cur.execute(
+                "SELECT count(*) FROM sink_batches WHERE sink = ? AND state IN ('PENDING', 'COMMITTED')", [sink]
+            ).fetchone()[0]
+            if not batches:
+                cur.execute(
+                    "UPDATE sink_starts SET history_upto = ? WHERE sink = ? AND snapshot AND history_upto = ?",
+                    [epoch, sink, stale],
+                )
+            start = q.sink_start(cur, sink)
+            if start is None:
+                raise InvariantViolation(f"sink {sink}: a snapshot start to move, but none is recorded")
+            return SinkStart(*start)
+
+        return self.backend.transaction(move)
 
     # ------------------------------------------------------------------ transitions
 
@@ -347,6 +453,8 @@ class SinkCoordinator:
             if self._commit(target, batch.id, batch.results):
                 report.recommitted += 1
                 report.rows += batch.rows
+                if batch.id.snapshot:
+                    report.snapshot_epoch, report.snapshot_rows = batch.id.last_epoch, batch.rows
         still_pending = [b.id for b in self.batches(target.name) if b.state is SinkBatchState.PENDING]
         report.orphans_aborted += target.abort_orphans(still_pending)
         for batch in batches:
@@ -383,12 +491,21 @@ class SinkCoordinator:
         epochs: Sequence[tuple[int, T]],
         interval: int,
         write: Callable[[BatchId, list[T]], list[WriterResult]],
+        snapshot: tuple[int, T] | None = None,
+        after: int | None = None,
     ) -> DeliveryReport:
         """Deliver ``epochs`` ((epoch, payload) of committed epochs, in order, none delivered yet) in
         batches of ``interval`` epochs. A batch is delivered only when it is full, as RisingWave
         commits a sink every ``commit_checkpoint_interval`` checkpoints. ``write`` runs the
         writers of one batch over the payloads (the epochs' change files) and returns their
-        pre-commits."""
+        pre-commits.
+
+        ``snapshot = (S, payload)``: a sink that has delivered nothing first delivers ``payload``
+        (the table's state at epoch S) as one batch through the same two phases, which stands for
+        every epoch up to S. ``after``: the epoch ``epochs`` were listed after (the caller's idea of
+        the sink's progress); if the sink's progress is older once recovery ran (another run
+        delivered a snapshot at an earlier epoch meanwhile), the list misses epochs and this call
+        leaves them to the next delivery instead of skipping them."""
         started = time.time()
         owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
         if not self._wait_for_claim(target.name, owner):
@@ -397,14 +514,40 @@ class SinkCoordinator:
             report.lag_epochs = sum(1 for e, _ in epochs if delivered is None or e > delivered)
             log.info("sink %s: another run is delivering; this one leaves the epochs to it", target.name)
             return report
+        todo: list[tuple[int, T]] = []
         try:
             with Lease(f"sink {target.name}", lambda: self._renew(target.name, owner), self._renew_interval()):
                 report = self.recover(target)
                 delivered = self.delivered_epoch(target.name)
+                if snapshot is not None and delivered is None:
+                    rows = self._deliver_batch(
+                        target, SNAPSHOT_FIRST_EPOCH, snapshot[0], [snapshot[1]], write, report, owner
+                    )
+                    if rows is None:  # another run took the claim over and delivers the snapshot
+                        report.lost_race = True
+                        epochs = []
+                    else:
+                        report.batches += 1
+                        report.rows += rows
+                        report.snapshot_epoch, report.snapshot_rows = snapshot[0], rows
+                        delivered = snapshot[0]
+                progress = delivered if delivered is not None else self._progress(target.name)
+                if after is not None and (progress is None or progress < after):
+                    log.warning(
+                        "sink %s: delivered up to %s, but the epochs to deliver were listed after %s; "
+                        "the next delivery lists them again",
+                        target.name,
+                        progress,
+                        after,
+                    )
+                    report.lost_race = True
+                    epochs = []
                 todo = [(e, p) for e, p in epochs if delivered is None or e > delivered]
                 while len(todo) >= interval:
                     chunk, todo = todo[:interval], todo[interval:]
-                    outcome = self._deliver_batch(target, chunk, write, report, owner)
+                    outcome = self._deliver_batch(
+                        target, chunk[0][0], chunk[-1][0], [p for _, p in chunk], write, report, owner
+                    )
                     if outcome is None:  # another run took the claim over and delivers these epochs
                         report.lost_race = True
                         break
@@ -421,24 +564,28 @@ class SinkCoordinator:
     def _renew_interval(self) -> float:
         return max(0.05, self.claim_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
 
+    def _progress(self, sink: str) -> int | None:
+        return self.backend.transaction(lambda cur: q.sink_progress(cur, sink))
+
     def _deliver_batch(
         self,
         target: SinkTarget,
-        chunk: Sequence[tuple[int, T]],
+        first: int,
+        last: int,
+        payloads: list[T],
         write: Callable[[BatchId, list[T]], list[WriterResult]],
         report: DeliveryReport,
         owner: str | None = None,
     ) -> int | None:
-        """One batch, through as many attempts as coverage needs: the rows delivered, or None when
-        another run persisted the batch first."""
-        first, last = chunk[0][0], chunk[-1][0]
+        """One batch of epochs ``first..last`` (a snapshot batch: first is SNAPSHOT_FIRST_EPOCH),
+        through as many attempts as coverage needs: the rows delivered, or None when another run
+        persisted the batch first."""
         attempts = self.backend.transaction(
             lambda cur: cur.execute(
                 "SELECT coalesce(max(attempt), 0) FROM sink_batches WHERE sink = ? AND first_epoch = ?",
                 [target.name, first],
             ).fetchone()[0]
         )
-        payloads = [p for _, p in chunk]
         for attempt in range(attempts + 1, attempts + 1 + COVERAGE_ATTEMPTS):
             batch = BatchId(target.name, first, last, attempt, secrets.token_hex(4))
             try:

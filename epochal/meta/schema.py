@@ -122,6 +122,16 @@ DDL = (
         committed_end BIGINT,
         PRIMARY KEY (source, split)
     )""",
+    # Where a sink starts, decided once at its first delivery (epochal/checkpoint/sink_coordinator.py)
+    # so that every later run and recovery agrees. ``history_upto``: the newest committed epoch before
+    # the sink's first delivery step; the table's state at it is delivered as one snapshot batch
+    # (``snapshot``) or never (not ``snapshot``). NULL: the sink was there from the first epoch.
+    """CREATE TABLE IF NOT EXISTS sink_starts (
+        sink VARCHAR PRIMARY KEY,
+        snapshot BOOLEAN NOT NULL,
+        history_upto BIGINT,
+        decided_at DOUBLE PRECISION NOT NULL
+    )""",
     # A compaction renews its snapshot's lease while it writes (epochal/checkpoint/catalog.py):
     # recovery reaps a WRITING snapshot whose lease is older than the epoch timeout, not one whose
     # compaction is merely long.

@@ -54,6 +54,13 @@ class PrecommitLost(SinkError):
     the coordinator aborts the batch and delivers its epochs again."""
 
 
+#: first_epoch of a sink's *snapshot batch*: the table's state at its last_epoch (the snapshot epoch),
+#: delivered as one batch when a sink starts on a table with history (``snapshot = 'true'``). It
+#: stands for every epoch up to the snapshot epoch, so it overlaps, and excludes, any batch of those
+#: epochs. No real epoch is 0 (epochs count milliseconds since 2021, shifted).
+SNAPSHOT_FIRST_EPOCH = 0
+
+
 @dataclass(frozen=True, order=True)
 class BatchId:
     """One delivery attempt of epochs ``first_epoch..last_epoch`` (inclusive) of a sink. A failed
@@ -75,7 +82,13 @@ class BatchId:
         base = f"{self.first_epoch}-{self.last_epoch}-{self.attempt}"
         return f"{base}-{self.nonce}" if self.nonce else base
 
+    @property
+    def snapshot(self) -> bool:
+        return self.first_epoch == SNAPSHOT_FIRST_EPOCH
+
     def describe(self) -> str:
+        if self.snapshot:
+            return f"sink {self.sink}, snapshot at epoch {self.last_epoch}"
         if self.first_epoch == self.last_epoch:
             return f"sink {self.sink}, epoch {self.first_epoch}"
         return f"sink {self.sink}, epochs {self.first_epoch}..{self.last_epoch}"

@@ -24,7 +24,7 @@ from epochal.storage.vnode import VNODE_COUNT, vnode_column
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 _WRITER = "_epochal_writer"
@@ -63,6 +63,22 @@ def run_writers(
 
     columns = [quote(c) for c in target.columns]
     change = spark.read.schema(_with_weight(schema)).parquet(*files).select(*columns, F.col(WEIGHT).cast("long"))
+    return write_frame(spark, target, batch, change, schema, writers)
+
+
+def write_frame(
+    spark: SparkSession,
+    target: SinkTarget,
+    batch: BatchId,
+    change: DataFrame,
+    schema: StructType,
+    writers: int,
+) -> list[WriterResult]:
+    """Pre-commit ``batch`` from ``change`` (the target's columns and :data:`WEIGHT`): the change
+    files of its epochs, or for a snapshot batch the table's state, every row with weight 1."""
+    from pyspark.sql import functions as F
+
+    columns = [quote(c) for c in target.columns]
     if target.type == "upsert":
         change = change.groupBy(*columns).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
     # A target whose pre-commit is plain files lets Spark write them as the rows lie: no vnode

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 SINK_TYPES = ("append-only", "upsert")
 #: Options every sink takes: what it delivers and how the coordinator batches and spreads it.
-COMMON_OPTIONS = ("connector", "type", "primary_key", "commit_checkpoint_interval", "writers")
+COMMON_OPTIONS = ("connector", "type", "primary_key", "commit_checkpoint_interval", "writers", "snapshot")
+#: `snapshot = 'true'` (default): a sink added to a table with history first delivers the table's
+#: state as one batch; 'false': it delivers only the epochs after its first delivery (RisingWave's option).
+SNAPSHOT_VALUES = ("true", "false")
 #: Default writer tasks per sink; `writers = 'n'` overrides it per sink.
 DEFAULT_WRITERS = 2
 
@@ -100,6 +103,10 @@ def writer_count(options: Mapping[str, str]) -> int:
     return whole_number_option(options, "writers", DEFAULT_WRITERS, 1, [], maximum=VNODE_COUNT) or DEFAULT_WRITERS
 
 
+def snapshot_option(options: Mapping[str, str]) -> bool:
+    return options.get("snapshot", "true").strip().lower() != "false"
+
+
 def resolve_env(sink: str, options: Mapping[str, str]) -> dict[str, str]:
     """``options`` with every ``${NAME}`` value read from the environment."""
     resolved = dict(options)
@@ -149,6 +156,12 @@ def validate_sink(connector: str, options: Mapping[str, str], upstream_columns: 
             )
     whole_number_option(options, "commit_checkpoint_interval", 1, 1, problems, maximum=10_000)
     whole_number_option(options, "writers", DEFAULT_WRITERS, 1, problems, maximum=VNODE_COUNT)
+    snapshot = options.get("snapshot")
+    if snapshot is not None and snapshot.strip().lower() not in SNAPSHOT_VALUES:
+        problems.append(
+            f"option 'snapshot' must be 'true' (deliver the table's existing rows first, the default) or "
+            f"'false' (only epochs after the sink's first delivery), got '{snapshot}'"
+        )
     if spec.check is not None:
         problems += spec.check(options, upstream_columns)
     return problems
