@@ -109,7 +109,7 @@ def backfill_asset_name(view: str) -> str:
     return f"backfill__{view}"
 
 
-def _backfill_asset(view: str, upstreams: tuple[str, ...]) -> AssetsDefinition:
+def _backfill_asset(view: str, upstreams: tuple[str, ...], stages: list[str]) -> AssetsDefinition:
     @asset(
         name=backfill_asset_name(view),
         deps=list(upstreams),
@@ -128,7 +128,10 @@ def _backfill_asset(view: str, upstreams: tuple[str, ...]) -> AssetsDefinition:
 
         runtime = checkpoint.runtime
         deadline = time.monotonic() + runtime.settings.backfill_run_s
-        progress = BackfillRunner(runtime).advance_view(view, deadline)
+        runner = BackfillRunner(runtime)
+        for stage in stages:  # what the view reads: first
+            runner.advance_view(stage, deadline)
+        progress = runner.advance_view(view, deadline)
         return MaterializeResult(
             metadata=to_metadata(StepReport(context.asset_key.path[-1], _epoch(context), progress.metadata()))
         )
@@ -156,7 +159,10 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
         view = pipeline.views[name]
         assets.append(_view_asset(name, view.upstreams, _view_description(view)))
     for name in pipeline.view_order():
-        assets.append(_backfill_asset(name, pipeline.views[name].upstreams))
+        view = pipeline.views[name]
+        if view.internal_of is None:  # a view's internal stages backfill with it, under its asset
+            stages = [s for s in pipeline.view_order() if pipeline.views[s].internal_of == name]
+            assets.append(_backfill_asset(name, view.upstreams, stages))
     assets.append(_commit_asset(pipeline.tables))
     assets.append(_compaction_asset())
     for name, sink in pipeline.sinks.items():

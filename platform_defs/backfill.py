@@ -28,7 +28,12 @@ def advance_backfills(context: OpExecutionContext, checkpoint: CheckpointControl
         context.log.info("no backfill is pending")
         return
     context.log.info(f"advancing {len(pending)} backfill(s): {', '.join(b.view for b in pending)}")
+    views = runtime.pipeline.views
     for progress in runner.advance():
+        if views[progress.view].internal_of is not None:
+            # An internal stage: logged; its view's asset reports the backfill the user asked for.
+            context.log.info(f"stage {progress.view}: {progress.metadata()}")
+            continue
         epoch = progress.caught_up_epoch or progress.snapshot_epoch or 0
         checkpoint.ensure_partition(context.instance, epoch)
         record_materialization(context, StepReport(backfill_asset_name(progress.view), epoch, progress.metadata()))

@@ -116,6 +116,10 @@ class BackfillRunner:
     def advance_view(self, view: str, deadline: float) -> Progress:
         progress = Progress(view)
         started = time.time()
+        current = self.log.get(view)
+        if current is None or not current.phase.active:
+            progress.note = "no backfill to advance" if current is None else f"backfill {current.phase.shown}"
+            return self._finish(progress, started)
         if not self.log.claim(view):
             progress.note = "another runner is working on it"
             return self._finish(progress, started)
