@@ -27,14 +27,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.checkpoint.records import Collected
-from epochal.errors import EpochalError, require
+from epochal.errors import require
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
 from epochal.sql import quote, unquote
@@ -65,7 +65,6 @@ class Progress:
     note: str = ""
     caught_up_epoch: int | None = None
     snapshot_epoch: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def metadata(self) -> dict[str, Any]:
         rate = round(self.rows_read / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -512,4 +511,4 @@ def _exists(warehouse: Any, location: str) -> bool:
     return warehouse.fs.get_file_info(warehouse._path(location)).type != pafs.FileType.NotFound
 
 
-__all__ = ["BackfillRunner", "EpochalError", "Progress", "chunk_keys"]
+__all__ = ["BackfillRunner", "Progress", "chunk_keys"]
