@@ -119,6 +119,7 @@ def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow
 def test_a_killed_backfill_resumes_where_it_stopped(spark, tmp_path: Path, postgres_url: str, monkeyenv) -> None:
     """SIGKILL after a range is recorded, with a range's files moved but not recorded, and in the
     log-store phase: each run goes on from what the meta store (PostgreSQL here) recorded."""
