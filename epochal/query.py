@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from epochal.backfill.state import BackfillPhase
 from epochal.errors import EpochalError
 from epochal.sql import DUCKDB, quote, string_list
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
@@ -61,7 +62,7 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
     controller, warehouse = runtime.controller, runtime.warehouse
     epoch = controller.epoch_log.committed_epoch()
     con = duckdb.connect()
-    backfills = {b.view: b for b in controller.backfills.all() if b.phase.value != "JOINED"}
+    backfills = {b.view: b for b in controller.backfills.all() if b.phase is not BackfillPhase.JOINED}
     for table in runtime.pipeline.tables:
         columns = _columns_of(runtime, table)
         cols = ", ".join(quote(n, DUCKDB) for n, _ in columns)
@@ -102,7 +103,7 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
 
 
 def _not_joined(backfill: "Backfill") -> str:
-    if backfill.phase.value == "CANCELLED":
+    if backfill.phase is BackfillPhase.CANCELLED:
         return (
             f"view {backfill.view} has no rows: its backfill was cancelled. Restart it with "
             f"`epochal backfill {backfill.view} --restart`, or remove the view from the pipeline"

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from epochal.backfill.state import BackfillPhase
 from epochal.checkpoint.records import (
     Collected,
     EpochAborted,
@@ -94,8 +96,7 @@ class EpochRuntime:
         self._query_schemas: dict[str, "StructType"] = {}
         self.sink_steps = SinkSteps(self)
         self._plans_checked = False
-        #: set by the backfill runner while it writes a committed epoch of a view: where the view's
-        #: output is recorded instead of the epoch's collect (the epoch committed without it)
+        #: set by ``recording_for_backfill`` while a backfill writes a committed epoch of a view
         self._record_backfill: Callable[[Collected], None] | None = None
         self._backfill_root: str | None = None
 
@@ -338,7 +339,7 @@ class EpochRuntime:
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         backfill = self.controller.backfills.get(name)
-        if backfill is not None and backfill.phase.value != "JOINED":
+        if backfill is not None and backfill.phase is not BackfillPhase.JOINED:
             # Outside commit alignment: the epoch commits without it, the backfill writes it later.
             return StepReport(
                 name,
@@ -352,6 +353,17 @@ class EpochRuntime:
                 },
             )
         return self._guard(epoch, lambda: self.view_epoch(epoch, name, run_id, release))
+
+    @contextmanager
+    def recording_for_backfill(self, root: str, record: Callable[[Collected], None]) -> Iterator[None]:
+        """Within the block, a view step writes its change under ``root`` (a backfill's directory,
+        which recovery's sweep never lists) and hands what it collected to ``record`` instead of
+        the epoch's collect: the backfill writes epochs that committed without the view."""
+        self._record_backfill, self._backfill_root = record, root
+        try:
+            yield
+        finally:
+            self._record_backfill, self._backfill_root = None, None
 
     def view_epoch(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         """The view's step for ``epoch``, without the epoch's lease (``run_view`` holds it; the

@@ -23,11 +23,19 @@ def grown(home: Path, meta_url: str, fingerprints: dict[str, str] | None = None)
     )
 
 
-def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_url: str) -> None:
-    old = CheckpointController(settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS)
+def history(home: Path, meta_url: str, fingerprints: dict[str, str] | None = None) -> int:
+    """A pipeline of src, v1, v2 with one committed epoch (returned), before v3 and v4 are added."""
+    old = CheckpointController(
+        settings(home, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS, fingerprints=fingerprints
+    )
     start(old)
     first = old.epoch_log.inject(plan_ten).epoch
     collect_all(old, first)
+    return first
+
+
+def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_url: str) -> None:
+    first = history(tmp_path, meta_url)
     ctl = grown(tmp_path, meta_url)
     e2 = ctl.epoch_log.inject(plan_ten).epoch  # registers v3 (snapshot) and v4 (waits for v3)
     backfills = {b.view: b for b in ctl.backfills.all()}
@@ -70,10 +78,7 @@ def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_
 
 
 def test_retention_keeps_what_a_backfill_reads(tmp_path: Path, meta_url: str) -> None:
-    old = CheckpointController(settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS)
-    start(old)
-    e1 = old.epoch_log.inject(plan_ten).epoch
-    collect_all(old, e1)
+    e1 = history(tmp_path, meta_url)
     ctl = grown(tmp_path, meta_url)
     epochs = []
     for _ in range(3):
@@ -91,11 +96,7 @@ def test_retention_keeps_what_a_backfill_reads(tmp_path: Path, meta_url: str) ->
 
 def test_a_changed_definition_restarts_a_backfill_and_refuses_a_joined_view(tmp_path: Path, meta_url: str) -> None:
     fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
-    old = CheckpointController(
-        settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS, fingerprints=fingerprints
-    )
-    start(old)
-    collect_all(old, old.epoch_log.inject(plan_ten).epoch)
+    history(tmp_path, meta_url, fingerprints)
     ctl = grown(tmp_path, meta_url, fingerprints)
     collect_all(ctl, ctl.epoch_log.inject(plan_ten).epoch)
     started = ctl.backfills.get("v3").started_at

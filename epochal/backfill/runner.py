@@ -237,12 +237,14 @@ class BackfillRunner:
             if not self._throttle(view, rows_read, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return False
-        files = warehouse.snapshot_files(target) if _exists(warehouse, target) else []
+        if not warehouse.exists(target):  # a view with no rows at all
+            warehouse.make_dir(target)
+        files = warehouse.snapshot_files(target)
         rows = warehouse.files_row_count(files)
         key = self.runtime.distribution_key(view)
-        schema = self.runtime.query_schema(view) if not files else self._written_schema(files)
-        if not _exists(warehouse, target):
-            warehouse.fs.create_dir(warehouse._path(target), recursive=True)
+        # The schema Spark wrote (a partial aggregate's hidden columns included), from one footer.
+        written = warehouse.written_schema([files[0].rsplit("/", 1)[0]]) if files else None
+        schema = written or self.runtime.query_schema(view)
         self.log.finish_snapshot(view, target, key, schema.json(), rows, len(files))
         warehouse.delete([f"{root}/staging"])
         log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
@@ -262,26 +264,9 @@ class BackfillRunner:
         per_vnode = max(1.0, total / VNODES_TOTAL)
         return max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
 
-    def _written_schema(self, files: list[str]):
-        from epochal.storage.warehouse import _recorded_schema
-
-        footers = self.runtime.warehouse._footers(files[:1])
-        recorded = _recorded_schema(footers[0])
-        return recorded if recorded is not None else self.runtime.spark.read.parquet(files[0]).schema
-
     def _clean_unrecorded(self, target: str, known: set[str]) -> None:
-        warehouse = self.runtime.warehouse
-        if not _exists(warehouse, target):
-            return
-        import pyarrow.fs as pafs
-
-        path = warehouse._path(target)
-        for info in warehouse.fs.get_file_info(pafs.FileSelector(path, recursive=True)):
-            if info.type != pafs.FileType.File or not info.base_name.startswith("r"):
-                continue
-            prefix = info.base_name[: len("r000-12345678-")]
-            if prefix not in known:
-                warehouse.fs.delete_file(info.path)
+        for path in self.runtime.warehouse.keep_prefixed(target, known):
+            log.info("backfill: deleted %s, written for a vnode range never recorded", path)
 
     def _write_range(
         self,
@@ -404,13 +389,8 @@ class BackfillRunner:
                 )
                 recorded.append(collected)
 
-            runtime._record_backfill = record
-            runtime._backfill_root = root
-            try:
+            with runtime.recording_for_backfill(root, record):
                 runtime.view_epoch(epoch, view, run_id="backfill")
-            finally:
-                runtime._record_backfill = None
-                runtime._backfill_root = None
             require(len(recorded) == 1, f"the backfill of {view} recorded epoch {epoch} once")
             progress.epochs_written += 1
             log.info(
@@ -424,21 +404,8 @@ class BackfillRunner:
 
     def _clean_unrecorded_epochs(self, view: str, root: str) -> None:
         """Change files a killed runner wrote under ``root`` but never recorded."""
-        import pyarrow.fs as pafs
-
-        warehouse = self.runtime.warehouse
-        if not _exists(warehouse, root):
-            return
-        recorded = {warehouse._path(loc) for loc in self.log.recorded_locations(view)}
-        for epoch_dir in warehouse.fs.get_file_info(pafs.FileSelector(warehouse._path(root))):
-            if epoch_dir.type != pafs.FileType.Directory or not epoch_dir.base_name.startswith("epoch="):
-                continue
-            for attempt in warehouse.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
-                if attempt.type == pafs.FileType.Directory and attempt.path not in recorded:
-                    warehouse.fs.delete_dir(attempt.path)
-                    log.info(
-                        "backfill %s: deleted %s, written by a runner that died before recording it", view, attempt.path
-                    )
+        for path in self.runtime.warehouse.keep_attempts(root, self.log.recorded_locations(view)):
+            log.info("backfill %s: deleted %s, written by a runner that died before recording it", view, path)
 
     def _write_in_flight(self, view: str, epoch: int) -> None:
         """An epoch in flight at the join, whose live step skipped the view: written now, with the
@@ -503,12 +470,6 @@ def _cast_like(rows: DataFrame, schema: Any) -> DataFrame:
     from pyspark.sql import functions as F
 
     return rows.select(*(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields))
-
-
-def _exists(warehouse: Any, location: str) -> bool:
-    import pyarrow.fs as pafs
-
-    return warehouse.fs.get_file_info(warehouse._path(location)).type != pafs.FileType.NotFound
 
 
 __all__ = ["BackfillRunner", "Progress", "chunk_keys"]

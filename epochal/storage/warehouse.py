@@ -204,14 +204,39 @@ class Warehouse:
                 moved += 1
         return moved
 
-    def drop_prefixed(self, target: str, prefix: str) -> None:
-        """Delete the files named ``prefix*`` in ``target``'s vnode directories."""
-        path = self._path(target)
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return
-        for info in self.fs.get_file_info(pafs.FileSelector(path, recursive=True)):
-            if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
+    def keep_prefixed(self, target: str, prefixes: set[str]) -> list[str]:
+        """Delete the files below ``target`` whose names start with none of ``prefixes`` (what a
+        writer that died left before it recorded its prefix); returns what was deleted."""
+        if not self.exists(target):
+            return []
+        dropped = []
+        for info in self.fs.get_file_info(pafs.FileSelector(self._path(target), recursive=True)):
+            if info.type == pafs.FileType.File and not info.base_name.startswith(tuple(prefixes) or ("\0",)):
                 self.fs.delete_file(info.path)
+                dropped.append(info.path)
+        return dropped
+
+    def keep_attempts(self, root: str, recorded: Iterable[str]) -> list[str]:
+        """Delete the attempt directories under ``root``'s ``epoch=`` directories that are not in
+        ``recorded`` (written by a writer that died before recording them); returns them."""
+        if not self.exists(root):
+            return []
+        kept = {self._path(loc) for loc in recorded}
+        dropped = []
+        for epoch_dir in self.fs.get_file_info(pafs.FileSelector(self._path(root))):
+            if epoch_dir.type != pafs.FileType.Directory or not epoch_dir.base_name.startswith("epoch="):
+                continue
+            for attempt in self.fs.get_file_info(pafs.FileSelector(epoch_dir.path)):
+                if attempt.type == pafs.FileType.Directory and attempt.path not in kept:
+                    self.fs.delete_dir(attempt.path)
+                    dropped.append(attempt.path)
+        return dropped
+
+    def exists(self, location: str) -> bool:
+        return self.fs.get_file_info(self._path(location)).type != pafs.FileType.NotFound
+
+    def make_dir(self, location: str) -> None:
+        self.fs.create_dir(self._path(location), recursive=True)
 
     def table_file_count(self, table: str) -> int:
         """Parquet files under ``table``'s directory, snapshots and changes alike."""
