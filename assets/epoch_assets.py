@@ -147,12 +147,15 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
     assets: list[AssetsDefinition] = []
     for name, source in pipeline.sources.items():
         columns = ", ".join(f"{c.name} {c.type}" for c in source.columns)
+        if source.primary_key:
+            columns += f", PRIMARY KEY ({', '.join(source.primary_key)})"
         options = ", ".join(f"{k} = '{v}'" for k, v in source.options.items())
+        # as declared: a TABLE or a SOURCE (both are stored today, see SourceDef.stored)
         assets.append(
             _source_asset(
                 name,
-                f"Source `{name}` ({source.location}).\n\n"
-                + _fenced(f"CREATE SOURCE {name} ({columns})\nWITH ({options})"),
+                f"{source.kind.capitalize()} `{name}` ({source.location}).\n\n"
+                + _fenced(f"CREATE {source.kind.upper()} {name} ({columns})\nWITH ({options})"),
             )
         )
     for name in pipeline.view_order():

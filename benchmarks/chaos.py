@@ -65,7 +65,7 @@ PIPELINE = {
 CREATE SOURCE events (id BIGINT, account BIGINT, kind STRING, amount BIGINT)
 WITH (connector = 'log', path = 'data/events', format = 'json', 'max.events.per.epoch' = '{events_per_epoch}');
 
-CREATE SOURCE accounts (id BIGINT PRIMARY KEY, region STRING, tier BIGINT)
+CREATE TABLE accounts (id BIGINT PRIMARY KEY, region STRING, tier BIGINT)
 WITH (connector = 'log', path = 'data/accounts', format = 'json', 'max.events.per.epoch' = '{accounts_per_epoch}');
 """,
     "02_views.sql": """
@@ -73,7 +73,7 @@ WITH (connector = 'log', path = 'data/accounts', format = 'json', 'max.events.pe
 CREATE MATERIALIZED VIEW big_events AS
 SELECT id, account, kind, amount * 2 AS doubled FROM events WHERE amount >= 40;
 
--- a GROUP BY aggregate over the keyed source: updates move accounts between regions, deletes empty them
+-- a GROUP BY aggregate over the keyed table: updates move accounts between regions, deletes empty them
 CREATE MATERIALIZED VIEW region_stats AS
 SELECT region, count(*) AS accounts, sum(tier) AS tiers, min(tier) AS min_tier, max(tier) AS max_tier
 FROM accounts GROUP BY region;
@@ -200,7 +200,7 @@ def account_line(rng: random.Random, split: str) -> Line:
 
 
 def resolve_accounts(produced: Produced) -> dict[int, tuple[Any, ...]]:
-    """The keyed source's rows: per key, the last record wins (keys never span splits, so line
+    """The keyed table's rows: per key, the last record wins (keys never span splits, so line
     order within the split is the order); a delete removes the row."""
     rows: dict[int, tuple[Any, ...]] = {}
     for split in SPLITS:

@@ -24,7 +24,7 @@ from tests.test_controller import mark_delivered
 
 FILES = {
     "pipeline.sql": """
-CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE)
+CREATE TABLE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
 
 CREATE MATERIALIZED VIEW large AS SELECT id, customer, amount FROM orders WHERE amount >= 10;

@@ -52,10 +52,10 @@ FLOAT_DIGITS = 6
 # The pipeline: two keyed sources, one view per operator or combination of operators.
 
 SOURCES = """
-CREATE SOURCE orders (id BIGINT PRIMARY KEY, cust BIGINT, item STRING, qty BIGINT, price DOUBLE, ts TIMESTAMP)
+CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, item STRING, qty BIGINT, price DOUBLE, ts TIMESTAMP)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
 
-CREATE SOURCE customers (id BIGINT PRIMARY KEY, region STRING, tier BIGINT)
+CREATE TABLE customers (id BIGINT PRIMARY KEY, region STRING, tier BIGINT)
 WITH (connector = 'log', path = 'data/customers', format = 'json');
 """
 

@@ -25,9 +25,9 @@ from tests.test_incremental_planner import SPARK_FORMS as CORPUS_FORMS
 from tests.test_incremental_planner import load_corpus
 
 SOURCES = """
-CREATE SOURCE orders (id BIGINT PRIMARY KEY, cust BIGINT, item STRING, qty BIGINT, price DOUBLE, ts TIMESTAMP)
+CREATE TABLE orders (id BIGINT PRIMARY KEY, cust BIGINT, item STRING, qty BIGINT, price DOUBLE, ts TIMESTAMP)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
-CREATE SOURCE customers (id BIGINT PRIMARY KEY, region STRING, tier BIGINT)
+CREATE TABLE customers (id BIGINT PRIMARY KEY, region STRING, tier BIGINT)
 WITH (connector = 'log', path = 'data/customers', format = 'json');
 """
 

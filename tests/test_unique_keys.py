@@ -79,7 +79,7 @@ def _load(tmp_path: Path, sql: str):  # noqa: ANN202
     return load_pipeline(tmp_path)
 
 
-ORDERS = """CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE)
+ORDERS = """CREATE TABLE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
 """
 

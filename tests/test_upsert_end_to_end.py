@@ -13,7 +13,7 @@ from tests.epochal_harness import make_harness
 
 FILES = {
     "pipeline.sql": """
-CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE, ts TIMESTAMP)
+CREATE TABLE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE, ts TIMESTAMP)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
 
 CREATE MATERIALIZED VIEW large_orders AS

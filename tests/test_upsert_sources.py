@@ -1,4 +1,4 @@
-"""Sources with a PRIMARY KEY: the log connector's keyed records, upsert_changes, and the loader's checks."""
+"""Tables with a PRIMARY KEY: the log connector's keyed records, upsert_changes, and the loader's checks."""
 
 from __future__ import annotations
 
@@ -170,6 +170,7 @@ def keyed_log(home: Path, columns=ORDER_COLUMNS, key: tuple[str, ...] = ("id",))
         connector="log",
         options={"connector": "log", "path": "events"},
         location=Location("pipeline.sql", 1),
+        kind="table",
         primary_key=key,
     )
     return LogConnectorSpec().create(source, home)
@@ -308,30 +309,44 @@ def test_loader_refuses_a_key_column_that_is_not_declared(tmp_path):
     errors = load_errors(
         tmp_path,
         """\
-        CREATE SOURCE orders (id BIGINT, customer STRING,
+        CREATE TABLE orders (id BIGINT, customer STRING,
             PRIMARY KEY (order_id))
         WITH (connector = 'log', path = 'data/orders');
         """,
     )
-    assert errors == ["/p.sql:2: source orders: PRIMARY KEY column 'order_id' is not a column (columns: id, customer)"]
+    assert errors == ["/p.sql:2: table orders: PRIMARY KEY column 'order_id' is not a column (columns: id, customer)"]
 
 
 def test_loader_refuses_a_key_on_nexmark(tmp_path):
     errors = load_errors(
         tmp_path,
         """\
-        CREATE SOURCE person (id BIGINT PRIMARY KEY, name STRING)
+        CREATE TABLE person (id BIGINT PRIMARY KEY, name STRING)
         WITH (connector = 'nexmark', 'nexmark.table.type' = 'Person');
         """,
     )
     assert errors == [
-        "/p.sql:1: source person: nexmark sources are append-only: remove PRIMARY KEY (only log sources take one)"
+        "/p.sql:1: table person: the nexmark connector is append-only: remove PRIMARY KEY (only log tables take one)"
     ]
 
 
-def test_loader_keeps_the_key_of_a_log_source(tmp_path):
+def test_loader_refuses_a_key_on_a_source(tmp_path):
+    errors = load_errors(
+        tmp_path,
+        """\
+        CREATE SOURCE orders (id BIGINT PRIMARY KEY, name STRING)
+        WITH (connector = 'log', path = 'data/orders');
+        """,
+    )
+    assert errors == [
+        "/p.sql:1: source orders: a SOURCE cannot have a PRIMARY KEY: upserts and deletes by key need the rows "
+        "stored, which is what a TABLE does; declare it as CREATE TABLE orders (..., PRIMARY KEY (id)) WITH (...)"
+    ]
+
+
+def test_loader_keeps_the_key_of_a_log_table(tmp_path):
     (tmp_path / "p.sql").write_text(
-        "CREATE SOURCE orders (region STRING, id BIGINT, PRIMARY KEY (region, id))\n"
+        "CREATE TABLE orders (region STRING, id BIGINT, PRIMARY KEY (region, id))\n"
         "WITH (connector = 'log', path = 'data/orders');\n"
     )
     assert load_pipeline(tmp_path).sources["orders"].primary_key == ("region", "id")

@@ -1,4 +1,4 @@
-"""Parsing the three CREATE statements a pipeline is made of (RisingWave's DDL syntax).
+"""Parsing the CREATE statements a pipeline is made of (RisingWave's DDL syntax).
 
 Only the DDL around the query is parsed here; a materialized view's query is kept as text and
 checked by :mod:`epochal.pipeline.query` (Spark SQL, via sqlglot). Problems come back with the
@@ -20,9 +20,11 @@ from epochal.pipeline.statements import (
     skip_string,
 )
 
-SUPPORTED_STATEMENTS = "CREATE SOURCE, CREATE MATERIALIZED VIEW and CREATE SINK"
+SUPPORTED_STATEMENTS = "CREATE TABLE, CREATE SOURCE, CREATE MATERIALIZED VIEW and CREATE SINK"
 
 FORMS = {
+    "table": "CREATE TABLE name (column TYPE, ..., [PRIMARY KEY (column, ...)]) "
+    "WITH (connector = '...', key = 'value', ...)",
     "source": "CREATE SOURCE name (column TYPE, ...) WITH (connector = '...', key = 'value', ...)",
     "view": "CREATE MATERIALIZED VIEW name AS SELECT ...",
     "sink": "CREATE SINK name FROM table WITH (connector = '...', key = 'value', ...)",
@@ -88,6 +90,10 @@ class Options:
 
 @dataclass(frozen=True)
 class ParsedSource:
+    """A CREATE TABLE or a CREATE SOURCE: both declare an input read through a connector."""
+
+    #: "table" or "source", as declared (RisingWave: a table stores its rows, a source need not)
+    kind: str
     name: str
     line: int
     columns: tuple[Column, ...]
@@ -185,7 +191,7 @@ class _Parser:
         self.statement = statement
         self.tokens = tokenize(statement.text)
         self.i = 0
-        self.kind = ""  # "source" / "view" / "sink" once known, for the form in error messages
+        self.kind = ""  # "table" / "source" / "view" / "sink" once known, for the form in error messages
         self.problems: list[Problem] = []
         #: "source bid" once the name is parsed; prefixes problems so they say what they are about
         self.subject = ""
@@ -204,7 +210,12 @@ class _Parser:
 
     def fail(self, expected: str, token: Token | None = None) -> _SyntaxError:
         token = token or self.peek()
-        what = {"source": "CREATE SOURCE", "view": "CREATE MATERIALIZED VIEW", "sink": "CREATE SINK"}
+        what = {
+            "table": "CREATE TABLE",
+            "source": "CREATE SOURCE",
+            "view": "CREATE MATERIALIZED VIEW",
+            "sink": "CREATE SINK",
+        }
         message = f"syntax error in {what[self.kind]}: expected {expected}, found {token.describe()}"
         return _SyntaxError(token.start, f"{message}; the form is: {FORMS[self.kind]}")
 
@@ -265,6 +276,9 @@ class _Parser:
         if not first.is_word("CREATE"):
             return self.unsupported()
         self.advance()
+        if self.accept_word("TABLE"):
+            self.kind = "table"
+            return self.source(first)
         if self.accept_word("SOURCE"):
             self.kind = "source"
             return self.source(first)
@@ -285,10 +299,10 @@ class _Parser:
             words.append(token.value.upper())
         shown = " ".join(words) or self.tokens[0].value
         hint = ""
-        if words[:2] == ["CREATE", "TABLE"]:
-            hint = " (use CREATE SOURCE for input data)"
-        elif words[:2] == ["CREATE", "VIEW"]:
+        if words[:2] == ["CREATE", "VIEW"]:
             hint = " (use CREATE MATERIALIZED VIEW)"
+        elif words[:1] == ["INSERT"]:
+            hint = " (Epochal has no INSERT path yet: a table reads its rows WITH (connector = '...'))"
         self.problem(
             self.tokens[0],
             f"'{shown} ...' is not supported: a pipeline contains only {SUPPORTED_STATEMENTS} "
@@ -296,11 +310,14 @@ class _Parser:
         )
 
     def source(self, create: Token) -> ParsedSource:
+        """CREATE TABLE or CREATE SOURCE (``self.kind``): the same clauses; the loader decides what
+        each may have (a PRIMARY KEY needs a table)."""
+        kind = self.kind
         self.if_not_exists()
-        name, _ = self.name("source name")
-        self.subject = f"source {name}"
+        name, _ = self.name(f"{kind} name")
+        self.subject = f"{kind} {name}"
         if self.peek().is_word("WITH"):
-            raise self.fail(f"the column list of source {name}, e.g. {name} (id BIGINT, ts TIMESTAMP)")
+            raise self.fail(f"the column list of {kind} {name}, e.g. {name} (id BIGINT, ts TIMESTAMP)")
         self.expect_punct("(", "'(' and the column list")
         columns: list[Column] = []
         column_tokens: dict[str, Token] = {}
@@ -335,11 +352,15 @@ class _Parser:
             if self.accept_punct(")"):
                 break
             self.expect_punct(",", "',' or ')' after a column")
-        if self.peek().kind == "end":
-            raise self.fail("WITH (connector = '...', ...) after the column list")
-        self.expect_word("WITH")
-        options = self.options()
-        self.expect_end()
+        if kind == "table" and self.peek().kind == "end":
+            # RisingWave's table filled by INSERT: parsed, so the loader says why it cannot be one
+            options = Options()
+        else:
+            if self.peek().kind == "end":
+                raise self.fail("WITH (connector = '...', ...) after the column list")
+            self.expect_word("WITH")
+            options = self.options()
+            self.expect_end()
         if key_token is not None:
             for key in primary_key:
                 if key not in column_tokens:
@@ -349,6 +370,7 @@ class _Parser:
                         f"(columns: {', '.join(c.name for c in columns)})",
                     )
         return ParsedSource(
+            kind=kind,
             name=name,
             line=self.line(create.start),
             columns=tuple(columns),

@@ -33,7 +33,7 @@ VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache", "backfill_
 MIN_MAX_CACHE_RANGE = (1, 10_000)
 #: How a view is maintained: from its inputs' changes, or by recomputing and diffing every epoch.
 REFRESH_MODES = ("incremental", "full")
-#: Source PRIMARY KEYs (upsert sources, see epochal/upsert.py); False refuses them all.
+#: Table PRIMARY KEYs (upsert tables, see epochal/upsert.py); False refuses them all.
 SOURCE_PRIMARY_KEY_SUPPORTED = True
 #: Connectors whose records can update and delete by key; the others only append.
 SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log"})
@@ -44,9 +44,16 @@ _OPTION_IN_MESSAGE = re.compile(r"option '([^']+)'")
 
 @dataclass
 class _Definition:
-    kind: str  # "source", "view" or "sink"
+    kind: str  # "source" (a CREATE TABLE or CREATE SOURCE: an input), "view" or "sink"
     parsed: ParsedSource | ParsedView | ParsedSink
     location: Location
+
+    @property
+    def declared(self) -> str:
+        """What the statement declared, as messages name it: table, source, materialized view or sink."""
+        if isinstance(self.parsed, ParsedSource):
+            return self.parsed.kind
+        return {"view": "materialized view"}.get(self.kind, self.kind)
 
 
 class _Issues:
@@ -123,8 +130,8 @@ def _sql_files(directory: Path) -> list[Path]:
 
 def _no_statements_message(directory: Path) -> str:
     return (
-        f"the *.sql files in {directory} define nothing: add CREATE SOURCE, CREATE MATERIALIZED VIEW "
-        f"and CREATE SINK statements, or set {PIPELINE_ENV} to another pipeline directory"
+        f"the *.sql files in {directory} define nothing: add CREATE TABLE or CREATE SOURCE, CREATE "
+        f"MATERIALIZED VIEW and CREATE SINK statements, or set {PIPELINE_ENV} to another pipeline directory"
     )
 
 
@@ -140,14 +147,10 @@ def _unique(definitions: list[_Definition], issues: _Issues) -> dict[str, _Defin
         issues.add(
             definition.location.file,
             definition.location.line,
-            f"'{name}' is already defined as a {_kind_name(first.kind)} at {first.location}: "
-            "sources, views and sinks share one namespace, so rename or remove one of them",
+            f"'{name}' is already defined as a {first.declared} at {first.location}: "
+            "tables, sources, views and sinks share one namespace, so rename or remove one of them",
         )
     return named
-
-
-def _kind_name(kind: str) -> str:
-    return {"view": "materialized view"}.get(kind, kind)
 
 
 def _connector_names(lookup: ConnectorLookup) -> list[str]:
@@ -165,13 +168,24 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
         parsed = definition.parsed
         require(isinstance(parsed, ParsedSource), "a source definition holds a parsed source")
         where = definition.location
-        prefix = f"source {parsed.name}"
+        prefix = f"{parsed.kind} {parsed.name}"
         connector = parsed.options.values.get("connector", "").lower()
-        if parsed.primary_key and not SOURCE_PRIMARY_KEY_SUPPORTED:
+        if parsed.primary_key and parsed.kind != "table":
+            # RisingWave's rule: upserts and deletes by key replace stored rows, and a table is what
+            # stores its rows (a source may not). Epochal stores both today; the rule is kept so
+            # that a source can later store nothing without changing what a pipeline means.
             issues.add(
                 where.file,
                 parsed.primary_key_line,
-                f"{prefix}: PRIMARY KEY on a source is not supported yet (sources are append-only for now): remove it",
+                f"{prefix}: a SOURCE cannot have a PRIMARY KEY: upserts and deletes by key need the rows "
+                f"stored, which is what a TABLE does; declare it as CREATE TABLE {parsed.name} (..., "
+                f"PRIMARY KEY ({', '.join(parsed.primary_key)})) WITH (...)",
+            )
+        elif parsed.primary_key and not SOURCE_PRIMARY_KEY_SUPPORTED:
+            issues.add(
+                where.file,
+                parsed.primary_key_line,
+                f"{prefix}: PRIMARY KEY on a table is not supported yet (inputs are append-only for now): remove it",
             )
         elif parsed.primary_key:
             for message in _source_key_problems(parsed, connector, lookup):
@@ -179,9 +193,18 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
         spec = lookup(connector) if connector else None
         if spec is None:
             supported = ", ".join(_connector_names(lookup)) or "none registered"
-            what = f"unknown connector '{connector}'" if connector else "no connector option"
             line = parsed.options.lines.get("connector", where.line)
-            issues.add(where.file, line, f"{prefix}: {what}: use connector = one of {supported}")
+            if connector:
+                message = f"unknown connector '{connector}': use connector = one of {supported}"
+            elif parsed.kind == "table":
+                # RisingWave's table without a connector is filled by INSERT statements
+                message = (
+                    "a table without WITH (connector = ...) is filled by INSERT, and Epochal has no INSERT "
+                    f"path yet: add WITH (connector = '...', ...) to read its rows (one of {supported})"
+                )
+            else:
+                message = f"no connector option: use connector = one of {supported}"
+            issues.add(where.file, line, f"{prefix}: {message}")
         else:
             # the same options the connector's create() will get, 'connector' included
             problems = spec.validate(parsed.columns, parsed.options.values)
@@ -192,13 +215,15 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
             connector=connector,
             options=dict(parsed.options.values),
             location=where,
-            primary_key=parsed.primary_key,
+            kind="table" if parsed.kind == "table" else "source",
+            # a keyed SOURCE is refused above; dropping its key keeps the definition consistent
+            primary_key=parsed.primary_key if parsed.kind == "table" else (),
         )
     return sources
 
 
 def _source_key_problems(parsed: ParsedSource, connector: str, lookup: ConnectorLookup) -> list[str]:
-    """What is wrong with a source's PRIMARY KEY. A key column that is not declared is reported by
+    """What is wrong with a table's PRIMARY KEY. A key column that is not declared is reported by
     the parser already (with the declared columns), so it is not repeated here."""
     from epochal.upsert import OFFSET_COLUMN, SPLIT_COLUMN
 
@@ -206,14 +231,14 @@ def _source_key_problems(parsed: ParsedSource, connector: str, lookup: Connector
     if connector and lookup(connector) is not None and connector not in SOURCE_PRIMARY_KEY_CONNECTORS:
         # an unknown connector has its own error; a key means nothing without one
         takers = ", ".join(sorted(SOURCE_PRIMARY_KEY_CONNECTORS))
-        problems.append(f"{connector} sources are append-only: remove PRIMARY KEY (only {takers} sources take one)")
+        problems.append(f"the {connector} connector is append-only: remove PRIMARY KEY (only {takers} tables take one)")
     for key in sorted({k for k in parsed.primary_key if parsed.primary_key.count(k) > 1}):
         problems.append(f"PRIMARY KEY names column '{key}' twice: list it once")
-    # read() adds these after the declared columns of a keyed source; a declared one would clash
+    # read() adds these after the declared columns of a keyed table; a declared one would clash
     for column in parsed.columns:
         if column.name.lower() in (SPLIT_COLUMN, OFFSET_COLUMN):
             problems.append(
-                f"column '{column.name}' is reserved in a source with a PRIMARY KEY (it carries each "
+                f"column '{column.name}' is reserved in a table with a PRIMARY KEY (it carries each "
                 "record's position): rename it"
             )
     return problems
@@ -379,16 +404,16 @@ def _view_option_problems(options: Options) -> list[str]:
 
 
 def _unknown_table(name: str, reader: str, named: dict[str, _Definition]) -> str | None:
-    """Why ``name`` cannot be read by ``reader``, or None when it is a source or view."""
+    """Why ``name`` cannot be read by ``reader``, or None when it is a table, source or view."""
     definition = named.get(name)
     if definition is not None and definition.kind in ("source", "view"):
         return None
     if definition is not None:
-        return f"{reader}: '{name}' is a sink, which cannot be read: read a source or a materialized view"
+        return f"{reader}: '{name}' is a sink, which cannot be read: read a table, a source or a materialized view"
     readable = sorted(n for n, d in named.items() if d.kind in ("source", "view"))
     close = difflib.get_close_matches(name, readable, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"defined: {', '.join(readable) or 'none'}"
-    return f"{reader}: unknown table '{name}' (not a source or materialized view): {hint}"
+    return f"{reader}: unknown table '{name}' (not a table, source or materialized view): {hint}"
 
 
 def _cycles(views: list[str], upstreams: dict[str, list[str]]) -> list[list[str]]:
@@ -544,6 +569,6 @@ def _sink_key_problems(table: str, sink_key: tuple[str, ...], keys: _ProvenKeys)
         f"primary_key ({', '.join(sink_key)}) is not a unique key of {table}: two of its rows could share it, "
         f"and an upsert sink would keep whichever came last (and a delete by key could remove a row the other "
         f"still justifies). {can[0].upper()}{can[1:]}: key the sink by one of them, make {table} unique by "
-        f"your key (GROUP BY {', '.join(sink_key)}, SELECT DISTINCT, or a PRIMARY KEY on its source), or use "
+        f"your key (GROUP BY {', '.join(sink_key)}, SELECT DISTINCT, or a PRIMARY KEY on its table), or use "
         "type = 'append-only'"
     ]

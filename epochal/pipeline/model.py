@@ -1,11 +1,11 @@
-"""The parsed pipeline: sources, materialized views and sinks, each with where it was defined."""
+"""The parsed pipeline: tables and sources, materialized views and sinks, each with where it was defined."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from epochal.incremental.planner import Plan
@@ -33,13 +33,30 @@ class Column:
 
 @dataclass(frozen=True)
 class SourceDef:
+    """An input: a CREATE TABLE or a CREATE SOURCE (``kind``), read through its connector."""
+
     name: str
     columns: tuple[Column, ...]
     connector: str
     #: option keys lower-cased, values as written (quotes removed)
     options: Mapping[str, str]
     location: Location
+    #: as declared. In RisingWave a table stores its rows and a source stores nothing; Epochal
+    #: stores both for now (see ``stored``), but only a table may have a PRIMARY KEY
+    kind: Literal["table", "source"] = "source"
     primary_key: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("table", "source"):
+            raise ValueError(f"{self.name}: kind must be 'table' or 'source', not {self.kind!r}")
+        if self.primary_key and self.kind != "table":
+            raise ValueError(f"source {self.name}: a PRIMARY KEY needs kind 'table' (upserts replace stored rows)")
+
+    @property
+    def stored(self) -> bool:
+        """Whether its rows are kept per epoch (change files, snapshots). True for both kinds today:
+        a SOURCE that stores nothing (views reading the connector directly) is not built yet."""
+        return True
 
     @property
     def column_names(self) -> tuple[str, ...]:
