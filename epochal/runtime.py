@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epochal.backfill.state import BackfillPhase
 from epochal.checkpoint.records import (
@@ -36,10 +36,11 @@ from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
 from epochal.sql import quote, unquote
-from epochal.storage.changes import signed_parts, unit_changes
+from epochal.step_report import StepReport
 from epochal.storage.state_cache import StateCache
 from epochal.storage.state_reader import StateReader, quoted
 from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
+from epochal.view_steps import ViewSteps
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,15 +54,12 @@ log = logging.getLogger("epochal.runtime")
 COMMIT_WAIT_S = 120.0
 
 
-@dataclass
-class StepReport:
-    asset: str
-    epoch: int
-    #: plain values (int/float/str/bool/None) for logs, status and Dagster metadata
-    metadata: dict[str, Any] = field(default_factory=dict)
+@dataclass(frozen=True)
+class RunEpochs:
+    """What a run of epoch_job takes: its epochs (oldest first) and the recovery it ran, if any."""
 
-    def __str__(self) -> str:
-        return f"{self.asset}@{self.epoch}: " + ", ".join(f"{k}={v}" for k, v in self.metadata.items())
+    epochs: list[int]
+    recovery: RecoveryReport | None = None
 
 
 def _lag_seconds(epoch: int | None) -> float | None:
@@ -95,10 +93,13 @@ class EpochRuntime:
         self._connectors: dict[str, SourceConnector] = {}
         self._query_schemas: dict[str, "StructType"] = {}
         self.sink_steps = SinkSteps(self)
+        self.view_steps = ViewSteps(self)
         self._plans_checked = False
         #: set by ``recording_for_backfill`` while a backfill writes a committed epoch of a view
         self._record_backfill: Callable[[Collected], None] | None = None
-        self._backfill_root: str | None = None
+        self.backfill_root: str | None = None
+        #: the run-long lease on the epochs ``take_epochs`` took; ended by ``close``
+        self._held = ExitStack()
 
     def check_plans(self) -> None:
         """Once per runtime, before its first step touches data: Spark analyses every plan of the
@@ -112,7 +113,9 @@ class EpochRuntime:
             self._plans_checked = True
 
     def close(self) -> None:
-        """Release what this runtime holds in the Spark session (its cached snapshots)."""
+        """Release what this runtime holds: the lease on the epochs its run took, and its cached
+        snapshots in the Spark session."""
+        self._held.close()
         if "spark" in self.__dict__:  # never start Spark just to close it
             self.state_cache.clear()
 
@@ -172,6 +175,36 @@ class EpochRuntime:
         self.retire_removed()
         return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
 
+    def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
+        """The epochs a run of epoch_job works on, oldest first.
+
+        ``waiting`` (the barrier sensor's runs): every epoch injected and held by no process, the
+        partition's own among them if nobody took it first. A run that starts late thus takes the
+        epochs queued behind it and processes them in order, and the runs requested for those find
+        nothing left and end at once. Without ``waiting``, a partition is run (or re-run) alone,
+        and a run without one recovers if needed, injects an epoch and takes the waiting ones too
+        (which its own epoch's steps would otherwise wait for). The run's ``hold`` keeps every
+        epoch it took alive while it works through them."""
+        if partition is not None and not waiting:
+            record, recovery = self.start_epoch(run_id, partition)
+            return RunEpochs([record.epoch], recovery)
+        epoch_log = self.controller.epoch_log
+        recovery = None
+        own: list[int] = []
+        if partition is None:
+            record, recovery = self.start_epoch(run_id, None)
+            own = [record.epoch]
+        taken = sorted({*own, *epoch_log.take_waiting(run_id)})
+        if not taken:
+            return RunEpochs([], recovery)  # without the plans' check: a run with nothing to do ends now
+        try:
+            self.check_plans()  # before any step: a plan Spark refuses is an error, never a failed epoch
+        except BaseException:
+            epoch_log.release_all(taken)  # waiting again (for a run with a fixed pipeline), not dead
+            raise
+        self._held.enter_context(epoch_log.hold(taken))
+        return RunEpochs(taken, recovery)
+
     def retire_removed(self) -> list[str]:
         """Views whose statement left the pipeline: their meta-store rows and files are deleted
         (the loader already refused the pipeline if anything still reads them)."""
@@ -205,7 +238,7 @@ class EpochRuntime:
             log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
         return gone
 
-    def _begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
+    def begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
         """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an
         aborted epoch fails before it starts Spark, and one that goes on never runs a refused plan."""
         begun = self.controller.epoch_log.begin_step(epoch, run_id, **which)
@@ -227,7 +260,7 @@ class EpochRuntime:
                 log.exception("could not record the failure of epoch %s", epoch)
             raise
 
-    def _collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:
+    def collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:
         if self._record_backfill is not None:
             self._record_backfill(collected)
             return True
@@ -251,7 +284,7 @@ class EpochRuntime:
         if self.pipeline.sources[name].primary_key:
             # Upserts resolve against the source's rows before this epoch: its earlier epochs first.
             self.controller.epoch_log.wait_for_order(epoch, [name], f"source {name}")
-        ranges = self._begin_step(epoch, run_id, source=name).offsets
+        ranges = self.begin_step(epoch, run_id, source=name).offsets
         if not any(r.count > 0 for r in ranges):
             return self._idle_source(epoch, name, ranges, started, run_id, release)
         batch = self.connector(name).read(self.spark, ranges)
@@ -271,7 +304,7 @@ class EpochRuntime:
                 log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
             records = sum(r.count for r in ranges)
             collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
-            recorded = self._collect(epoch, collected, written, release)
+            recorded = self.collect(epoch, collected, written, release)
         except EpochAborted:
             self.warehouse.delete(written)
             raise
@@ -282,19 +315,19 @@ class EpochRuntime:
         self, epoch: int, name: str, ranges: list[SplitRange], started: float, run_id: str | None, release: bool
     ) -> StepReport:
         """An epoch with no record for the source: its change is empty, recorded without a file and
-        without a Spark job (readers take a missing location as no change, ``_upstream_delta``).
+        without a Spark job (readers take a missing location as no change, ``ViewSteps._upstream_delta``).
         A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
-        empty, recorded = self._record_idle(epoch, name, started, run_id, release, dead_letters=0)
+        empty, recorded = self.record_idle(epoch, name, started, run_id, release, dead_letters=0)
         fault_point("source-written")
         return self._source_report(epoch, ranges, empty, started, recorded)
 
-    def _record_idle(
+    def record_idle(
         self, epoch: int, name: str, started: float, run_id: str | None, release: bool, dead_letters: int | None
     ) -> tuple[Collected, bool]:
         """Collect an empty change without a file (location None, 0 rows): what readers take as
-        no change (``_upstream_delta``). Returns what was collected and whether it was recorded."""
+        no change (``ViewSteps._upstream_delta``). Returns what was collected and whether it was recorded."""
         empty = Collected(name, None, 0, 0, dead_letters, None, time.time() - started, run_id)
-        return empty, self._collect(epoch, empty, [], release)
+        return empty, self.collect(epoch, empty, [], release)
 
     @staticmethod
     def _source_report(
@@ -359,226 +392,16 @@ class EpochRuntime:
         """Within the block, a view step writes its change under ``root`` (a backfill's directory,
         which recovery's sweep never lists) and hands what it collected to ``record`` instead of
         the epoch's collect: the backfill writes epochs that committed without the view."""
-        self._record_backfill, self._backfill_root = record, root
+        self._record_backfill, self.backfill_root = record, root
         try:
             yield
         finally:
-            self._record_backfill, self._backfill_root = None, None
+            self._record_backfill, self.backfill_root = None, None
 
     def view_epoch(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         """The view's step for ``epoch``, without the epoch's lease (``run_view`` holds it; the
         backfill runner writes committed epochs, which have none)."""
-        view = self.pipeline.views[name]
-        if view.refresh == "full":
-            return self._run_view_full(epoch, name, run_id, release)
-        if view.plan is not None and view.plan.kind == "keyed":
-            return self._run_view_keyed(epoch, name, run_id, release)
-        return self._run_view(epoch, name, run_id, release)
-
-    def _run_view_keyed(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        """A view with state: its change is recomputed at the keys the epoch touched, reading only
-        the state at those keys (:mod:`epochal.incremental.keyed`)."""
-        from epochal.incremental.keyed import keyed_change
-        from epochal.incremental.partial import partial_change
-        from epochal.incremental.planner import PARTIAL_RULE
-
-        started = time.time()
-        view = self.pipeline.views[name]
-        if view.plan is None:
-            raise InvariantViolation(f"view {name} is run as keyed but has no incremental plan")
-        self._wait_for_order(epoch, name)
-        begun = self._begin_step(epoch, run_id, table=name)
-        collected, first = begun.collected, not begun.written_before
-        rows_in = self._rows_in(epoch, name, collected)
-        if rows_in == 0 and not first:
-            return self._idle_view(epoch, name, started, run_id, release)
-        deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
-
-        def read(table: str, inclusive: bool, restrict):
-            return self.read_state(table, epoch, inclusive, restrict)
-
-        if view.plan.rule == PARTIAL_RULE:
-            change = partial_change(self.spark, view.plan, name, view.columns, deltas, read, self.query_schema(name))
-        else:
-            changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
-            # The view's first epoch has no rows before it: a one-partition query over empty inputs
-            # still returns a row (count(*) = 0), which must not be retracted from a view never
-            # written. (A partial aggregate reads its own rows, so it needs no such flag.)
-            change = keyed_change(self.spark, view.plan, view.columns, deltas, read, changed, first)
-        try:
-            rows, recorded = self._publish_view_change(
-                epoch, name, unit_changes(change.weighted), rows_in, started, run_id, release
-            )
-        finally:
-            change.release()
-        return StepReport(
-            name,
-            epoch,
-            {
-                "epoch": epoch,
-                "mode": "incremental",
-                "plan": f"{view.plan.rule} keyed by {', '.join(view.plan.key_classes) or 'nothing (one partition)'}",
-                "rows_in": rows_in,
-                "rows_changed": rows,
-                "state_rows_read": change.state_rows_read,
-                "seconds": round(time.time() - started, 3),
-                "recorded": recorded,
-            },
-        )
-
-    def _run_view_full(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        """refresh = 'full': recompute the view over its inputs' state at this epoch, and emit the
-        difference from its previous state as the epoch's change. Correct for any query; costs a
-        full recompute plus a diff, growing with the tables rather than with the change."""
-        from pyspark.sql import functions as F
-
-        started = time.time()
-        view = self.pipeline.views[name]
-        self._wait_for_order(epoch, name)
-        self._begin_step(epoch, run_id)
-        rows_read = 0
-        states = {}
-        for upstream in view.upstreams:
-            state, read = self.read_state(upstream, epoch, inclusive=True)
-            rows_read += read
-            states[upstream] = state
-        new = sql_over(self.spark, view.query, states).toDF(*view.columns).withColumn(WEIGHT, F.lit(1).cast("bigint"))
-        # The view's own previous state, negated: unit_changes nets it with the new rows anyway,
-        # so it is read un-netted (snapshot + later changes) and aggregated only once.
-        previous, own_read = self.reader.read_weighted(
-            self.controller.catalog.state_parts(name, epoch, inclusive=False), None
-        )
-        rows_read += own_read
-        weighted = new
-        if previous is not None:
-            negated = -F.col(WEIGHT) if WEIGHT in previous.columns else F.lit(-1).cast("bigint")
-            weighted = new.unionByName(previous.select(*quoted(view.columns), negated.alias(WEIGHT)))
-        change = unit_changes(weighted)
-        rows, recorded = self._publish_view_change(epoch, name, change, rows_read, started, run_id, release)
-        return StepReport(
-            name,
-            epoch,
-            {
-                "epoch": epoch,
-                "mode": "full",
-                "state_rows_read": rows_read,
-                "rows_changed": rows,
-                "seconds": round(time.time() - started, 3),
-                "recorded": recorded,
-            },
-        )
-
-    def _wait_for_order(self, epoch: int, view: str) -> None:
-        """A view that reads state (its inputs', its own) inside ``epoch`` needs their earlier epochs
-        written first; with several epochs in flight, another run may still be writing them."""
-        tables = [*self.pipeline.views[view].upstreams, view]
-        self.controller.epoch_log.wait_for_order(epoch, tables, f"view {view}")
-
-    def _rows_in(self, epoch: int, view: str, collected: Mapping[str, Collected]) -> int:
-        """Rows the view's upstreams changed in the epoch; raises when one has not run it yet."""
-        for upstream in self.pipeline.views[view].upstreams:
-            if upstream not in collected:
-                raise _not_written(view, upstream, epoch)
-        return sum((collected[u].rows_out or 0) for u in self.pipeline.views[view].upstreams)
-
-    def _idle_view(self, epoch: int, name: str, started: float, run_id: str | None, release: bool) -> StepReport:
-        """An incremental view whose inputs did not change, after its first epoch: its change is
-        empty by construction (linear over nothing, or the same keys before and after), so it is
-        recorded like an idle source, without a file and without a Spark job. A quiet pipeline
-        then costs a few meta-store transactions per view per epoch, not a Parquet commit each."""
-        _, recorded = self._record_idle(epoch, name, started, run_id, release, dead_letters=None)
-        return StepReport(
-            name,
-            epoch,
-            {
-                "epoch": epoch,
-                "mode": "incremental",
-                "rows_in": 0,
-                "rows_changed": 0,
-                "state_rows_read": 0,
-                "seconds": round(time.time() - started, 3),
-                "recorded": recorded,
-            },
-        )
-
-    def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
-        from pyspark.sql.types import LongType, StructField, StructType
-
-        entry = collected.get(upstream)
-        if entry is not None and entry.location is None and entry.rows_out == 0:
-            # An idle epoch (_idle_source, _idle_view): no file, no change. A location that
-            # compaction cleared has rows and still raises below.
-            weighted = StructType([*self.query_schema(upstream).fields, StructField(WEIGHT, LongType())])
-            return self.spark.createDataFrame([], weighted)
-        if entry is None or entry.location is None:
-            raise _not_written(view, upstream, epoch)
-        return self.warehouse.read(self.spark, [entry.location])
-
-    def _run_view(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        from pyspark.sql import functions as F
-
-        started = time.time()
-        view = self.pipeline.views[name]
-        begun = self._begin_step(epoch, run_id, table=name)
-        rows_in = self._rows_in(epoch, name, begun.collected)
-        if rows_in == 0 and begun.written_before:
-            return self._idle_view(epoch, name, started, run_id, release)
-        deltas = {u: self._upstream_delta(epoch, name, u, begun.collected) for u in view.upstreams}
-        # The view's operators are linear (filter, project, UNION ALL), so the change of the output
-        # is the query over the inserted rows minus the query over the deleted rows. When the planner
-        # split the view, its query reads the stages that keep the state instead of the text as written.
-        query = view.plan.query if view.plan is not None and view.plan.query else view.query
-        signed = []
-        for sign, rows in signed_parts(deltas):
-            out = sql_over(self.spark, query, rows).toDF(*view.columns)
-            if view.plan is not None and view.plan.typed_like_query:
-                out = out.select(
-                    *(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in self.query_schema(name).fields)
-                )
-            signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
-        change = signed[0].unionByName(signed[1])
-        rows, recorded = self._publish_view_change(epoch, name, change, rows_in, started, run_id, release)
-        return StepReport(
-            name,
-            epoch,
-            {
-                "epoch": epoch,
-                "mode": "incremental",
-                "rows_in": rows_in,
-                "rows_out": rows,
-                "seconds": round(time.time() - started, 3),
-                "recorded": recorded,
-            },
-        )
-
-    def _publish_view_change(
-        self,
-        epoch: int,
-        name: str,
-        change: "DataFrame",
-        rows_in: int,
-        started: float,
-        run_id: str | None,
-        release: bool,
-    ) -> tuple[int, bool]:
-        """Write a view's change for the epoch and collect it; returns (rows written, recorded)."""
-        location = self.warehouse.new_location(name, epoch)
-        if self._backfill_root is not None:
-            # A committed epoch's change written by a backfill: outside the epoch= directories that
-            # recovery sweeps up to the committed epoch (it would take the file before it is recorded).
-            location = f"{self._backfill_root}/{location[len(self.warehouse.table_root(name)) + 1 :]}"
-        try:
-            rows = self.warehouse.write(change, location)
-            recorded = self._collect(
-                epoch,
-                Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
-                [location],
-                release,
-            )
-        except EpochAborted:
-            self.warehouse.delete([location])
-            raise
-        return rows, recorded
+        return self.view_steps.run(epoch, name, run_id, release)
 
     # ------------------------------------------------------------------ commit
 
@@ -740,10 +563,3 @@ def view_fingerprint(view: "ViewDef") -> str:
 
     text = " ".join(view.query.split()) + "|" + ",".join(view.columns) + "|" + view.refresh
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _not_written(view: str, upstream: str, epoch: int) -> EpochalError:
-    return EpochalError(
-        f"view {view} reads {upstream}, which has not written epoch {epoch} yet: materialize {upstream} "
-        "for this partition first, or run the whole epoch with epoch_job"
-    )

@@ -128,6 +128,13 @@ class Settings:
         "Most epochs injected but not committed; injection waits beyond it. Must be ≥ the checkpoint frequency.",
         minimum=1,
     )
+    max_epoch_runs: int = setting(
+        "EPOCHAL_MAX_EPOCH_RUNS",
+        "1",
+        "Most epoch_job runs the barrier sensor keeps going at once; epochs injected meanwhile wait, and the "
+        "next run takes all of them. Raise it when Spark has cores to run epochs side by side.",
+        minimum=1,
+    )
     partition_window: int = setting(
         "EPOCHAL_PARTITION_WINDOW",
         "10000",

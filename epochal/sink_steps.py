@@ -14,9 +14,10 @@ from epochal.checkpoint.sink_coordinator import DeliveryReport, SinkStart
 from epochal.errors import require
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
 from epochal.sinks.spec import commit_checkpoint_interval, sink_spec, snapshot_option, writer_count
+from epochal.step_report import StepReport
 
 if TYPE_CHECKING:
-    from epochal.runtime import EpochRuntime, StepReport
+    from epochal.runtime import EpochRuntime
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,6 @@ class SinkSteps:
         backfill = self.runtime.controller.backfills.get(definition.from_table)
         if backfill is not None and backfill.phase.active:
             # Its table is not at the committed epoch yet: delivering now would skip its history.
-            from epochal.runtime import StepReport
-
             return StepReport(
                 name,
                 epoch,
@@ -161,8 +160,6 @@ class SinkSteps:
                 lag["lag_epochs"],
             )
         seconds = time.time() - started
-        from epochal.runtime import StepReport
-
         return StepReport(
             name,
             epoch,

@@ -1,5 +1,10 @@
 """``epoch_job``: moves the pipeline one epoch forward, or runs/re-runs the epoch its partition names.
 
+A run may process several epochs: one started from the shell takes the epochs injected and waiting
+for a run along with its own, and the barrier sensor's runs take every waiting epoch. Each op works
+through them in order, reporting one materialization per epoch partition, so a run that started
+late catches up in one process instead of one process (and one Spark attach) per epoch.
+
 It is an op graph rather than an asset job because it must run without a partition (Dagster refuses
 to run a partitioned asset job without one); its ops report partitioned materializations of the
 same assets, so the UI's partition view shows its epochs like any other materialization.
@@ -13,46 +18,64 @@ from epochal.pipeline.model import Pipeline
 from resources.checkpoint import CheckpointControllerResource
 
 PARTITION_TAG = "dagster/partition"
+#: On the barrier sensor's runs: take every epoch waiting for a run, not only the partition's.
+TAKE_WAITING_TAG = "epochal/take"
 
 
 @op(
-    out=Out(int), description="Recover if needed, then inject the next epoch (or take the one the partition tag names)."
+    out=Out(list),
+    description="Recover if needed, then take the epochs this run processes: a newly injected one (no partition), "
+    "the partition's (a re-run), or, for the barrier sensor's runs, every epoch waiting for a run, in order.",
 )
-def barrier(context: OpExecutionContext, checkpoint: CheckpointControllerResource) -> int:
+def barrier(context: OpExecutionContext, checkpoint: CheckpointControllerResource) -> list[int]:
     runtime = checkpoint.runtime
-    record, recovery = runtime.start_epoch(context.run_id, context.run.tags.get(PARTITION_TAG))
+    tags = context.run.tags
+    taken = runtime.take_epochs(
+        context.run_id, tags.get(PARTITION_TAG), waiting=tags.get(TAKE_WAITING_TAG) == "waiting"
+    )
+    recovery = taken.recovery
     if recovery is not None:
         context.log.warning(
             f"recovery ({recovery.reason}): back to committed epoch {recovery.committed_epoch}, aborted "
             f"{recovery.aborted or 'nothing'}, discarded {len(recovery.discarded_locations)} location(s), "
             f"{recovery.attempts} attempt(s), {recovery.seconds:.2f}s"
         )
-    checkpoint.ensure_partition(context.instance, record.epoch)
-    context.log.info(f"epoch {record.epoch}: {record.kind.value} barrier after {record.prev}, {record.state.value}")
-    return record.epoch
+    for epoch in taken.epochs:
+        checkpoint.ensure_partition(context.instance, epoch)
+    if not taken.epochs:
+        context.log.info(
+            f"no epoch is waiting: epoch {tags.get(PARTITION_TAG)} was taken by an earlier run with the epochs "
+            "before it; nothing to do"
+        )
+    elif len(taken.epochs) > 1:
+        context.log.info(f"epochs {taken.epochs}: taken by this run, processed in order")
+    else:
+        context.log.info(f"epoch {taken.epochs[0]}")
+    return taken.epochs
 
 
 def _step_op(op_name: str, asset: str, step: str) -> OpDefinition:
-    @op(name=op_name, ins={"epoch": In(int), "after": In(Nothing)}, out=Out(int))
-    def _step(context: OpExecutionContext, checkpoint: CheckpointControllerResource, epoch: int) -> int:
+    @op(name=op_name, ins={"epochs": In(list), "after": In(Nothing)}, out=Out(list))
+    def _step(context: OpExecutionContext, checkpoint: CheckpointControllerResource, epochs: list[int]) -> list[int]:
         runtime = checkpoint.runtime
-        if step == "source":
-            report = runtime.run_source(epoch, asset, context.run_id)
-        elif step == "view":
-            report = runtime.run_view(epoch, asset, context.run_id)
-        elif step == "commit":
-            report = runtime.commit(epoch)
-            checkpoint.retire_partitions(context.instance)
-        elif step == "compaction":
-            # After the commit, outside it and without the epoch's claim; a failure is reported in
-            # the metadata and logged, never raised: the epoch is committed whatever happens here.
-            report = runtime.compact(epoch)
-            if report.metadata["failures"] != "none":
-                context.log.warning(f"compaction failed (the epoch is committed): {report.metadata['failures']}")
-        else:
-            report = runtime.run_sink(epoch, asset, context.run_id)
-        record_materialization(context, report)
-        return epoch
+        for epoch in epochs:  # in order: each epoch's step reads the table's previous epoch
+            if step == "source":
+                report = runtime.run_source(epoch, asset, context.run_id)
+            elif step == "view":
+                report = runtime.run_view(epoch, asset, context.run_id)
+            elif step == "commit":
+                report = runtime.commit(epoch)
+                checkpoint.retire_partitions(context.instance)
+            elif step == "compaction":
+                # After the commit, outside it and without the epoch's claim; a failure is reported in
+                # the metadata and logged, never raised: the epoch is committed whatever happens here.
+                report = runtime.compact(epoch)
+                if report.metadata["failures"] != "none":
+                    context.log.warning(f"compaction failed (the epoch is committed): {report.metadata['failures']}")
+            else:
+                report = runtime.run_sink(epoch, asset, context.run_id)
+            record_materialization(context, report)  # each epoch its own partition's materialization
+        return epochs
 
     return _step
 
@@ -70,18 +93,19 @@ def build_epoch_job(pipeline: Pipeline) -> JobDefinition:
         name="epoch_job",
         executor_def=in_process_executor,
         tags={"epochal/kind": "epoch"},
-        description="Recover if needed, inject the next epoch and process it to commit and into the sinks. "
+        description="Recover if needed, inject the next epoch and process it, with any epochs waiting for a run, "
+        "to commit and into the sinks. "
         "With a dagster/partition tag: run or re-run that epoch.",
     )
     def epoch_job() -> None:
-        epoch = barrier()
-        done = {name: op_def(epoch=epoch) for name, op_def in sources.items()}
+        epochs = barrier()
+        done = {name: op_def(epochs=epochs) for name, op_def in sources.items()}
         for name in pipeline.view_order():
-            done[name] = views[name](epoch=epoch, after=[done[u] for u in pipeline.views[name].upstreams])
-        committed = commit(epoch=epoch, after=list(done.values()))
-        compaction(epoch=committed)  # parallel to the sinks: neither waits for the other
+            done[name] = views[name](epochs=epochs, after=[done[u] for u in pipeline.views[name].upstreams])
+        committed = commit(epochs=epochs, after=list(done.values()))
+        compaction(epochs=committed)  # parallel to the sinks: neither waits for the other
         for name, op_def in sinks.items():
-            op_def(epoch=committed, after=[done[pipeline.sinks[name].from_table]])
+            op_def(epochs=committed, after=[done[pipeline.sinks[name].from_table]])
 
     return epoch_job
 

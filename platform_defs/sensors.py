@@ -1,8 +1,10 @@
 """The barrier sensor: injects an epoch every barrier interval and requests its run.
 
-It is the barrier worker's timer. It recovers first when something failed, skips a tick when
-injection is paused or the in-flight limit is reached, and uses the epoch as run_key so a tick
-that is evaluated twice can never start one epoch twice.
+It is the barrier worker's timer. It recovers first when something failed, and injects unless
+injection is paused or the in-flight limit is reached. Runs take every epoch waiting for a run when
+they start, so it requests a run only when none is queued: a run that starts late processes the
+epochs that queued up behind it, in order, in one process. The newest waiting epoch is the run_key,
+so a tick that is evaluated twice can never start two runs for the same epochs.
 """
 
 from dagster import (
@@ -21,7 +23,7 @@ from dagster import (
 from assets.epoch_assets import EPOCHS
 from epochal.backfill.runner import BackfillRunner
 from epochal.settings import Settings
-from platform_defs.jobs import PARTITION_TAG
+from platform_defs.jobs import PARTITION_TAG, TAKE_WAITING_TAG
 from resources.checkpoint import CheckpointControllerResource
 
 
@@ -32,7 +34,9 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
         minimum_interval_seconds=max(1, settings.barrier_interval_ms // 1000),
         default_status=DefaultSensorStatus.STOPPED,
         description=f"Injects an epoch every {settings.barrier_interval_ms} ms (EPOCHAL_BARRIER_INTERVAL_MS), "
-        f"at most {settings.max_in_flight} in flight (EPOCHAL_MAX_IN_FLIGHT), and requests a backfill_job run "
+        f"at most {settings.max_in_flight} in flight (EPOCHAL_MAX_IN_FLIGHT); requests an epoch_job run, at most "
+        f"{settings.max_epoch_runs} at once (EPOCHAL_MAX_EPOCH_RUNS), that takes every waiting epoch; requests a "
+        "backfill_job run "
         "while a view added to the pipeline is backfilling (one at a time).",
     )
     def barrier_sensor(context: SensorEvaluationContext, checkpoint: CheckpointControllerResource):
@@ -44,25 +48,48 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
                 f"recovered ({reason}): committed epoch {report.committed_epoch}, aborted {report.aborted}"
             )
         requests = _backfill_request(context, runtime, backfill_job.name)
-        blocked = runtime.controller.epoch_log.can_inject()
-        if blocked:
-            return SensorResult(run_requests=requests) if requests else SkipReason(blocked)
-        record = runtime.controller.epoch_log.inject(runtime.plan)
-        key = str(record.epoch)
+        epoch_log = runtime.controller.epoch_log
+        blocked = epoch_log.can_inject()
+        partitions = []
+        if blocked is None:
+            key = str(epoch_log.inject(runtime.plan).epoch)
+            partitions.append(key)
+        else:
+            context.log.info(blocked)
+        waiting = epoch_log.waiting()
+        cursor = context.cursor
+        # A run queued or starting takes every waiting epoch when it starts (its barrier op runs
+        # after this tick's injection); else one run for all of them, keyed by the newest, once.
+        if waiting and str(waiting[-1]) != context.cursor and _room_for_a_run(context, epoch_job.name, settings):
+            newest = waiting[-1]
+            requests.insert(0, RunRequest(run_key=str(newest), job_name=epoch_job.name, tags=_epoch_tags(newest)))
+            cursor = str(newest)
+        if not requests and not partitions:
+            return SkipReason(blocked or "the epochs waiting have a run requested")
         return SensorResult(
-            run_requests=[RunRequest(run_key=key, job_name=epoch_job.name, tags={PARTITION_TAG: key}), *requests],
-            dynamic_partitions_requests=[EPOCHS.build_add_request([key])],
+            run_requests=requests,
+            cursor=cursor,
+            dynamic_partitions_requests=[EPOCHS.build_add_request(partitions)] if partitions else None,
         )
 
     return barrier_sensor
 
 
-_ACTIVE = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]
+_QUEUED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
+_ACTIVE = [*_QUEUED, DagsterRunStatus.STARTED]
+
+
+def _room_for_a_run(context: SensorEvaluationContext, job_name: str, settings: Settings) -> bool:
+    """Whether a new run would take the waiting epochs: no run of ``job_name`` is queued or starting
+    (its first op will see this tick's epoch), and fewer than EPOCHAL_MAX_EPOCH_RUNS are going. Runs
+    side by side share the cores: on a laptop one run taking several epochs beats several runs."""
+    active = context.instance.get_run_records(RunsFilter(job_name=job_name, statuses=_ACTIVE))
+    queued = [r for r in active if r.dagster_run.status in _QUEUED]
+    return not queued and len(active) < settings.max_epoch_runs
+
+
+def _epoch_tags(epoch: int) -> dict[str, str]:
+    return {PARTITION_TAG: str(epoch), TAKE_WAITING_TAG: "waiting"}
 
 
 def _backfill_request(context: SensorEvaluationContext, runtime, job_name: str) -> list[RunRequest]:  # noqa: ANN001

@@ -72,18 +72,22 @@ class Harness:
 
         return build_definitions(self.settings())
 
-    def run_in_process(self, instance: dg.DagsterInstance, partition: str | None = None) -> dg.ExecuteInProcessResult:
-        """One epoch_job run in this process, on the shared SparkSession (never stopped by the run)."""
+    def run_in_process(
+        self, instance: dg.DagsterInstance, partition: str | None = None, take_waiting: bool = False
+    ) -> dg.ExecuteInProcessResult:
+        """One epoch_job run in this process, on the shared SparkSession (never stopped by the run).
+        ``take_waiting``: run it as the barrier sensor does, taking every epoch waiting for a run."""
         from resources.checkpoint import CheckpointControllerResource
         from resources.spark import EpochalSparkResource
 
         spark = EpochalSparkResource(spark_config={}, master="local[2]", stop_on_teardown=False)
         checkpoint = CheckpointControllerResource(spark=spark, home=str(self.home), pipeline_dir=str(self.pipeline_dir))
         job = self.definitions().get_job_def("epoch_job")
-        tags = {"dagster/partition": partition} if partition else None
-        return job.execute_in_process(
-            instance=instance, resources={"spark": spark, "checkpoint": checkpoint}, tags=tags, raise_on_error=False
-        )
+        tags = {"dagster/partition": partition} if partition else {}
+        if take_waiting:
+            tags["epochal/take"] = "waiting"
+        resources = {"spark": spark, "checkpoint": checkpoint}
+        return job.execute_in_process(instance=instance, resources=resources, tags=tags or None, raise_on_error=False)
 
     def run_subprocess(self, *extra_args: str, fault: str | None = None, timeout: int = 300,
                        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

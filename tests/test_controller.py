@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,34 @@ def test_dead_owner_and_failure_trigger_recovery(tmp_path: Path, meta_url: str) 
     assert "boom" in ctl.epoch_log.recovery_reason()
     with pytest.raises(InjectionBlocked, match="recovery is pending"):
         ctl.epoch_log.inject(plan_ten)
+
+
+def test_a_run_takes_every_waiting_epoch_once_and_keeps_them_alive(tmp_path: Path, meta_url: str) -> None:
+    """The barrier sensor injects epochs no process holds; a run that starts late takes all of them
+    (oldest first), a second run finds none left, and the run's hold keeps the epochs that wait their
+    turn inside it from looking stuck to recovery."""
+    ctl = controller(tmp_path, meta_url, EPOCHAL_EPOCH_TIMEOUT_S="1")
+    start(ctl)
+    injected = [ctl.epoch_log.inject(plan_ten).epoch for _ in range(3)]
+    assert ctl.epoch_log.waiting() == injected
+    ctl.epoch_log.fail(injected[2], "ValueError: boom")  # a failed epoch waits for recovery, not a run
+    assert ctl.epoch_log.take_waiting("run-a") == injected[:2]
+    assert ctl.epoch_log.take_waiting("run-b") == []
+    assert ctl.epoch_log.waiting() == []
+    ctl.epoch_log.release_all(injected[:2])  # run-a could not start (its plans were refused)
+    assert ctl.epoch_log.waiting() == injected[:2]  # waiting for a run again, not dead
+    assert ctl.epoch_log.take_waiting("run-b") == injected[:2]
+    ctl.recover("boom", discard=lambda locs: None)
+
+    injected = [ctl.epoch_log.inject(plan_ten).epoch for _ in range(2)]
+    taken = ctl.epoch_log.take_waiting("run-c")
+    assert taken == injected
+    with ctl.epoch_log.hold(taken):
+        time.sleep(1.6)  # past the epoch timeout, while the run works on its first epoch
+        assert ctl.epoch_log.recovery_reason() is None
+        collect_all(ctl, taken[0])
+    time.sleep(1.6)  # the run let go without finishing the second: that one is stuck
+    assert "no progress" in (ctl.epoch_log.recovery_reason() or "")
 
 
 def test_a_failed_rerun_of_a_committed_epoch_requests_no_recovery(tmp_path: Path, meta_url: str) -> None:

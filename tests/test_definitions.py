@@ -35,6 +35,19 @@ def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
     assert defs.get_job_def("backfill_job").executor_def.name == "in_process"
 
 
+def test_input_assets_show_the_declared_kind(tmp_path: Path) -> None:
+    defs = make_harness(tmp_path, {"a.sql": (
+        "CREATE SOURCE events (id BIGINT) WITH (connector = 'log', path = 'data/events', format = 'json');\n"
+        "CREATE TABLE accounts (id BIGINT PRIMARY KEY, region STRING)\n"
+        "WITH (connector = 'log', path = 'data/accounts', format = 'json');\n"
+    )}).definitions()
+    described = {k: defs.get_assets_def(k).descriptions_by_key[dg.AssetKey(k)] for k in ("events", "accounts")}
+    assert described["events"].startswith("Source `events`")
+    assert "CREATE SOURCE events (id BIGINT)" in described["events"]
+    assert described["accounts"].startswith("Table `accounts`")
+    assert "CREATE TABLE accounts (id BIGINT, region STRING, PRIMARY KEY (id))" in described["accounts"]
+
+
 def test_pipeline_errors_fail_the_load_with_file_and_line(tmp_path: Path) -> None:
     h = make_harness(tmp_path, {"a.sql": "CREATE MATERIALIZED VIEW v AS\nSELECT x FROM nowhere;\n"})
     with pytest.raises(PipelineError, match=r"a\.sql:2: .*nowhere"):
@@ -65,14 +78,20 @@ def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, mon
     instance = dg.DagsterInstance.ephemeral()
     resources = defs.resources
 
+    cursor: list[str | None] = [None]
+
     def tick():  # noqa: ANN202
-        with dg.build_sensor_context(instance=instance, resources=resources) as context:
-            return sensor(context)
+        with dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor[0]) as context:
+            result = sensor(context)
+        if isinstance(result, dg.SensorResult) and result.cursor is not None:
+            cursor[0] = result.cursor  # as the daemon keeps it between ticks
+        return result
 
     first = tick()
     assert len(first.run_requests) == 1
     key = first.run_requests[0].run_key
     assert first.run_requests[0].tags["dagster/partition"] == key
+    assert first.run_requests[0].tags["epochal/take"] == "waiting"  # the run takes every waiting epoch
     assert first.dynamic_partitions_requests[0].partition_keys == [key]
     second = tick()
     assert int(second.run_requests[0].run_key) > int(key)

@@ -15,7 +15,7 @@ from tests.epochal_harness import make_harness
 
 FILES = {
     "pipeline.sql": """
-CREATE SOURCE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE, ts TIMESTAMP)
+CREATE TABLE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE, ts TIMESTAMP)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
 
 CREATE MATERIALIZED VIEW large_orders AS SELECT id, customer, amount FROM orders WHERE amount >= 10;
@@ -92,6 +92,46 @@ def test_four_runs_for_consecutive_epochs_started_at_once_all_commit_without_rec
     status = runtime.controller.status()
     assert [runtime.controller.epoch_log.epoch(e).state for e in epochs] == [EpochState.COMMITTED] * 4
     assert status["last_recovery"]["reason"] == "bootstrap", "waiting for order must never start a recovery"
+    assert status["epoch_counts"]["ABORTED"] == 0
+    for name, query in VIEWS.items():
+        assert_view_matches_batch(runtime, name, query)
+    assert_sink_exactly_once(runtime, "spend_out")
+
+
+def test_a_run_that_starts_late_takes_the_waiting_epochs_in_order_each_with_its_own_materializations(
+    spark, tmp_path: Path
+) -> None:
+    """The sensor injected three epochs and requested a run for each; the first run to start takes
+    all three and processes them in order in one process, and the runs requested for the others find
+    nothing left. Every epoch commits with its own partition's materializations, without recovery."""
+    import dagster as dg
+
+    h = make_harness(tmp_path, FILES)
+    sensor = h.runtime(spark)
+    sensor.recover("bootstrap")
+    epochs = []
+    for n in range(3):
+        h.produce(
+            [json.dumps({"id": i, "customer": f"c{i % 3}", "amount": 3.0 * (i + n), "ts": "2026-01-01T10:00:00"})
+             for i in range(n * 3, n * 3 + 5)]
+            + ([json.dumps({"id": n, "_op": "delete"})] if n else [])
+        )
+        epochs.append(sensor.controller.epoch_log.inject(sensor.plan).epoch)
+    sensor.close()
+
+    instance = dg.DagsterInstance.ephemeral()
+    late = h.run_in_process(instance, partition=str(epochs[-1]), take_waiting=True)
+    assert late.success
+    for asset in ("orders", "spend", "top_order", "spend_out", "epoch_commit"):
+        partitions = [e.partition for e in late.get_asset_materialization_events() if e.asset_key.path == [asset]]
+        assert partitions == [str(e) for e in epochs], asset
+    empty = h.run_in_process(instance, partition=str(epochs[0]), take_waiting=True)
+    assert empty.success and not empty.get_asset_materialization_events()
+
+    runtime = h.runtime(spark)
+    status = runtime.controller.status()
+    assert [runtime.controller.epoch_log.epoch(e).state for e in epochs] == [EpochState.COMMITTED] * 3
+    assert status["last_recovery"]["reason"] == "bootstrap"
     assert status["epoch_counts"]["ABORTED"] == 0
     for name, query in VIEWS.items():
         assert_view_matches_batch(runtime, name, query)
