@@ -246,7 +246,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         analysed = "analysed before (same plans)" if seconds is None else f"analysed by Spark in {seconds:.2f}s"
         print(f"  plans: {analysed}")
     for name, s in pipeline.sources.items():
-        print(f"  source {name} ({s.connector}) {s.location}")
+        print(f"  {s.kind:<6} {name} ({s.connector}) {s.location}")  # table or source, as declared
     for name in pipeline.view_order():
         print(f"  view   {name} <- {', '.join(pipeline.views[name].upstreams)} {pipeline.views[name].location}")
     for name, s in pipeline.sinks.items():
@@ -269,6 +269,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 f"epochs behind {b['epochs_behind'] if b['epochs_behind'] is not None else '-'}"
                 + (f"  rate limit {b['rate_limit']:g}/s" if b["rate_limit"] is not None else "")
                 + (f"  last error: {b['error']}" if b["error"] else "")
+                + (f"  stages: {', '.join(f'{s} {p}' for s, p in b['stages'].items())}" if b.get("stages") else "")
             )
         return 0
     if args.view not in runtime.pipeline.views:

@@ -199,7 +199,8 @@ def needed_from(cur: Cursor, table: str) -> int | None:
 
 
 def status(cur: Cursor) -> dict[str, dict]:
-    """Per view: phase, vnodes done, rows, epochs behind (committed epochs it has still to write)."""
+    """Per view: phase, vnodes done, rows, epochs behind (committed epochs it has still to write),
+    and the phase of each of its internal stages."""
     committed = q.committed_epoch(cur)
     shown = {}
     for b in all_backfills(cur):
@@ -211,6 +212,11 @@ def status(cur: Cursor) -> dict[str, dict]:
                 [since, committed],
             ).fetchone()[0]
         shown[b.view] = b.as_status(behind)
+    # A view's internal stages backfill with it, under its asset: shown inside its entry, by phase.
+    for name in sorted(shown):
+        view = name.split(STAGE_SEPARATOR)[0]
+        if view != name and view in shown:
+            shown[view].setdefault("stages", {})[name] = shown.pop(name)["phase"]
     return shown
 
 
