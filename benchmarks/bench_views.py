@@ -8,7 +8,7 @@ Pipelines and Spark Structured Streaming, on the same data and the same changes,
 Data: a keyed fact table t(id BIGINT PRIMARY KEY, k BIGINT, v BIGINT, note STRING) of --rows rows,
 k spread over --groups groups (default 100,000), and a dimension d(k BIGINT PRIMARY KEY, name STRING,
 region STRING) with one row per group, so every t row joins exactly one d row. Both are generated
-with DuckDB (seeded, deterministic) as JSON Lines for Epochal's keyed `log` source and as Parquet for
+with DuckDB (seeded, deterministic) as JSON Lines for Epochal's keyed `log` tables and as Parquet for
 the baselines. A change epoch touches a fraction of t's rows: 80% updates (one in ten moves its row
 to another group), 10% deletes, 10% inserts of new ids. Changes accumulate: each is applied to the
 state the previous one left.
@@ -27,6 +27,17 @@ state the previous one left.
                 mode, foreachBatch writing batch <id> to its own Parquet directory with overwrite:
                 an idempotent, exactly-once file output) over the same JSON Lines files, one
                 micro-batch per epoch: events per second against Epochal's agg epochs.
+
+4. sweep        (--sweep 1000000,5000000,20000000, issue 17) part 1 again at each state size, each
+                with its own data, the same change (--change-rows: a fixed number of rows, not a
+                fraction): epoch and recompute against the state's size, epoch@largest/epoch@smallest,
+                the crossover (the size above which an epoch beats a recompute), and which of the
+                epoch's Spark jobs grow with the state. Every epoch records its Spark jobs (step,
+                seconds, input records, from Spark's status store) and its driver time, the part of
+                the epoch with no Spark job running.
+
+    python benchmarks/bench_views.py --rows 10000000 --sweep 1000000,5000000,20000000 \
+        --change-rows 10000 --repeats 2 --warmup 1 --only agg,join,ss
 
 Results: a table of medians and ratios on stdout and a JSON file (--json). See benchmarks/README.md.
 """
@@ -147,10 +158,11 @@ class Data:
         self.db.execute(f"COPY t TO '{path / 'data.parquet'}' (FORMAT parquet, ROW_GROUP_SIZE 500000)")
         return path
 
-    def change(self, fraction: float) -> dict[str, Any]:
-        """Draw the next change of ``fraction`` of t's rows, write it as a new split, apply it."""
+    def change(self, fraction: float, events: int | None = None) -> dict[str, Any]:
+        """Draw the next change of ``fraction`` of t's rows (or of exactly ``events`` rows, then
+        ``fraction`` is only its label), write it as a new split, apply it."""
         number = len(self.changes) + 1
-        total = max(1, round(self.rows * fraction))
+        total = events if events is not None else max(1, round(self.rows * fraction))
         deletes = total // 10
         inserts = total // 10
         updates = total - deletes - inserts
@@ -204,11 +216,12 @@ class Data:
 
 def pipeline_files(view: str, mode: str, data: Data) -> dict[str, str]:
     with_clause = " WITH (refresh = 'full')" if mode == "full" else ""
+    # keyed (upserts and deletes), so tables: a PRIMARY KEY needs stored rows
     sources = (
-        f"CREATE SOURCE t ({T_COLUMNS})\nWITH (connector = 'log', path = '{data.t_log}', format = 'json');\n"
+        f"CREATE TABLE t ({T_COLUMNS})\nWITH (connector = 'log', path = '{data.t_log}', format = 'json');\n"
     )
     if view == "join":
-        sources += f"CREATE SOURCE d ({D_COLUMNS})\nWITH (connector = 'log', path = '{data.d_log}', format = 'json');\n"
+        sources += f"CREATE TABLE d ({D_COLUMNS})\nWITH (connector = 'log', path = '{data.d_log}', format = 'json');\n"
     return {
         "01_sources.sql": sources,
         "02_views.sql": f"CREATE MATERIALIZED VIEW {view}{with_clause} AS\n{VIEWS[view]};\n",
@@ -234,28 +247,39 @@ class EpochalPipeline:
         )
         self.runtime = EpochRuntime(settings, load_pipeline(pipeline_dir), lambda: spark)
 
-    def epoch(self, initial: bool = False) -> dict[str, float]:
+    def epoch(self, initial: bool = False) -> dict[str, Any]:
         rt = self.runtime
-        times: dict[str, float] = {}
+        times: dict[str, Any] = {}
         tracker = self.spark.sparkContext.statusTracker()
-        jobs_before = max(tracker.getJobIdsForGroup(), default=-1)  # ids grow; the tracker keeps the last 1000
+
+        def last_job() -> int:  # ids grow; the tracker keeps the last 1000
+            return max(tracker.getJobIdsForGroup(), default=-1)
+
+        jobs_before = last_job()
+        bounds: list[tuple[str, int]] = []  # (step, last job id when it ended): each job's step
         started = time.perf_counter()
         record, _ = rt.start_epoch(None, None)
         t = time.perf_counter()
         times["start"] = t - started
+        bounds.append(("start", last_job()))
         for source in rt.pipeline.sources:
             rt.run_source(record.epoch, source)
             times[f"source {source}"] = time.perf_counter() - t
+            bounds.append((f"source {source}", last_job()))
             t = time.perf_counter()
         times["sources"] = sum(v for k, v in times.items() if k.startswith("source "))
         for view in rt.pipeline.view_order():
             rt.run_view(record.epoch, view)
         times["view"] = time.perf_counter() - t
+        bounds.append(("view", last_job()))
         t = time.perf_counter()
         rt.commit(record.epoch)
         times["commit"] = time.perf_counter() - t
         times["epoch"] = time.perf_counter() - started
-        times["spark_jobs"] = max(tracker.getJobIdsForGroup(), default=-1) - jobs_before
+        jobs_after = last_job()
+        bounds.append(("commit", jobs_after))
+        times["spark_jobs"] = jobs_after - jobs_before
+        times.update(job_times(self.spark, jobs_before, bounds, times["epoch"]))
         assert rt.controller.epoch_log.committed_epoch() == record.epoch
         if hasattr(rt, "compact"):
             # What epoch_job runs after the commit (off the epoch's path, beside the sinks): a
@@ -265,6 +289,56 @@ class EpochalPipeline:
             rt.compact(record.epoch, every=1 if initial else None)
             times["compaction"] = time.perf_counter() - t
         return times
+
+
+def job_times(spark: Any, first: int, bounds: list[tuple[str, int]], epoch_s: float) -> dict[str, Any]:
+    """Where an epoch's wall time went: its Spark jobs (ids after ``first``, each labelled with the
+    step whose end ``bounds`` it falls before, its call site and its duration from Spark's own status
+    store) and the rest, time with no Spark job running: the driver's own work (planning, analysis
+    over Py4J, Parquet footers, meta-store transactions). Read after the epoch's timing."""
+    store = spark.sparkContext._jsc.sc().statusStore()  # AppStatusStore: live even with the UI off
+    jobs: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 5  # the listener bus is asynchronous: wait for the last job's end
+    for job_id in range(first + 1, bounds[-1][1] + 1):
+        step = next(name for name, last in bounds if job_id <= last)
+        while True:
+            try:
+                data = store.job(job_id)
+            except Exception:  # not yet in the store (or evicted: more than 1000 jobs ago)
+                data = None
+            if data is not None and data.completionTime().isDefined() or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if data is None or not data.completionTime().isDefined() or not data.submissionTime().isDefined():
+            jobs.append({"id": job_id, "step": step, "name": "?", "start_ms": None, "s": None})
+            continue
+        begin, end = data.submissionTime().get().getTime(), data.completionTime().get().getTime()
+        name = str(data.name()).replace(f"{REPO}/", "")  # the call site Spark saw (often a JDK frame)
+        # rows its stages read (from Parquet or from cached blocks): what tells a full scan of the state
+        input_rows, tasks = 0, 0
+        try:
+            stages = data.stageIds()
+            for i in range(stages.size()):
+                stage = store.lastStageAttempt(stages.apply(i))
+                input_rows += stage.inputRecords()
+                tasks += stage.numCompleteTasks()
+        except Exception:  # a stage already evicted from the store: leave the counts partial
+            pass
+        jobs.append({"id": job_id, "step": step, "name": name, "start_ms": begin, "s": (end - begin) / 1000,
+                     "input_rows": input_rows, "tasks": tasks})
+    # union of the jobs' intervals: two jobs running at once (a broadcast beside its query) count once
+    spans = sorted((j["start_ms"], j["start_ms"] + j["s"] * 1000) for j in jobs if j["s"] is not None)
+    busy, cur_lo, cur_hi = 0.0, None, None
+    for lo, hi in spans:
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                busy += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    if cur_hi is not None:
+        busy += cur_hi - cur_lo
+    return {"jobs_s": busy / 1000, "driver_s": max(0.0, epoch_s - busy / 1000), "jobs": jobs}
 
 
 def incremental_refusal(root: Path, data: Data) -> str | None:
@@ -353,50 +427,64 @@ class ViewSeries:
     change_only: dict[float, list[float]] = field(default_factory=dict)
     #: epochs with no change at all, after the change epochs: the fixed cost no change can go below
     empty: list[dict[str, float]] = field(default_factory=list)
+    #: --warmup change epochs: "epochs", "recompute", "change_only" lists, not in the medians
+    warmup: dict[str, list[Any]] = field(default_factory=dict)
     verified: str = "not checked"
 
 
-def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], views: list[str]) -> dict[str, Any]:
+def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], views: list[str],
+              rows: int | None = None) -> dict[str, Any]:
     pipes = {(v, m): EpochalPipeline(root, v, m, data, spark) for v in views for m in modes}
     series = {key: ViewSeries(*key) for key in pipes}
     for key, pipe in pipes.items():
-        log(f"  initial load into Epochal {key[0]} ({key[1]}): {args.rows:,} rows of t")
+        log(f"  initial load into Epochal {key[0]} ({key[1]}): {rows or args.rows:,} rows of t")
         series[key].initial = pipe.epoch(initial=True)
         init = series[key].initial
         log(f"    {fmt_s(init['epoch'])} (source {fmt_s(init['sources'])}, view {fmt_s(init['view'])}); "
             f"compaction after it {fmt_s(init.get('compaction'))}")
     out = root / "recompute"
     n = 0
-    for rep in range(args.repeats):
-        for fraction in args.change:
-            change = data.change(fraction)
-            log(f"  change {change['number']}: {fraction:.2%} of t = {change['events']:,} events "
-                f"(rep {rep + 1}/{args.repeats})")
-            for view in views:
-                for mode in modes:
-                    s = series[(view, mode)]
+    specs = change_specs(args, data.rows)
+    # --warmup: untimed change epochs first (the first after the initial load fills the snapshot
+    # cache, the SS query's first batch loads its state store), kept apart from the medians
+    plan = [(None, spec) for _ in range(args.warmup) for spec in specs[:1]]
+    plan += [(rep, spec) for rep in range(args.repeats) for spec in specs]
+    for rep, (fraction, events) in plan:
+        change = data.change(fraction, events)
+        change["warmup"] = rep is None
+        log(f"  change {change['number']}: {fraction:.2%} of t = {change['events']:,} events "
+            + ("(warm-up, not in the medians)" if rep is None else f"(rep {rep + 1}/{args.repeats})"))
+        for view in views:
+            for mode in modes:
+                s = series[(view, mode)]
+                # a warm-up's times go to their own lists, under the same keys
+                epochs = s.warmup.setdefault("epochs", []) if rep is None else s.epochs.setdefault(fraction, [])
+                recs = s.warmup.setdefault("recompute", []) if rep is None else s.recompute.setdefault(fraction, [])
+                alone = (s.warmup.setdefault("change_only", []) if rep is None
+                         else s.change_only.setdefault(fraction, []))
 
-                    def a(s: ViewSeries = s, view: str = view, mode: str = mode) -> None:
-                        times = pipes[(view, mode)].epoch()
-                        s.epochs.setdefault(fraction, []).append(times)
-                        log(f"    Epochal {view:4} {mode:11} epoch {fmt_s(times['epoch'])} "
-                            f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])}, "
-                            f"{times['spark_jobs']:.0f} Spark jobs; "
-                            f"compaction after it {fmt_s(times.get('compaction'))})")
+                def a(epochs: list = epochs, view: str = view, mode: str = mode) -> None:
+                    times = pipes[(view, mode)].epoch()
+                    epochs.append(times)
+                    log(f"    Epochal {view:4} {mode:11} epoch {fmt_s(times['epoch'])} "
+                        f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])}, "
+                        f"{times['spark_jobs']:.0f} Spark jobs {fmt_s(times['jobs_s'])}, "
+                        f"driver without a job {fmt_s(times['driver_s'])}; "
+                        f"compaction after it {fmt_s(times.get('compaction'))})")
 
-                    def b(s: ViewSeries = s, view: str = view) -> None:
-                        secs = spark_recompute(spark, view, change["state"], str(data.d_parquet), out / view)
-                        s.recompute.setdefault(fraction, []).append(secs)
-                        log(f"    Spark   {view:4} recompute   {fmt_s(secs)}")
+                def b(recs: list = recs, view: str = view) -> None:
+                    secs = spark_recompute(spark, view, change["state"], str(data.d_parquet), out / view)
+                    recs.append(secs)
+                    log(f"    Spark   {view:4} recompute   {fmt_s(secs)}")
 
-                    def c(s: ViewSeries = s, view: str = view) -> None:
-                        secs = spark_over_change(spark, view, change["file"], str(data.d_parquet), out / "change")
-                        s.change_only.setdefault(fraction, []).append(secs)
-                        log(f"    Spark   {view:4} over the change alone {fmt_s(secs)}")
+                def c(alone: list = alone, view: str = view) -> None:
+                    secs = spark_over_change(spark, view, change["file"], str(data.d_parquet), out / "change")
+                    alone.append(secs)
+                    log(f"    Spark   {view:4} over the change alone {fmt_s(secs)}")
 
-                    for step in ((a, b, c) if n % 2 == 0 else (c, b, a)):  # A B C, C B A: drift cancels out
-                        step()
-                n += 1
+                for step in ((a, b, c) if n % 2 == 0 else (c, b, a)):  # A B C, C B A: drift cancels out
+                    step()
+        n += 1
     for key, pipe in pipes.items():
         # No new record anywhere: what an epoch costs before it does any work (barrier, steps,
         # Parquet commits, meta-store transactions), the floor under every ratio above.
@@ -410,7 +498,77 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
         for key, pipe in pipes.items():
             series[key].verified = verify(spark, pipe, final, str(data.d_parquet))
             log(f"  check {key[0]} ({key[1]}) against Spark batch over the final state: {series[key].verified}")
+    for pipe in pipes.values():
+        pipe.runtime.close()  # unpersist its cached snapshots: the next size runs in the same session
     return {f"{v}/{m}": series[(v, m)] for v, m in series}
+
+
+def change_specs(args: Any, rows: int) -> list[tuple[float, int | None]]:
+    """(fraction, events) of each change per repeat: --change-rows fixes the events (same at every
+    state size; its fraction is then only a label), else the --change fractions of ``rows``."""
+    if args.change_rows:
+        return [(args.change_rows / rows, args.change_rows)]
+    return [(f, None) for f in args.change]
+
+
+def part1_result(series: dict[str, ViewSeries], data: Data) -> dict[str, Any]:
+    """Part 1's series as JSON (the views entry of a result, of the main run or of one sweep size)."""
+    return {
+        key: {
+            "view": s.view, "mode": s.mode, "initial": s.initial, "verified": s.verified,
+            "empty": s.empty, "warmup": s.warmup, "rows": data.rows,
+            "epochs": {str(f): e for f, e in s.epochs.items()},
+            "recompute": {str(f): r for f, r in s.recompute.items()},
+            "change_only": {str(f): r for f, r in s.change_only.items()},
+            "events": {str(f): next(c["events"] for c in data.changes if c["fraction"] == f and not c["warmup"])
+                       for f in s.epochs},
+        }
+        for key, s in series.items()
+    }
+
+
+def run_sweep(args: Any, root: Path, views: list[str], result: dict[str, Any], save: Any) -> None:
+    """Part 1 again at each --sweep size (its own data dir, one SparkSession for all sizes, smallest
+    first so a size that does not fit leaves the smaller ones measured), into result["sweep"]."""
+    from epochal.spark_session import build_spark_session
+
+    modes = result.get("modes", ["incremental"])
+    spark = build_spark_session(
+        master="local[2]", app_name="bench-views-sweep",
+        conf={**SPARK_CONF, "spark.driver.memory": args.driver_memory},
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        for rows in sorted(args.sweep):
+            if rows == args.rows and result.get("views"):
+                log(f"  {rows:,} rows: measured above (the main run)")
+                continue
+            size_root = root / f"sweep-{rows}"
+            size_root.mkdir()
+            entry: dict[str, Any] = {"rows": rows, "started": dt.datetime.now().astimezone().isoformat(),
+                                     "load_start": os.getloadavg()}
+            result["sweep"][str(rows)] = entry
+            began = time.perf_counter()
+            try:
+                data = Data(size_root, rows, args.groups, args.seed)
+                info = data.initial()
+                data.initial_state = info["state"]
+                log(f"  {rows:,} rows of t: data generated with DuckDB in {info['seconds']:.1f} s")
+                series = run_part1(args, size_root, data, spark, modes, views, rows=rows)
+                entry["views"] = part1_result(series, data)
+                entry["changes"] = data.changes
+            except Exception as exc:  # a size that does not fit: say what failed, keep the others
+                entry["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:1500]}"
+                log(f"  {rows:,} rows FAILED after {time.perf_counter() - began:.0f} s: {entry['error'][:500]}")
+                traceback.print_exc()
+                spark.catalog.clearCache()
+            finally:
+                entry["seconds"] = time.perf_counter() - began
+                entry["load_end"] = os.getloadavg()
+                save()
+                shutil.rmtree(size_root, ignore_errors=True)
+    finally:
+        spark.stop()
 
 
 # ------------------------------------------------------------------------------------- part 2: SDP
@@ -503,7 +661,7 @@ def run_ss(args: Any, root: Path, data: Data) -> dict[str, Any]:
     steps = [{"name": "initial load", "files": [str(f) for f in data.initial_files], "events": data.rows}]
     for c in data.changes:
         steps.append({"name": f"change {c['number']}", "fraction": c["fraction"], "files": [c["file"]],
-                      "events": c["events"]})
+                      "events": c["events"], "warmup": c.get("warmup", False)})
     config = {"work": str(work), "steps": steps, "driver_memory": args.driver_memory}
     (work / "config.json").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
@@ -586,7 +744,8 @@ def render(result: dict[str, Any]) -> str:
     part1 = result.get("views", {})
     sdp = result.get("sdp", {})
     if part1:
-        headers = ["view", "mode", "change", "events", "n", "Epochal epoch", "Spark jobs", "source", "view step",
+        headers = ["view", "mode", "change", "events", "n", "Epochal epoch", "Spark jobs", "job time", "driver",
+                   "source", "view step",
                    "Spark recompute", "epoch/recompute", "view/recompute", "Spark over change", "change/recompute",
                    "SDP refresh", "epoch/SDP"]
         rows = []
@@ -600,8 +759,8 @@ def render(result: dict[str, Any]) -> str:
                 sdp_times = [r["run_s"] for r in sdp.get("refresh", []) if r["view"] == f"{view}_mv"
                              and r["fraction"] == float(fraction)]
                 rows.append([
-                    view, mode, f"{float(fraction):.1%}", f"{s['events'][fraction]:,}", str(len(ep)),
-                    fmt_s(median(ep)), jobs_cell(epochs),
+                    view, mode, f"{float(fraction):.2%}", f"{s['events'][fraction]:,}", str(len(ep)),
+                    fmt_s(median(ep)), jobs_cell(epochs), *time_cells(epochs),
                     fmt_s(median([e["sources"] for e in epochs])), fmt_s(median(vs)),
                     fmt_s(median(rec)), fmt_x(ratio(ep, rec)), fmt_x(ratio(vs, rec)),
                     fmt_s(median(alone)) if alone else "n/a", fmt_x(ratio(alone, rec)) if alone else "n/a",
@@ -643,12 +802,14 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"== 3. Structured Streaming: could not run: {ss['error']}")
         else:
             agg_epochs = result.get("ss_epochal", {})
-            headers = ["step", "events", "Epochal s", "Epochal ev/s", "SS batch s", "SS ev/s", "Epochal/SS ev/s"]
+            headers = ["step", "events", "n", "Epochal s", "Epochal ev/s", "SS batch s", "SS ev/s", "Epochal/SS ev/s",
+                       "Epochal/SS time"]
             rows = []
             for label, ep_times, ss_times, events in ss_table(ss, agg_epochs):
                 e, b = median(ep_times) if ep_times else None, median(ss_times) if ss_times else None
-                rows.append([label, f"{events:,}", fmt_s(e), f"{events / e:,.0f}" if e else "n/a", fmt_s(b),
-                             f"{events / b:,.0f}" if b else "n/a", fmt_x(b / e) if e and b else "n/a"])
+                rows.append([label, f"{events:,}", f"{len(ep_times)}/{len(ss_times)}", fmt_s(e),
+                             f"{events / e:,.0f}" if e else "n/a", fmt_s(b), f"{events / b:,.0f}" if b else "n/a",
+                             fmt_x(b / e) if e and b else "n/a", fmt_x(e / b) if e and b else "n/a"])
             lines.append(f"== 3. agg as Structured Streaming ({ss.get('state_store')}, update mode, foreachBatch "
                          "idempotent Parquet per batch id) against Epochal's agg epochs, same files; medians")
             lines.append(table(headers, rows))
@@ -656,8 +817,17 @@ def render(result: dict[str, Any]) -> str:
                 "SS reads the same JSON Lines files as an insert-only stream: an update arrives as one more row of"
                 " its key (the old row is never retracted), a delete is dropped, so its aggregate drifts from the"
                 " view's true value; Epochal retracts and replaces. Epochal's time is the whole agg epoch"
-                " (source step + view step + commit); SS's is the micro-batch's triggerExecution."
+                " (source step + view step + commit); SS's is the micro-batch's triggerExecution. n = epochs/batches"
+                " in the medians (warm-ups left out); the two run one after the other, not interleaved, so"
+                " Epochal/SS time is a ratio of medians (target for a change: <= 1.0x)."
             )
+            warm = [s_["batch_s"] for s_ in ss["steps"][1:] if s_.get("warmup")]
+            if warm:
+                lines.append(f"SS warm-up batch(es), not in the medians: {', '.join(fmt_s(x) for x in warm)}")
+    sweep = sweep_points(result)
+    if sweep:
+        lines.append("")
+        lines.extend(render_sweep(result, sweep))
     return "\n".join(lines)
 
 
@@ -666,14 +836,140 @@ def jobs_cell(epochs: list[dict[str, float]]) -> str:
     return f"{median(jobs):.0f}" if jobs else "n/a"
 
 
+def time_cells(epochs: list[dict[str, Any]]) -> list[str]:
+    """Median time with a Spark job running, and without (the driver alone); n/a in older results."""
+    busy = [e["jobs_s"] for e in epochs if "jobs_s" in e]
+    idle = [e["driver_s"] for e in epochs if "driver_s" in e]
+    return [fmt_s(median(busy)) if busy else "n/a", fmt_s(median(idle)) if idle else "n/a"]
+
+
+@dataclass
+class SweepPoint:
+    """One view at one state size: the paired series of the same change."""
+
+    rows: int
+    events: int
+    epochs: list[dict[str, Any]]
+    recompute: list[float]
+    change_only: list[float]
+    verified: str
+
+    @property
+    def epoch(self) -> float:
+        return median([e["epoch"] for e in self.epochs])
+
+    @property
+    def ratio(self) -> float | None:
+        return ratio([e["epoch"] for e in self.epochs], self.recompute)
+
+
+def sweep_points(result: dict[str, Any]) -> dict[str, list[SweepPoint]]:
+    """view -> its points by size, from the sweep and from the main run (at --rows) when its change
+    was the same fixed number of rows; empty when the run had no sweep."""
+    args = result.get("args", {})
+    if not result.get("sweep"):
+        return {}
+    sources = [(int(n), e["views"]) for n, e in result["sweep"].items() if "views" in e]
+    if result.get("views") and args.get("change_rows"):
+        sources.append((args["rows"], result["views"]))
+    out: dict[str, list[SweepPoint]] = {}
+    for rows, views in sources:
+        for key, s in views.items():
+            for fraction, epochs in s["epochs"].items():
+                out.setdefault(key, []).append(SweepPoint(
+                    rows, s["events"][fraction], epochs, s["recompute"][fraction],
+                    s.get("change_only", {}).get(fraction, []), s["verified"]))
+    for points in out.values():
+        points.sort(key=lambda p: p.rows)
+    return out
+
+
+def crossover(points: list[SweepPoint]) -> str:
+    """The state size above which an epoch beats a recompute: the smallest measured size whose paired
+    epoch/recompute is below 1, and where the line through log(ratio) against log(size) between it
+    and the size below it crosses 1."""
+    import math
+
+    measured = [(p.rows, p.ratio) for p in points if p.ratio]
+    first = next((i for i, (_, r) in enumerate(measured) if r < 1), None)
+    if first is None:
+        return f"not reached up to {measured[-1][0]:,} rows" if measured else "n/a"
+    size, r = measured[first]
+    if first == 0:
+        return f"at or below {size:,} rows (the smallest size measured; epoch/recompute {r:.3f}x there)"
+    below, r_below = measured[first - 1]
+    x0, x1, y0, y1 = math.log(below), math.log(size), math.log(r_below), math.log(r)
+    at = math.exp(x0 + (x1 - x0) * (0 - y0) / (y1 - y0))
+    return (f"first below 1 at {size:,} rows ({r:.3f}x; {r_below:.3f}x at {below:,}); "
+            f"log-linear interpolation: about {at:,.0f} rows")
+
+
+def render_sweep(result: dict[str, Any], sweep: dict[str, list[SweepPoint]]) -> list[str]:
+    lines = []
+    failed = {n: e["error"] for n, e in result.get("sweep", {}).items() if "error" in e}
+    headers = ["view", "rows of t", "events", "n", "Epochal epoch", "Spark jobs", "job time", "driver", "source",
+               "view step", "Spark recompute", "epoch/recompute", "Spark over change", "check"]
+    rows = []
+    for key, points in sweep.items():
+        for p in points:
+            rows.append([key, f"{p.rows:,}", f"{p.events:,}", str(len(p.epochs)), fmt_s(p.epoch),
+                         jobs_cell(p.epochs), *time_cells(p.epochs),
+                         fmt_s(median([e["sources"] for e in p.epochs])), fmt_s(median([e["view"] for e in p.epochs])),
+                         fmt_s(median(p.recompute)), fmt_x(p.ratio),
+                         fmt_s(median(p.change_only)) if p.change_only else "n/a", p.verified])
+    lines.append("== 4. the same change against the state's size (medians; epoch/recompute is the median of paired "
+                 "ratios; job time = time with a Spark job running, driver = the rest of the epoch)")
+    lines.append(table(headers, rows))
+    for n, error in failed.items():
+        lines.append(f"{int(n):,} rows: FAILED: {error}")
+    for key, points in sweep.items():
+        lo, hi = points[0], points[-1]
+        if hi.rows == lo.rows:
+            continue
+        rec = median(hi.recompute) / median(lo.recompute)
+        lines.append(f"{key}: epoch@{hi.rows:,} / epoch@{lo.rows:,} = {fmt_x(hi.epoch / lo.epoch)} (target <= 1.5x; "
+                     f"a ratio of medians from different times of the run); recompute grew {fmt_x(rec)}; "
+                     f"crossover (epoch < recompute): {crossover(points)}")
+    # which of the epoch's Spark jobs grow with the state: median seconds per (step, call site)
+    for key, points in sweep.items():
+        if len(points) < 2 or not all("jobs" in e for p in points for e in p.epochs):
+            continue
+        # a job is named by its step and its rank in the step (the same code path runs the same jobs
+        # in the same order at every size; the call site Spark records is mostly a JDK frame)
+        per_size: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
+        for p in points:
+            sums: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            for e in p.epochs:
+                rank: dict[str, int] = {}
+                for j in e["jobs"]:
+                    rank[j["step"]] = rank.get(j["step"], 0) + 1
+                    site = (j["step"], f"#{rank[j['step']]} {j['name'].split(' at ', 1)[0]}")
+                    sums.setdefault(site, []).append((j["s"] or 0.0, j.get("input_rows", 0)))
+            for site, xs in sums.items():
+                per_size.setdefault(site, {})[p.rows] = (median([x[0] for x in xs]), median([x[1] for x in xs]))
+        lo, hi = points[0].rows, points[-1].rows
+        grown = sorted(per_size.items(), key=lambda kv: kv[1].get(hi, (0.0,))[0] - kv[1].get(lo, (0.0,))[0],
+                       reverse=True)
+        lines.append(f"{key}: the epoch's Spark jobs by step and rank, the 8 that grow most from {lo:,} to {hi:,} "
+                     "rows: median seconds (median input records of its stages: Parquet rows, or cached column "
+                     "batches of 10,000 rows each); driver time without a job: "
+                     + ", ".join(f"{p.rows:,}: {time_cells(p.epochs)[1]}" for p in points))
+        lines.append(table(["step", "job", *(f"{p.rows:,}" for p in points)],
+                           [[step, site, *(f"{fmt_s(v[p.rows][0])} ({v[p.rows][1]:,.0f})" if p.rows in v else "-"
+                                           for p in points)]
+                            for (step, site), v in grown[:8]]))
+    return lines
+
+
 def ss_table(ss: dict[str, Any], agg_epochs: dict[str, Any]) -> list[tuple[str, list[float], list[float], int]]:
     out = []
     steps = ss["steps"]
     out.append(("initial load", [agg_epochs["initial"]] if "initial" in agg_epochs else [],
                 [steps[0]["batch_s"]], steps[0]["events"]))
-    fractions = sorted({s["fraction"] for s in steps[1:]})
+    timed = [s for s in steps[1:] if not s.get("warmup")]
+    fractions = sorted({s["fraction"] for s in timed})
     for f in fractions:
-        chosen = [s for s in steps[1:] if s["fraction"] == f]
+        chosen = [s for s in timed if s["fraction"] == f]
         out.append((f"change {f:.1%}", agg_epochs.get("changes", {}).get(str(f), []),
                     [s["batch_s"] for s in chosen], chosen[0]["events"]))
     return out
@@ -687,7 +983,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=10_000_000, help="rows of t (default 10,000,000)")
     p.add_argument("--groups", type=int, default=100_000, help="distinct k = rows of d (default 100,000)")
     p.add_argument("--change", default="0.001,0.01", help="fractions of t changed per epoch (default 0.001,0.01)")
+    p.add_argument("--change-rows", type=int, default=None,
+                   help="a fixed number of changed rows per epoch, the same at every state size (overrides --change)")
     p.add_argument("--repeats", type=int, default=3, help="change epochs per fraction (default 3)")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="untimed change epochs before the timed ones, at every size (default 0)")
+    p.add_argument("--sweep", default="",
+                   help="comma list of t sizes (e.g. 1000000,5000000,20000000): part 1 (agg, join) again at each, "
+                   "its own data, the same change; prints epoch and recompute against the size and the crossover")
     p.add_argument("--only", default="agg,join,sdp,ss", help="comma list of agg, join, sdp, ss")
     p.add_argument("--mode", choices=["incremental", "full", "both"], default="incremental",
                    help="how Epochal maintains the views (default incremental; falls back to full, labelled, "
@@ -704,6 +1007,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ss-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.change = [float(x) for x in args.change.split(",") if x.strip()]
+    args.sweep = sorted({int(x) for x in args.sweep.split(",") if x.strip()})
+    if args.change_rows is not None and args.change_rows < 1:
+        p.error("--change-rows: at least 1")
     args.only = {x.strip() for x in args.only.split(",") if x.strip()}
     unknown = args.only - {"agg", "join", "sdp", "ss"}
     if unknown:
@@ -739,7 +1045,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Epochal view-maintenance benchmark, {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; nproc "
         f"{os.cpu_count()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start; Python "
         f"{platform.python_version()}; code {code}; rows {args.rows:,}, groups {args.groups:,}, "
-        f"changes {', '.join(f'{c:.1%}' for c in args.change)} x {args.repeats}; only {','.join(sorted(args.only))}"
+        + (f"changes of {args.change_rows:,} rows" if args.change_rows else
+           f"changes {', '.join(f'{c:.1%}' for c in args.change)}")
+        + f" x {args.repeats}" + (f" after {args.warmup} warm-up" if args.warmup else "")
+        + f"; only {','.join(sorted(args.only))}"
+        + (f"; sweep {', '.join(f'{n:,}' for n in args.sweep)} rows" if args.sweep else "")
     )
     log(header)
     log(f"state under {root}")
@@ -779,18 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
                 series = run_part1(args, root, data, spark, modes, views)
                 spark.stop()
                 spark = None
-                result["views"] = {
-                    key: {
-                        "view": s.view, "mode": s.mode, "initial": s.initial, "verified": s.verified,
-                        "empty": s.empty,
-                        "epochs": {str(f): e for f, e in s.epochs.items()},
-                        "recompute": {str(f): r for f, r in s.recompute.items()},
-                        "change_only": {str(f): r for f, r in s.change_only.items()},
-                        "events": {str(f): next(c["events"] for c in data.changes if c["fraction"] == f)
-                                   for f in s.epochs},
-                    }
-                    for key, s in series.items()
-                }
+                result["views"] = part1_result(series, data)
                 agg_key = next((k for k in result["views"] if k.startswith("agg/")), None)
                 if agg_key:
                     agg = result["views"][agg_key]
@@ -799,9 +1098,10 @@ def main(argv: list[str] | None = None) -> int:
                         "changes": {f: [e["epoch"] for e in eps] for f, eps in agg["epochs"].items()},
                     }
             else:
-                for _ in range(args.repeats):
-                    for fraction in args.change:
-                        data.change(fraction)
+                specs = change_specs(args, data.rows)
+                for rep in [None] * args.warmup + list(range(args.repeats)):
+                    for fraction, events in specs[:1] if rep is None else specs:
+                        data.change(fraction, events)["warmup"] = rep is None
             result["changes"] = data.changes
             save()
             if "sdp" in args.only:
@@ -814,6 +1114,15 @@ def main(argv: list[str] | None = None) -> int:
                 log("3. Structured Streaming (RocksDB state store), same files, one batch per epoch")
                 result["ss"] = run_ss(args, root, data)
                 log(f"  {'error: ' + result['ss']['error'] if 'error' in result['ss'] else 'done'}")
+                save()
+            if args.sweep:
+                # the main size's data goes first: the largest sweep size needs the disk
+                shutil.rmtree(root / "log", ignore_errors=True)
+                shutil.rmtree(root / "states", ignore_errors=True)
+                log(f"4. sweep of the state's size: {', '.join(f'{n:,}' for n in args.sweep)} rows of t, "
+                    f"the same change at each; views {', '.join(v for v in ('agg', 'join') if v in args.only)}")
+                result["sweep"] = {}
+                run_sweep(args, root, [v for v in ("agg", "join") if v in args.only], result, save)
         result["load_end"] = os.getloadavg()
         result["seconds"] = time.perf_counter() - began
         report = render(result)

@@ -1,0 +1,265 @@
+"""Sustained epochs from the Dagster daemon (issue 17, goal 1): `dagster dev` on the demo pipeline,
+`barrier_sensor` on, for a fixed time, against a warm Spark server Epochal manages.
+
+    python benchmarks/bench_daemon.py                    # 10 minutes at the 10 s barrier interval
+    python benchmarks/bench_daemon.py --minutes 3        # a shorter look
+    python benchmarks/bench_daemon.py --spark-mode local # every run starts its own JVM, for the ratio
+
+It starts, in a temporary directory: Epochal's Spark Connect server (`epochal spark start`), then
+`dagster dev` with its own DAGSTER_HOME (webserver, daemon, code server: what a user runs), turns the
+sensor on through the webserver's GraphQL API, and lets the daemon drive epochs. Every 2 s it samples
+the Spark server's resident memory. At the end it reads what happened from the two stores of record:
+the meta store (epochs injected and committed, recoveries, sink batches) and the Dagster instance
+(epoch_job runs: how long each took, how many failed). It prints:
+
+* epochs committed per minute, against the barrier interval's 60/interval (the target: one epoch
+  committed per interval, sustained);
+* the duration of epoch_job runs, and how many epochs each took (a run that starts late takes the
+  epochs waiting for it);
+* event-to-sink freshness per epoch: from its injection to the last sink having committed it
+  (target: at most 30 s);
+* the Spark server's peak and final resident memory, and its memory at the end of each minute
+  (bounded: the last minutes do not keep growing).
+
+Results also go to a JSON file under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+sys.path.insert(0, str(REPO))
+
+from tests.dagster_dev import LOCATION, dagster_dev, free_port, isolated_env  # noqa: E402
+
+PY = sys.executable
+START_SENSOR = """
+mutation($selector: SensorSelector!) {
+  startSensor(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { status } }
+    ... on PythonError { message }
+  }
+}"""
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def spark_server(command: str, env: dict[str, str]) -> None:
+    subprocess.run([PY, "-m", "epochal.cli", "spark", command], env=env, cwd=REPO, check=True, capture_output=True)
+
+
+class MemorySampler(threading.Thread):
+    """Resident memory of the Spark server, every ``interval_s``, from /proc (no Spark call)."""
+
+    def __init__(self, home: Path, interval_s: float = 2.0):
+        super().__init__(daemon=True)
+        self.home, self.interval_s = home, interval_s
+        self.samples: list[tuple[float, int]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        from epochal import spark_server
+
+        while not self._done.wait(self.interval_s):
+            current = spark_server.status(self.home)
+            if current is not None and current.rss_bytes:
+                self.samples.append((time.time(), current.rss_bytes))
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
+
+
+def meta_store_figures(env: dict[str, str], since: float, until: float) -> dict[str, Any]:
+    """Epochs, recoveries and sink deliveries as the meta store recorded them."""
+    from epochal.meta.backend import open_backend
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.settings import Settings
+
+    settings = Settings.from_env(env)
+    backend = open_backend(settings.meta_url)
+
+    def read(cur):  # noqa: ANN001, ANN202
+        epochs = cur.execute(
+            "SELECT epoch, state, injected_at, committed_at FROM epochs WHERE injected_at >= ? ORDER BY epoch",
+            [since],
+        ).fetchall()
+        batches = cur.execute(
+            "SELECT sink, first_epoch, last_epoch, updated_at FROM sink_batches WHERE state = 'COMMITTED'"
+        ).fetchall()
+        recoveries = cur.execute(
+            "SELECT reason, started_at FROM recoveries WHERE started_at >= ? ORDER BY started_at", [since]
+        ).fetchall()
+        return epochs, batches, recoveries
+
+    epochs, batches, recoveries = backend.transaction(read)
+    sinks = sorted(load_pipeline(settings.pipeline_dir).sinks)  # a sink that never delivered counts too
+    committed = [e for e in epochs if e[1] == "COMMITTED" and e[3] is not None and e[3] <= until]
+    freshness = []
+    for epoch, _state, injected, _committed in committed:
+        delivered = []
+        for sink in sinks:
+            times = [b[3] for b in batches if b[0] == sink and b[1] <= epoch <= b[2]]
+            if times:
+                delivered.append(min(times))
+        if len(delivered) == len(sinks) and delivered:
+            freshness.append(max(delivered) - injected)
+    return {
+        "injected": len([e for e in epochs if e[2] <= until]),
+        "committed": len(committed),
+        "aborted": len([e for e in epochs if e[1] == "ABORTED"]),
+        "recoveries": [r[0] for r in recoveries],
+        "sinks": sinks,
+        "freshness_s": freshness,
+        "commit_latency_s": [e[3] - e[2] for e in committed],
+    }
+
+
+def run_figures(dagster_home: Path) -> dict[str, Any]:
+    """epoch_job runs from the Dagster instance: durations, outcomes, epochs per run."""
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    with DagsterInstance.get() as instance:
+        records = instance.get_run_records(RunsFilter(job_name="epoch_job"))
+        durations, statuses = [], {}
+        for record in records:
+            statuses[record.dagster_run.status.value] = statuses.get(record.dagster_run.status.value, 0) + 1
+            if record.dagster_run.status == DagsterRunStatus.SUCCESS and record.start_time and record.end_time:
+                durations.append(record.end_time - record.start_time)
+        taken = []
+        for record in records:
+            events = instance.all_logs(record.dagster_run.run_id)
+            partitions = {
+                e.dagster_event.step_materialization_data.materialization.partition
+                for e in events
+                if e.dagster_event is not None
+                and e.dagster_event.is_step_materialization
+                and e.dagster_event.step_materialization_data.materialization.asset_key.path == ["epoch_commit"]
+            }
+            taken.append(len(partitions))
+    return {"statuses": statuses, "durations_s": durations, "epochs_per_run": taken}
+
+
+def describe(values: list[float], unit: str = "s") -> str:
+    if not values:
+        return "none"
+    values = sorted(values)
+    p90 = values[min(len(values) - 1, int(round(0.9 * (len(values) - 1))))]
+    return (
+        f"median {statistics.median(values):.1f}{unit}, p90 {p90:.1f}{unit}, max {values[-1]:.1f}{unit} "
+        f"(n={len(values)})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="how long the sensor drives epochs (default 10)")
+    p.add_argument("--interval-ms", type=int, default=10_000, help="EPOCHAL_BARRIER_INTERVAL_MS (default 10000)")
+    p.add_argument("--spark-mode", choices=["server", "local"], default="server")
+    p.add_argument("--json", help="result file (default benchmarks/results/bench_daemon-<time>.json)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = p.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="bench_daemon-"))
+    env = isolated_env(root)
+    env.update(
+        {
+            "EPOCHAL_SPARK_MODE": args.spark_mode,
+            "EPOCHAL_SPARK_PORT": str(free_port()),
+            "EPOCHAL_BARRIER_INTERVAL_MS": str(args.interval_ms),
+        }
+    )
+    home = Path(env["EPOCHAL_HOME"])
+    log(f"root {root}; Spark {args.spark_mode}; barrier every {args.interval_ms} ms for {args.minutes} min")
+    if args.spark_mode == "server":
+        started = time.time()
+        spark_server("start", env)
+        log(f"Spark server started in {time.time() - started:.1f}s")
+    sampler = MemorySampler(home)
+    sampler.start()
+    result: dict[str, Any] = {"args": vars(args), "root": str(root)}
+    try:
+        command = [PY, "-m", "dagster", "dev", "-w", "workspace.yaml"]
+        with dagster_dev(command, env, root / "dagster_dev.log") as server:
+            selector = {
+                "repositoryLocationName": LOCATION,
+                "repositoryName": "__repository__",
+                "sensorName": "barrier_sensor",
+            }
+            started = server.graphql(START_SENSOR, {"selector": selector})["startSensor"]
+            if started["__typename"] != "Sensor":
+                raise RuntimeError(f"could not start barrier_sensor: {started}")
+            since = time.time()
+            log("barrier_sensor on")
+            deadline = since + args.minutes * 60
+            minute_marks: list[tuple[float, int | None]] = []
+            while time.time() < deadline:
+                time.sleep(min(60.0, max(0.0, deadline - time.time())))
+                rss = sampler.samples[-1][1] if sampler.samples else None
+                minute_marks.append((time.time() - since, rss))
+                figures = meta_store_figures(env, since, time.time())
+                log(
+                    f"{(time.time() - since) / 60:.1f} min: {figures['committed']} committed, "
+                    f"{len(figures['recoveries'])} recoveries, server RSS "
+                    f"{rss / 2**20 if rss else float('nan'):.0f} MiB"
+                )
+            until = time.time()
+        result["meta"] = meta_store_figures(env, since, until)
+        result["runs"] = run_figures(Path(env["DAGSTER_HOME"]))
+        result["minutes"] = (until - since) / 60
+        result["memory_mib"] = [(round(t, 1), round(b / 2**20)) for t, b in minute_marks if b]
+    finally:
+        sampler.stop()
+        if args.spark_mode == "server":
+            spark_server("stop", env)
+    peak = max((b for _, b in sampler.samples), default=None)
+    result["server_peak_mib"] = round(peak / 2**20) if peak else None
+
+    meta, runs = result["meta"], result["runs"]
+    per_minute = meta["committed"] / result["minutes"]
+    goal = 60_000 / args.interval_ms
+    print()
+    print(f"== {args.minutes:g} min of barrier_sensor at {args.interval_ms} ms, Spark {args.spark_mode}")
+    print(
+        f"epochs: {meta['injected']} injected, {meta['committed']} committed, {meta['aborted']} aborted; "
+        f"{per_minute:.2f} committed/min against {goal:.2f}/min at the interval ({per_minute / goal:.2f}x)"
+    )
+    print(f"recoveries: {len(meta['recoveries'])} {meta['recoveries'][:3]}")
+    print(f"epoch_job runs: {runs['statuses']}; durations {describe(runs['durations_s'])}")
+    print(f"epochs per run: {describe([float(n) for n in runs['epochs_per_run']], '')}")
+    print(f"injection to commit: {describe(meta['commit_latency_s'])}")
+    print(f"event-to-sink freshness ({', '.join(meta['sinks'])}): {describe(meta['freshness_s'])} (target <= 30s)")
+    if result["server_peak_mib"]:
+        print(
+            f"Spark server RSS: peak {result['server_peak_mib']} MiB; by minute "
+            + ", ".join(f"{m} MiB" for _, m in result["memory_mib"])
+        )
+    out = (
+        Path(args.json) if args.json else BENCH_DIR / "results" / f"bench_daemon-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"results: {out}")
+    if not args.keep:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
