@@ -297,8 +297,9 @@ def assert_log_read_parses_once(spark, tmp_path, keyed: bool, parses: int, capsy
     columns = (Column("id", "BIGINT"), Column("name", "STRING"))
     (tmp_path / "events").mkdir()
     (tmp_path / "events" / "0.jsonl").write_text('{"id": 1, "name": "a"}\n{"id": 2, "_op": "delete"}\n')
-    key = ("id",) if keyed else ()
-    src = LogConnectorSpec().create(replace(source_def("log", columns, {"path": "events"}), primary_key=key, kind="table" if keyed else "source"), tmp_path)
+    key, kind = (("id",), "table") if keyed else ((), "source")  # a PRIMARY KEY needs a table
+    declared = replace(source_def("log", columns, {"path": "events"}), primary_key=key, kind=kind)
+    src = LogConnectorSpec().create(declared, tmp_path)
     batch = src.read(spark, src.plan({}))
     for frame in (batch.rows, batch.rejected):
         assert frame is not None
