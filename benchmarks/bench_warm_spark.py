@@ -7,10 +7,10 @@
 Each pair runs the same epoch_job twice, interleaved A B A B on one EPOCHAL_HOME (the machine is
 shared and noisy: the ratio is the median of the per-pair ratios):
 
-A. local   EPOCHAL_SPARK_MODE=local, today's default: a run starts Spark in its process when a step
+A. local   EPOCHAL_SPARK_MODE=local: a run starts Spark in its process when a step
            first needs it.
-B. server  EPOCHAL_SPARK_MODE=server: the run attaches to the Spark Connect server Epochal manages,
-           started (and timed) once before the pairs by `epochal spark start`.
+B. server  EPOCHAL_SPARK_MODE=server, the default: the run attaches to the Spark Connect server
+           Epochal manages, started (and timed) once before the pairs by `epochal spark start`.
 
 Epoch sizes (--data): ``empty`` (a Nexmark source with max.events.per.epoch = 0: no new records) and
 ``small`` (100 Nexmark events an epoch: ~92 bids through a view into a DuckDB sink). One untimed run

@@ -333,7 +333,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
     if args.action == "start":
         current, started = spark_server.start(spark_server.ServerConfig.from_settings(settings))
         verb = "started" if started else "already running:"
-        print(f"Spark server {verb} {current.url} (pid {current.pid}); runs use it with EPOCHAL_SPARK_MODE=server")
+        used = "runs use it" if settings.spark_mode == "server" else "runs use it with EPOCHAL_SPARK_MODE=server"
+        print(f"Spark server {verb} {current.url} (pid {current.pid}); {used}")
         return 0
     if args.action == "stop":
         stopped = spark_server.stop(settings.home)
@@ -391,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="load the pipeline and report every error, without running anything")
     p.add_argument("--no-spark", action="store_true", help="check with sqlglot only: no JVM, plans not analysed")
     p.set_defaults(fn=cmd_validate)
-    p = sub.add_parser("spark", help="the local Spark server of EPOCHAL_SPARK_MODE=server: start, stop, status")
+    p = sub.add_parser("spark", help="the local Spark server that runs attach to: start, stop, status")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.set_defaults(fn=cmd_spark)

@@ -194,13 +194,18 @@ class Settings:
     )
     spark_mode: str = setting(
         "EPOCHAL_SPARK_MODE",
-        "local",
-        "`local`: each run starts Spark in its own process (~20 s); `server`: runs attach to a Spark Connect "
-        "server Epochal starts on first use and keeps (`epochal spark status`). EPOCHAL_SPARK_REMOTE wins over both.",
+        "server",
+        "`server`: runs attach to a local Spark Connect server Epochal starts on first use and keeps warm "
+        "(`epochal spark status`, `epochal spark stop`); `local`: each run starts Spark in its own process "
+        "(~20 s a run, nothing left running). EPOCHAL_SPARK_REMOTE wins over both.",
         choices=("local", "server"),
     )
     spark_port: int = setting(
-        "EPOCHAL_SPARK_PORT", "15052", "Port (on 127.0.0.1) of the Spark server of `server` mode.", minimum=1
+        "EPOCHAL_SPARK_PORT",
+        "0",
+        "Port (on 127.0.0.1) of the Spark server of `server` mode; `0` picks one when the server starts "
+        "(15052 if free, else any free port) and keeps it in `$EPOCHAL_HOME/spark/server.json`.",
+        minimum=0,
     )
     spark_conf: Mapping[str, str] = setting(
         "EPOCHAL_SPARK_CONF",
@@ -225,7 +230,7 @@ class Settings:
                 f"{self.checkpoint_frequency}: raise the limit to at least the checkpoint frequency"
             )
         if self.spark_port > 65535:
-            raise ConfigError(f"EPOCHAL_SPARK_PORT={self.spark_port} is not a TCP port: use 1-65535")
+            raise ConfigError(f"EPOCHAL_SPARK_PORT={self.spark_port} is not a TCP port: use 1-65535, or 0 to pick one")
 
     def __repr__(self) -> str:
         # A repr ends up in logs and tracebacks: secrets never go with it.

@@ -1,4 +1,5 @@
-"""A local Spark Connect server that Epochal starts, supervises and stops (`EPOCHAL_SPARK_MODE=server`).
+"""A local Spark Connect server that Epochal starts, supervises and stops (`EPOCHAL_SPARK_MODE=server`,
+the default).
 
 A run in local mode starts its own JVM, which costs ~20 s before the first step; with a warm server a
 run only attaches to it over gRPC. The server's files live in ``$EPOCHAL_HOME/spark/``:
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from epochal.errors import EpochalError
@@ -41,6 +42,8 @@ HOST = "127.0.0.1"
 #: the JVM needs ~10-20 s on a small machine; a loaded one, much more
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
+#: the port a server started with port 0 (EPOCHAL_SPARK_PORT's default) takes when it is free
+PREFERRED_PORT = 15052
 
 
 class SparkServerError(EpochalError):
@@ -49,7 +52,10 @@ class SparkServerError(EpochalError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """What a managed server is started with: the settings' home, port, master and Spark conf."""
+    """What a managed server is started with: the settings' home, port, master and Spark conf.
+
+    ``port`` 0 lets the server pick one when it starts (``PREFERRED_PORT`` if free, else any free
+    port): two homes on one machine then get a server each, and runs find theirs in server.json."""
 
     home: Path
     port: int
@@ -84,7 +90,9 @@ class ServerConfig:
 
     def fingerprint(self) -> str:
         """A digest of the conf (not the conf: it may hold secrets), to notice a changed conf."""
-        text = json.dumps(self.spark_conf(), sort_keys=True)
+        conf = self.spark_conf()
+        conf.pop("spark.connect.grpc.binding.port")  # the port is checked on its own (0 means any)
+        text = json.dumps(conf, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -189,7 +197,7 @@ def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> ServerStatus | None:
 def _ensure_locked(config: ServerConfig) -> ServerStatus:
     current = status(config.home)
     if current is not None and current.healthy:
-        if current.port != config.port:
+        if config.port and current.port != config.port:
             raise SparkServerError(
                 f"Epochal's Spark server for {config.home} listens on port {current.port}, not "
                 f"EPOCHAL_SPARK_PORT={config.port}: run `epochal spark stop` to restart it on the new port"
@@ -212,6 +220,8 @@ def _ensure_locked(config: ServerConfig) -> ServerStatus:
 
 def _launch(config: ServerConfig) -> ServerStatus:
     check_java()
+    if config.port == 0:
+        config = replace(config, port=_pick_port())
     _require_free_port(config.port)
     directory = config.directory
     directory.mkdir(parents=True, exist_ok=True)
@@ -363,9 +373,29 @@ def _listening(port: int) -> bool:
         return probe.connect_ex((HOST, port)) == 0
 
 
+def _pick_port() -> int:
+    """PREFERRED_PORT when it is free, else a free port the kernel chooses. Another process may take
+    it before the JVM binds it; the server then exits and the error shows its log."""
+    if _bindable(PREFERRED_PORT):
+        return PREFERRED_PORT
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
 def _require_free_port(port: int) -> None:
     if not 0 < port < 65536:
-        raise SparkServerError(f"EPOCHAL_SPARK_PORT={port} is not a TCP port: use 1-65535")
+        raise SparkServerError(f"EPOCHAL_SPARK_PORT={port} is not a TCP port: use 1-65535, or 0 to pick one")
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
         try:
@@ -375,7 +405,7 @@ def _require_free_port(port: int) -> None:
                 raise SparkServerError(f"cannot use port {port} for the Spark server: {exc.strerror}") from None
             raise SparkServerError(
                 f"port {port} is taken by another process{_owner(port)}, so Epochal cannot start its Spark "
-                f"server there: set EPOCHAL_SPARK_PORT to a free port, or stop that process"
+                f"server there: set EPOCHAL_SPARK_PORT to a free port (or to 0, to pick one), or stop that process"
             ) from None
 
 

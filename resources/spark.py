@@ -1,13 +1,14 @@
 """The Spark resource: a lazy session (dagster-pyspark's ``LazyPySparkResource`` contract), Epochal's
 modes and a clean stop.
 
-Modes, chosen by settings (EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or resource config:
-* ``local[*]`` (default): a JVM in the run's process. With the in-process executor one run = one JVM.
+Modes, chosen by settings (EPOCHAL_SPARK_MODE / EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or
+resource config:
+* ``EPOCHAL_SPARK_MODE=server`` (default): Spark Connect to the local server Epochal manages
+  (epochal/spark_server.py), started when a step first needs Spark if it is not running.
+* ``EPOCHAL_SPARK_MODE=local`` with ``local[*]``: a JVM in the run's process; one run = one JVM.
 * a cluster master URL (``spark://host:7077``, ``yarn``, ``k8s://...``): the driver runs in the run's
   process, executors on the cluster.
 * a Spark Connect remote (``sc://host:15002``): no local JVM at all; the server does the work.
-* ``EPOCHAL_SPARK_MODE=server``: Spark Connect to the local server Epochal manages
-  (epochal/spark_server.py), started when a step first needs Spark if it is not running.
 """
 
 
@@ -57,7 +58,7 @@ class EpochalSparkResource(ConfigurableResource):
         description="EPOCHAL_HOME whose managed Spark Connect server runs attach to (EPOCHAL_SPARK_MODE=server); "
         "empty: no managed server. `remote` wins.",
     )
-    server_port: int = Field(default=15052, description="Port of the managed server (EPOCHAL_SPARK_PORT).")
+    server_port: int = Field(default=0, description="Port of the managed server (EPOCHAL_SPARK_PORT); 0 picks one.")
     secret_conf: str = Field(
         default="",
         description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "

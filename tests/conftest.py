@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Runs and CLI commands the tests start in subprocesses compute with a JVM of their own, as before
+# the managed server became the default: each test has its own EPOCHAL_HOME, and a server per home
+# would leave a JVM per test running. test_spark_server.py runs the server mode on purpose.
+os.environ.setdefault("EPOCHAL_SPARK_MODE", "local")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ The error paths (port taken, Java missing, a server that cannot start) need no h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -126,10 +128,45 @@ def test_java_missing_and_a_server_that_cannot_start(tmp_path: Path, monkeypatch
     assert status(tmp_path) is None
 
 
+@contextlib.contextmanager
+def _holding(port: int) -> Iterator[bool]:
+    """Listen on ``port`` for the block, as another home's server would; yields whether we got it."""
+    with socket.socket() as holder:
+        try:
+            holder.bind(("127.0.0.1", port))
+        except OSError:
+            yield False  # something else holds it already: as good for the tests
+            return
+        holder.listen()
+        yield True
+
+
+def test_the_default_port_is_picked_when_the_server_starts_and_moves_on_when_taken() -> None:
+    from epochal.settings import Settings
+    from epochal.spark_server import PREFERRED_PORT, _pick_port
+
+    settings = Settings.from_env({})
+    assert (settings.spark_mode, settings.spark_port) == ("server", 0), "the managed server is the default"
+    with _holding(PREFERRED_PORT):
+        picked = _pick_port()
+        assert picked != PREFERRED_PORT and 0 < picked < 65536
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", picked))  # free: a server can listen there
+    # a conf that differs only in the picked port is the same conf
+    def config(port: int, memory: str) -> ServerConfig:
+        return ServerConfig(Path("/h"), port, "local[2]", {"spark.driver.memory": memory})
+
+    assert config(picked, "1g").fingerprint() == config(0, "1g").fingerprint()
+    assert config(0, "2g").fingerprint() != config(0, "1g").fingerprint()
+
+
 @pytest.mark.slow
 def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tmp_path: Path) -> None:
-    """Two `dagster job execute` runs in server mode: the first starts the server, the second reuses
-    it; every view equals a classic Spark batch over the committed source rows."""
+    """Two `dagster job execute` runs in server mode with the default port while another process holds
+    15052: the first starts the server on a port it picks, the second finds and reuses it; every view
+    equals a classic Spark batch over the committed source rows."""
+    from epochal.spark_server import PREFERRED_PORT
+
     statements = [f"CREATE MATERIALIZED VIEW {n} AS {q};" for n, q in VIEWS_ON_CONNECT.items()]
     statements.append(
         "CREATE SINK cheap_out FROM cheap WITH (connector = 'duckdb', database = 'out/cheap.duckdb', "
@@ -137,21 +174,23 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
     )
     h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": "\n".join(statements)})
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
-    env = {"EPOCHAL_SPARK_MODE": "server", "EPOCHAL_SPARK_PORT": str(_free_port()),
-           "EPOCHAL_SPARK_CONF": "spark.driver.memory=1g"}
+    # the tests' conftest makes local the default of their subprocesses; this one runs the real default
+    env = {"EPOCHAL_SPARK_MODE": "server", "EPOCHAL_SPARK_CONF": "spark.driver.memory=1g"}
     pids = []
     try:
-        for orders, customers in (EPOCHS[0], EPOCHS[1]):
-            append_records(h.home / "data" / "orders", orders)
-            append_records(h.home / "data" / "customers", customers)
-            run = h.run_subprocess(env=env, timeout=600)
-            assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-            server = status(h.home)
-            assert server is not None and server.healthy, "the run left the managed server running"
-            pids.append(server.pid)
-            runtime = h.runtime(spark)  # classic Spark reads what the server wrote
-            assert_views_match_batch(runtime, VIEWS_ON_CONNECT)
-            assert_sink_exactly_once(runtime, "cheap_out")
-        assert pids[0] == pids[1], "the second run attached to the warm server"
+        with _holding(PREFERRED_PORT):
+            for orders, customers in (EPOCHS[0], EPOCHS[1]):
+                append_records(h.home / "data" / "orders", orders)
+                append_records(h.home / "data" / "customers", customers)
+                run = h.run_subprocess(env=env, timeout=600)
+                assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+                server = status(h.home)
+                assert server is not None and server.healthy, "the run left the managed server running"
+                pids.append(server.pid)
+                runtime = h.runtime(spark)  # classic Spark reads what the server wrote
+                assert_views_match_batch(runtime, VIEWS_ON_CONNECT)
+                assert_sink_exactly_once(runtime, "cheap_out")
+            assert pids[0] == pids[1], "the second run attached to the warm server"
+            assert server.port != PREFERRED_PORT, "15052 was taken: the server picked another port"
     finally:
         stop(h.home)
