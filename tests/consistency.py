@@ -71,7 +71,8 @@ class EpochRange:
 
 def committed_offsets(runtime: EpochRuntime, source: str) -> list[EpochRange]:
     """Every committed epoch's ranges of ``source`` in (epoch, split) order, straight from the meta
-    store; asserts they tile each split from 0 without gap or overlap."""
+    store; asserts they tile each split from 0 without gap or overlap. With scan.startup.mode =
+    'latest' the splits of the source's first committed epoch start where that epoch fixed them."""
     from epochal.checkpoint.records import EpochState
 
     rows = runtime.controller.backend.transaction(
@@ -82,19 +83,23 @@ def committed_offsets(runtime: EpochRuntime, source: str) -> list[EpochRange]:
         ).fetchall()
     )
     ranges = [EpochRange(int(e), str(s), int(a), int(b)) for e, s, a, b in rows]
+    options = runtime.pipeline.sources[source].options
+    latest = options.get("scan.startup.mode", "earliest").strip().lower() == "latest"
+    first_epoch = ranges[0].epoch if ranges else None
     reached: dict[str, int] = {}
     for r in ranges:
-        assert r.start == reached.get(r.split, 0), f"{source} split {r.split}: gap or overlap at {r.start}"
+        start = r.start if latest and r.epoch == first_epoch else 0
+        assert r.start == reached.get(r.split, start), f"{source} split {r.split}: gap or overlap at {r.start}"
         reached[r.split] = r.end
     return ranges
 
 
 def committed_ranges(runtime: EpochRuntime, source: str) -> list[SplitRange]:
-    """Each split's committed lines as one range from 0 (see ``committed_offsets``)."""
-    reached: dict[str, int] = {}
+    """Each split's committed lines as one range, from where the split starts (see ``committed_offsets``)."""
+    spans: dict[str, tuple[int, int]] = {}
     for r in committed_offsets(runtime, source):
-        reached[r.split] = r.end
-    return [SplitRange(split, 0, end) for split, end in reached.items()]
+        spans[r.split] = (spans.get(r.split, (r.start, 0))[0], r.end)
+    return [SplitRange(split, start, end) for split, (start, end) in spans.items()]
 
 
 # ---------------------------------------------------------------------------------------------------

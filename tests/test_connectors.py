@@ -338,6 +338,22 @@ def test_log_budget_is_shared_across_splits(tmp_path):
     ]
 
 
+def test_latest_startup_skips_the_history_once_and_reads_later_lines_and_new_splits(tmp_path):
+    """scan.startup.mode = 'latest': a source that has read nothing starts at its splits' ends; once it
+    has, it goes on from its offsets, and a split that appears later is new, so read from line 0."""
+    for split, lines in {"a": 3, "b": 2}.items():
+        append_records(tmp_path / "events", [json.dumps({"id": i}) for i in range(lines)], split)
+    latest = log_source(tmp_path, scan_startup_mode="LATEST")
+    assert latest.plan({}) == [SplitRange("a", 3, 3), SplitRange("b", 2, 2)]
+    assert log_source(tmp_path, scan_startup_mode="earliest").plan({}) == log_source(tmp_path).plan({}) == [
+        SplitRange("a", 0, 3),
+        SplitRange("b", 0, 2),
+    ]
+    append_records(tmp_path / "events", ['{"id": 9}'], "a")
+    append_records(tmp_path / "events", ['{"id": 10}', '{"id": 11}'], "c")
+    assert latest.plan({"a": 3, "b": 2}) == [SplitRange("a", 3, 4), SplitRange("b", 2, 2), SplitRange("c", 0, 2)]
+
+
 def test_log_plan_refuses_a_truncated_file(tmp_path):
     append_records(tmp_path / "events", ['{"id": 1}', '{"id": 2}'])
     src = log_source(tmp_path)
@@ -407,6 +423,8 @@ def test_log_validation_names_the_fix(tmp_path):
     assert "format = 'json'" in problems({"path": "events", "format": "csv"})
     assert "whole number" in problems({"path": "events", "max.events.per.epoch": "0"})
     assert "reserved" in problems({"path": "events"}, (Column("_op", "STRING"),))
+    assert "'earliest'" in problems({"path": "events", "scan.startup.mode": "newest"})
+    assert "did you mean 'scan.startup.mode'" in problems({"path": "events", "scan.startup": "latest"})
 
     assert log_source(tmp_path).config.directory == tmp_path / "events"
     assert log_source(tmp_path, path=str(tmp_path / "abs")).config.directory == tmp_path / "abs"

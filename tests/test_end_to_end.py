@@ -231,3 +231,35 @@ def test_a_sink_on_a_source_keeps_up_through_idle_epochs(spark, tmp_path: Path) 
     h.produce([json.dumps({"id": 3, "amount": 1.0})])
     assert epoch() > idle[-1] and sink.row_count() == 3
     assert assert_sink_exactly_once(runtime, "orders_copy") == 3
+
+
+def test_latest_startup_mode_starts_a_log_table_at_its_end_and_keeps_that_start(spark, tmp_path: Path) -> None:
+    """scan.startup.mode = 'latest' through epoch_job: the lines already in the log when the table
+    starts are never read. The start is fixed by the first epoch that commits (as RisingWave's is by
+    its first checkpoint): an injection that recovery aborts fixes nothing, so a line written before
+    the first commit is skipped too. Lines appended afterwards, and a split that appears later, are
+    read whole; the view equals the oracle."""
+    files = {
+        "pipeline.sql": """
+CREATE TABLE orders (id BIGINT, customer STRING, amount DOUBLE, ts TIMESTAMP)
+WITH (connector = 'log', path = 'data/orders', format = 'json', scan.startup.mode = 'latest');
+
+CREATE MATERIALIZED VIEW spend AS SELECT customer, sum(amount) AS total FROM orders GROUP BY customer;
+""",
+    }
+    h = make_harness(tmp_path, files)
+    instance = dg.DagsterInstance.ephemeral()
+    h.produce(ORDERS[:3])  # history: before the table's first epoch
+    runtime = h.runtime(spark)
+    runtime.controller.epoch_log.inject(runtime.plan)
+    runtime.recover("test: the first epoch is lost before it commits")
+    h.produce(ORDERS[5:6])  # written after the first injection, before the first commit
+    assert h.run_in_process(instance).success
+    h.produce(ORDERS[:1])
+    h.produce(ORDERS[1:2], split="eu")  # a new split: all of it is new
+    assert h.run_in_process(instance).success
+    runtime = h.runtime(spark)
+    ids = sorted(row["id"] for row in runtime.state("orders").collect())
+    assert ids == [1, 2], "only the lines written after the table's first commit (5 came before it)"
+    assert_source_exact(runtime, "orders")
+    assert_views_match_batch(runtime, {"spend": files["pipeline.sql"].split(" AS ", 1)[1].strip().rstrip(";")})

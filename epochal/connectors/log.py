@@ -33,8 +33,11 @@ if TYPE_CHECKING:
 
     from epochal.pipeline.model import Column, SourceDef
 
-LOG_OPTIONS = ("connector", "path", "format", "max.events.per.epoch")
+LOG_OPTIONS = ("connector", "path", "format", "max.events.per.epoch", "scan.startup.mode")
 LOG_FORMATS = ("json",)
+#: where a new source's history starts, as RisingWave's scan.startup.mode: every line, or only
+#: the lines written after the source first sees its splits
+STARTUP_MODES = ("earliest", "latest")
 SUFFIX = ".jsonl"
 DEFAULT_SPLIT = "0"
 #: JSON key reserved for the change operation ("_op": "delete"); never a column
@@ -71,6 +74,8 @@ class LogConfig:
     directory: Path
     #: records per epoch across all splits; None: everything complete
     max_events_per_epoch: int | None = None
+    #: ``scan.startup.mode``: "latest" starts a source that has read nothing yet at its splits' ends
+    startup_mode: str = "earliest"
 
 
 def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig | None, list[str]]:
@@ -83,12 +88,18 @@ def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig
     if fmt.strip().lower() not in LOG_FORMATS:
         problems.append(f"log format '{fmt}' is not supported: use format = 'json' (one JSON object per line)")
     max_events = whole_number_option(options, "max.events.per.epoch", None, 1, problems)
+    startup = options.get("scan.startup.mode", "earliest").strip().lower()
+    if startup not in STARTUP_MODES:
+        problems.append(
+            f"scan.startup.mode = '{options['scan.startup.mode']}' is not a startup mode: use 'earliest' "
+            f"(read every line already in the log, the default) or 'latest' (only lines written from now on)"
+        )
     if problems:
         return None, problems
     directory = Path(raw_path).expanduser()
     if not directory.is_absolute():
         directory = home / directory
-    return LogConfig(directory, max_events), []
+    return LogConfig(directory, max_events, startup), []
 
 
 class LogConnectorSpec:
@@ -176,9 +187,13 @@ class LogSource:
         return lines
 
     def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
+        # 'latest' applies once, when the source has read no split yet: a split that appears later
+        # holds only lines written after the source started, so it is read from its first line.
+        latest = self.config.startup_mode == "latest" and not start
         backlog = {}
         for split in self.splits():
-            first, available = start.get(split, 0), self.complete_lines(split)
+            available = self.complete_lines(split)
+            first = available if latest else start.get(split, 0)
             if first > available:
                 raise EpochalError(
                     f"log split '{split}' has {available} complete line(s) but this source has already "
