@@ -153,7 +153,21 @@ def run_figures(dagster_home: Path) -> dict[str, Any]:
                 and e.dagster_event.step_materialization_data.materialization.asset_key.path == ["epoch_commit"]
             }
             taken.append(len(partitions))
-    return {"statuses": statuses, "durations_s": durations, "epochs_per_run": taken}
+        # why a run failed: its failed steps' errors, or the run's own failure message
+        failures = []
+        for record in records:
+            if record.dagster_run.status != DagsterRunStatus.FAILURE:
+                continue
+            reasons = [
+                f"{e.step_key}: {e.dagster_event.step_failure_data.error.message.strip()[:300]}"
+                if e.dagster_event.is_step_failure and e.dagster_event.step_failure_data.error
+                else (e.dagster_event.message or "")[:300]
+                for e in instance.all_logs(record.dagster_run.run_id)
+                if e.dagster_event is not None and (e.dagster_event.is_step_failure or e.dagster_event.is_run_failure)
+            ]
+            failures.append({"run_id": record.dagster_run.run_id, "tags": dict(record.dagster_run.tags),
+                             "reasons": reasons})
+    return {"statuses": statuses, "durations_s": durations, "epochs_per_run": taken, "failures": failures}
 
 
 def describe(values: list[float], unit: str = "s") -> str:
@@ -242,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"recoveries: {len(meta['recoveries'])} {meta['recoveries'][:3]}")
     print(f"epoch_job runs: {runs['statuses']}; durations {describe(runs['durations_s'])}")
+    for failure in runs["failures"]:
+        print(f"  failed run {failure['run_id'][:8]}: " + (" | ".join(failure["reasons"]) or "no failure event"))
     print(f"epochs per run: {describe([float(n) for n in runs['epochs_per_run']], '')}")
     print(f"injection to commit: {describe(meta['commit_latency_s'])}")
     print(f"event-to-sink freshness ({', '.join(meta['sinks'])}): {describe(meta['freshness_s'])} (target <= 30s)")
