@@ -23,6 +23,7 @@ from typing import Any
 from epochal.errors import ConfigError
 from epochal.faults import FAULT_POINTS
 from epochal.redaction import is_secret_name, redact_conf, redact_url
+from epochal.spark_idle import MIN_IDLE_STOP_S
 
 DEMO_PIPELINE = Path(__file__).parent / "demo_pipeline"
 
@@ -207,6 +208,14 @@ class Settings:
         "(15052 if free, else any free port) and keeps it in `$EPOCHAL_HOME/spark/server.json`.",
         minimum=0,
     )
+    spark_idle_stop_s: int = setting(
+        "EPOCHAL_SPARK_IDLE_STOP_S",
+        "1800",
+        "The managed Spark server stops itself after this many seconds that no process used it (a run, "
+        "a command: each renews a lease while it lives); the next run starts it again. `0`: keep it "
+        "until `epochal spark stop`. At least 60.",
+        minimum=0,
+    )
     spark_conf: Mapping[str, str] = setting(
         "EPOCHAL_SPARK_CONF",
         "",
@@ -228,6 +237,12 @@ class Settings:
             raise ConfigError(
                 f"EPOCHAL_MAX_IN_FLIGHT={self.max_in_flight} is below EPOCHAL_CHECKPOINT_FREQUENCY="
                 f"{self.checkpoint_frequency}: raise the limit to at least the checkpoint frequency"
+            )
+        if 0 < self.spark_idle_stop_s < MIN_IDLE_STOP_S:
+            # a lease is renewed every 30 s: a shorter limit would stop a server that runs are using
+            raise ConfigError(
+                f"EPOCHAL_SPARK_IDLE_STOP_S={self.spark_idle_stop_s} is too short: use 0 (never stop) or at "
+                f"least {MIN_IDLE_STOP_S} seconds"
             )
         if self.spark_port > 65535:
             raise ConfigError(f"EPOCHAL_SPARK_PORT={self.spark_port} is not a TCP port: use 1-65535, or 0 to pick one")

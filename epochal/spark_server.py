@@ -28,10 +28,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from epochal import spark_idle
 from epochal.errors import EpochalError
 from epochal.spark_session import DEFAULT_CONF, check_java
 
@@ -61,10 +62,15 @@ class ServerConfig:
     port: int
     master: str = "local[*]"
     conf: Mapping[str, str] = field(default_factory=dict)
+    #: stop the server after this long unused (epochal/spark_idle.py); 0: keep it until stopped
+    idle_stop_s: float = 0.0
 
     @classmethod
     def from_settings(cls, settings) -> ServerConfig:  # noqa: ANN001 - Settings; imported lazily
-        return cls(Path(settings.home), settings.spark_port, settings.spark_master, dict(settings.spark_conf))
+        return cls(
+            Path(settings.home), settings.spark_port, settings.spark_master, dict(settings.spark_conf),
+            float(settings.spark_idle_stop_s),
+        )
 
     @property
     def directory(self) -> Path:
@@ -108,6 +114,9 @@ class ServerStatus:
     problem: str | None = None
     rss_bytes: int | None = None
     conf_fingerprint: str = ""
+    #: it stops itself after this long unused (0: never), and how long it has been unused now
+    idle_stop_s: float = 0.0
+    idle_s: float | None = None
 
     @property
     def url(self) -> str:
@@ -160,6 +169,8 @@ def status(home: Path) -> ServerStatus | None:
         problem=problem,
         rss_bytes=_rss_bytes(pid) if problem is None or "does not answer" in problem else None,
         conf_fingerprint=str(state.get("conf_fingerprint", "")),
+        idle_stop_s=float(state.get("idle_stop_s", 0.0)),
+        idle_s=spark_idle.idle_seconds(server_directory(home)),
     )
 
 
@@ -167,9 +178,13 @@ def status(home: Path) -> ServerStatus | None:
 
 
 def ensure(config: ServerConfig) -> ServerStatus:
-    """A healthy managed server for ``config``: the running one, or a new one if there is none or it died."""
+    """A healthy managed server for ``config``: the running one, or a new one if there is none or it
+    died. This process then keeps the server's lease renewed while it lives (spark_idle.py)."""
     with _locked(config.directory):
-        return _ensure_locked(config)
+        current = _ensure_locked(config)
+        # under the lock: an idle watchdog checks the lease again under it before stopping the server
+        spark_idle.keep_alive(config.directory)
+        return current
 
 
 def start(config: ServerConfig) -> tuple[ServerStatus, bool]:
@@ -177,7 +192,26 @@ def start(config: ServerConfig) -> tuple[ServerStatus, bool]:
     with _locked(config.directory):
         before = status(config.home)
         current = _ensure_locked(config)
+        spark_idle.touch(config.directory)  # a start by hand counts as a use
         return current, before is None or not before.healthy
+
+
+def is_running(home: Path, pid: int) -> bool:
+    """Whether ``pid`` is still the managed server of ``home`` and alive."""
+    state = _read_state(server_directory(home))
+    return state is not None and int(state["pid"]) == pid and _is_our_server(pid, Path(home))
+
+
+def stop_if(home: Path, pid: int, still_wanted: Callable[[], bool]) -> bool:
+    """Stop the server ``pid`` of ``home`` if it is still the server and ``still_wanted()`` holds,
+    both checked under the lock; returns whether it was stopped."""
+    directory = server_directory(home)
+    with _locked(directory):
+        if not is_running(home, pid) or not still_wanted():
+            return False
+        _terminate(pid, STOP_TIMEOUT_S)
+        (directory / "server.json").unlink(missing_ok=True)
+        return True
 
 
 def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> ServerStatus | None:
@@ -286,6 +320,8 @@ def _launch(config: ServerConfig) -> ServerStatus:
         time.sleep(0.25)
     log.info("started Epochal's Spark server, pid %d, on %s:%d in %.1fs", process.pid, HOST, config.port,
              time.time() - started_at)
+    if config.idle_stop_s > 0:
+        _start_watchdog(config, process.pid)
     found = status(config.home)
     if found is None or not found.healthy:  # it listened a moment ago: only a death in between
         raise SparkServerError(
@@ -296,6 +332,20 @@ def _launch(config: ServerConfig) -> ServerStatus:
 
 
 # ---------------------------------------------------------------------------------------- helpers
+
+
+def _start_watchdog(config: ServerConfig, pid: int) -> None:
+    """The process that stops the server ``pid`` once unused for ``config.idle_stop_s`` (spark_idle.py);
+    its own session, like the server's, so it outlives the run that started both."""
+    directory = config.directory
+    spark_idle.touch(directory)  # a new server starts in use
+    with open(directory / "watchdog.log", "ab") as out:
+        watchdog = subprocess.Popen(
+            [sys.executable, "-m", "epochal.spark_idle", str(config.home), str(pid), str(config.idle_stop_s)],
+            cwd=directory, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    state = _read_state(directory) or {}
+    _write_state(directory, {**state, "watchdog_pid": watchdog.pid, "idle_stop_s": config.idle_stop_s})
 
 
 @contextlib.contextmanager
@@ -478,9 +528,17 @@ def describe(current: ServerStatus | None) -> str:
         f"pid     : {current.pid}",
         f"uptime  : {current.uptime_s:.0f}s",
         f"memory  : {memory} (RSS of the JVM)",
+        f"idle    : {_idle_line(current)}",
         f"log     : {current.log}",
     ])
 
 
-__all__ = ["ServerConfig", "ServerStatus", "SparkServerError", "describe", "ensure", "spark_home", "start",
-           "status", "stop"]
+def _idle_line(current: ServerStatus) -> str:
+    unused = f"unused for {current.idle_s:.0f}s" if current.idle_s is not None else "not used yet"
+    if not current.idle_stop_s:
+        return f"{unused}; kept until `epochal spark stop` (EPOCHAL_SPARK_IDLE_STOP_S=0 when it started)"
+    return f"{unused}; stops itself after {current.idle_stop_s:.0f}s unused"
+
+
+__all__ = ["ServerConfig", "ServerStatus", "SparkServerError", "describe", "ensure", "is_running", "spark_home",
+           "start", "status", "stop", "stop_if"]

@@ -59,6 +59,9 @@ class EpochalSparkResource(ConfigurableResource):
         "empty: no managed server. `remote` wins.",
     )
     server_port: int = Field(default=0, description="Port of the managed server (EPOCHAL_SPARK_PORT); 0 picks one.")
+    server_idle_stop_s: int = Field(
+        default=1800, description="The managed server stops itself after this long unused (EPOCHAL_SPARK_IDLE_STOP_S)."
+    )
     secret_conf: str = Field(
         default="",
         description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "
@@ -84,6 +87,7 @@ class EpochalSparkResource(ConfigurableResource):
             remote=remote,
             server_home=str(settings.home) if settings.spark_mode == "server" else "",
             server_port=settings.spark_port,
+            server_idle_stop_s=settings.spark_idle_stop_s,
         )
 
     def session_conf(self) -> dict[str, str]:
@@ -102,7 +106,9 @@ class EpochalSparkResource(ConfigurableResource):
             if remote is None and self.server_home:
                 from epochal.spark_server import ServerConfig, ensure
 
-                server = ServerConfig(Path(self.server_home), self.server_port, self.master, conf)
+                server = ServerConfig(
+                    Path(self.server_home), self.server_port, self.master, conf, float(self.server_idle_stop_s)
+                )
                 remote = ensure(server).url
             self._spark_session = build_spark_session(
                 master=self.master, app_name=self.app_name, conf=conf, remote=remote

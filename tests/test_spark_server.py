@@ -160,6 +160,26 @@ def test_the_default_port_is_picked_when_the_server_starts_and_moves_on_when_tak
     assert config(0, "2g").fingerprint() != config(0, "1g").fingerprint()
 
 
+def test_an_unused_server_is_stopped_only_once_its_lease_is_older_than_the_limit(tmp_path: Path) -> None:
+    from epochal.settings import ConfigError, Settings
+    from epochal.spark_idle import RENEW_S, idle_seconds, should_stop, touch
+
+    assert Settings.from_env({}).spark_idle_stop_s == 1800
+    assert Settings.from_env({"EPOCHAL_SPARK_IDLE_STOP_S": "0"}).spark_idle_stop_s == 0
+    with pytest.raises(ConfigError, match="EPOCHAL_SPARK_IDLE_STOP_S=30 is too short: use 0"):
+        Settings.from_env({"EPOCHAL_SPARK_IDLE_STOP_S": "30"})
+
+    assert idle_seconds(tmp_path) is None
+    touch(tmp_path)
+    assert idle_seconds(tmp_path) < 5
+    os.utime(tmp_path / "in_use", (time.time() - 600, time.time() - 600))
+    assert 599 < idle_seconds(tmp_path) < 605
+    assert should_stop(601, 600) and not should_stop(599, 600)
+    assert not should_stop(10**6, 0), "0 keeps the server until it is stopped"
+    assert not should_stop(None, 600), "a lease never renewed: the server is starting"
+    assert not should_stop(2 * RENEW_S - 1, 1), "never closer than two renewals"
+
+
 @pytest.mark.slow
 def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tmp_path: Path) -> None:
     """Two `dagster job execute` runs in server mode with the default port while another process holds
@@ -192,5 +212,18 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
                 assert_sink_exactly_once(runtime, "cheap_out")
             assert pids[0] == pids[1], "the second run attached to the warm server"
             assert server.port != PREFERRED_PORT, "15052 was taken: the server picked another port"
+
+        # the runs are over: their leases age. The watchdog started with the server watches it...
+        from epochal.spark_idle import watch
+
+        state = json.loads((h.home / "spark" / "server.json").read_text())
+        assert state["idle_stop_s"] == 1800 and _alive(state["watchdog_pid"])
+        assert "epochal.spark_idle" in Path(f"/proc/{state['watchdog_pid']}/cmdline").read_text()
+        assert "stops itself after 1800s unused" in _cli(h.home, server.port, "status").stdout
+        # ...and, as it would after 30 unused minutes, stops it: here with the lease set back an hour
+        lease = h.home / "spark" / "in_use"
+        os.utime(lease, (time.time() - 3600, time.time() - 3600))
+        assert watch(h.home, server.pid, limit_s=600, poll_s=0.2) == "stopped"
+        assert status(h.home) is None and not _alive(server.pid)
     finally:
         stop(h.home)
