@@ -339,10 +339,14 @@ def _start_watchdog(config: ServerConfig, pid: int) -> None:
     its own session, like the server's, so it outlives the run that started both."""
     directory = config.directory
     spark_idle.touch(directory)  # a new server starts in use
+    # this epochal importable from the watchdog's cwd, installed or not (a checkout run from its root)
+    package_parent = str(Path(spark_idle.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
     with open(directory / "watchdog.log", "ab") as out:
         watchdog = subprocess.Popen(
             [sys.executable, "-m", "epochal.spark_idle", str(config.home), str(pid), str(config.idle_stop_s)],
-            cwd=directory, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=directory, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     state = _read_state(directory) or {}
     _write_state(directory, {**state, "watchdog_pid": watchdog.pid, "idle_stop_s": config.idle_stop_s})
