@@ -43,7 +43,7 @@ class ViewSteps:
         the state at those keys (:mod:`epochal.incremental.keyed`)."""
         from epochal.incremental.keyed import keyed_change
         from epochal.incremental.partial import partial_change
-        from epochal.incremental.planner import PARTIAL_RULE
+        from epochal.incremental.plan import PARTIAL_RULE
 
         started = time.time()
         view = self.runtime.pipeline.views[name]

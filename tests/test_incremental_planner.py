@@ -10,7 +10,8 @@ import pytest
 import sqlglot
 
 from epochal.errors import PipelineError
-from epochal.incremental.planner import LEAF_PREFIX, PARTIAL_RULE, Plan, Unmaintainable, plan_query
+from epochal.incremental.plan import LEAF_PREFIX, PARTIAL_RULE, Plan, Unmaintainable
+from epochal.incremental.planner import plan_query
 from epochal.pipeline.loader import load_pipeline
 from epochal.pipeline.model import Pipeline
 from epochal.pipeline.query import DIALECT, qualify_query

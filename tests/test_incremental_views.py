@@ -15,7 +15,7 @@ from epochal.connectors.log import append_records
 from epochal.errors import PipelineError
 from epochal.incremental.analysis import FINGERPRINT_FILE, analyse_pipeline, check_pipeline, written_schemas
 from epochal.incremental.binding import sql_over
-from epochal.incremental.planner import PARTIAL_RULE, Plan
+from epochal.incremental.plan import PARTIAL_RULE, Plan
 from epochal.pipeline.loader import load_pipeline
 from epochal.pipeline.model import Pipeline
 from epochal.runtime import EpochRuntime

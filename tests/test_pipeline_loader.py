@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epochal.errors import PipelineError, PipelineIssue
-from epochal.incremental.planner import PARTIAL_RULE
+from epochal.incremental.plan import PARTIAL_RULE
 from epochal.options import unknown_option_problems
 from epochal.pipeline import loader
 from epochal.pipeline.ddl import parse_statement

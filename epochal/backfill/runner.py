@@ -319,7 +319,7 @@ class BackfillRunner:
         from pyspark.sql import functions as F
 
         from epochal.incremental.partial import partial_change
-        from epochal.incremental.planner import PARTIAL_RULE
+        from epochal.incremental.plan import PARTIAL_RULE
         from epochal.storage.state_reader import semi_join
 
         runtime = self.runtime

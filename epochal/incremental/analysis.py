@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from epochal.errors import PipelineError, PipelineIssue
 from epochal.incremental.binding import sql_over
-from epochal.incremental.planner import PARTIAL_RULE
+from epochal.incremental.plan import PARTIAL_RULE
 from epochal.pipeline.model import Pipeline, ViewDef
 from epochal.storage.warehouse import WEIGHT
 

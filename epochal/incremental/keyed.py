@@ -22,7 +22,7 @@ from functools import reduce
 from typing import TYPE_CHECKING
 
 from epochal.incremental.binding import sql_over
-from epochal.incremental.planner import Leaf, Plan
+from epochal.incremental.plan import Leaf, Plan
 from epochal.storage.changes import net_rows, signed_parts
 from epochal.storage.warehouse import WEIGHT
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from epochal.errors import require
 from epochal.incremental.binding import sql_over
 from epochal.incremental.keyed import KeyedChange, StateReader, key_names, leaf_states
-from epochal.incremental.planner import PartialAggregate, PartialColumn, Plan
+from epochal.incremental.plan import PartialAggregate, PartialColumn, Plan
 from epochal.sql import quote
 from epochal.storage.changes import signed_parts
 from epochal.storage.warehouse import WEIGHT

@@ -259,7 +259,7 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
         if refresh not in REFRESH_MODES:
             messages.append(f"refresh = '{refresh}' is not a refresh mode: use refresh = 'incremental' or 'full'")
         if _min_max_cache(parsed.options.values) is None:
-            from epochal.incremental.planner import DEFAULT_MIN_MAX_CACHE
+            from epochal.incremental.plan import DEFAULT_MIN_MAX_CACHE
 
             low, high = MIN_MAX_CACHE_RANGE
             messages.append(
@@ -341,7 +341,8 @@ def _planned_views(
     """``view`` with its incremental plan, preceded by the internal stages the planner split off."""
     import sqlglot
 
-    from epochal.incremental.planner import DEFAULT_MIN_MAX_CACHE, Unmaintainable, plan_query
+    from epochal.incremental.plan import DEFAULT_MIN_MAX_CACHE, Unmaintainable
+    from epochal.incremental.planner import plan_query
     from epochal.pipeline.query import DIALECT, problem_at, qualify_query
 
     cache = _min_max_cache(view.options) or DEFAULT_MIN_MAX_CACHE  # a bad value is reported already
@@ -383,7 +384,7 @@ def _refresh_mode(options: Options) -> str:
 
 def _min_max_cache(options: dict[str, str]) -> int | None:
     """WITH (min_max_cache = n), the default when absent; None when it is not a valid number."""
-    from epochal.incremental.planner import DEFAULT_MIN_MAX_CACHE
+    from epochal.incremental.plan import DEFAULT_MIN_MAX_CACHE
 
     text = options.get("min_max_cache")
     if text is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from epochal.incremental.planner import Plan
+    from epochal.incremental.plan import Plan
 
 
 #: Internal stage views the planner splits off a view are named ``{view}{STAGE_SEPARATOR}{n}``.
