@@ -10,6 +10,7 @@ import argparse
 import csv
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -409,6 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`epochal query ... | head`): as any Unix tool, stop without a trace
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

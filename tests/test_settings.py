@@ -106,6 +106,19 @@ def test_settings_command_lists_every_setting(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == settings_markdown() + "\n"
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`epochal query ... | head`: a reader that closed the pipe ends the command without a traceback.
+    `true` exits at once, long before the command (which imports for a moment) writes anything."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        f"{sys.executable} -m epochal.cli settings --markdown | true", shell=True, cwd=README.parent,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+
+
 def test_spark_conf_accepts_json_and_pairs() -> None:
     assert parse_spark_conf('{"spark.a": 1}') == {"spark.a": "1"}
     assert parse_spark_conf("spark.a=1, spark.b=x=y") == {"spark.a": "1", "spark.b": "x=y"}
