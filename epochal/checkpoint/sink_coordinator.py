@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
-from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
+from epochal.checkpoint.epoch_log import Lease
 from epochal.checkpoint.records import InvariantViolation, Owner
+from epochal.checkpoint.sink_claims import SinkClaims
 from epochal.faults import fault_point
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
@@ -178,10 +179,8 @@ class SinkCoordinator:
 
     def __init__(self, backend: Backend, claim_timeout_s: float = 600.0, claim_wait_s: float = 30.0):
         self.backend = backend
-        #: a delivery claim not renewed this long belongs to a dead run and is taken over
-        self.claim_timeout_s = claim_timeout_s
-        #: how long a delivery waits for another run's claim before it leaves the work to that run
-        self.claim_wait_s = claim_wait_s
+        #: one run delivers a sink at a time (sink_claims.py)
+        self.claims = SinkClaims(backend, claim_timeout_s, claim_wait_s)
 
     # ------------------------------------------------------------------ reading
 
@@ -345,8 +344,7 @@ class SinkCoordinator:
             if to is SinkBatchState.PENDING and owner is not None:
                 # A run that lost its claim (taken over as silent) may have lost its pre-commit to the
                 # new owner's recovery: it must not persist it.
-                held = cur.execute("SELECT owner FROM sink_claims WHERE sink = ?", [batch.sink]).fetchone()
-                if held is None or held[0] != owner:
+                if SinkClaims.holder(cur, batch.sink) != owner:
                     return False
             if to is SinkBatchState.PENDING:
                 # Exactly one attempt of a range of epochs is ever PENDING or COMMITTED: a racing run
@@ -383,51 +381,6 @@ class SinkCoordinator:
         ).fetchall()
         if len(updated) != 1:
             raise InvariantViolation(f"{batch.describe()}: the {current.value} row changed under its transition")
-        return True
-
-    # ------------------------------------------------------------------ the delivery claim
-
-    def _claim(self, sink: str, owner: str) -> bool:
-        """Take the sink's delivery claim if it is free, ours, or its owner stopped renewing it."""
-
-        def take(cur: Cursor) -> bool:
-            now = time.time()
-            row = cur.execute("SELECT owner, heartbeat_at FROM sink_claims WHERE sink = ?", [sink]).fetchone()
-            if row is None:
-                cur.execute("INSERT INTO sink_claims VALUES (?, ?, ?)", [sink, owner, now])
-                return True
-            if row[0] != owner and now - row[1] <= self.claim_timeout_s and _owner_alive(row[0]):
-                return False
-            if row[0] != owner:
-                log.warning("sink %s: taking over the claim of %s (dead, or silent %.0fs)", sink, row[0], now - row[1])
-            cur.execute("UPDATE sink_claims SET owner = ?, heartbeat_at = ? WHERE sink = ?", [owner, now, sink])
-            return True
-
-        return self.backend.transaction(take)
-
-    def _renew(self, sink: str, owner: str) -> bool:
-        return bool(
-            self.backend.transaction(
-                lambda cur: cur.execute(
-                    "UPDATE sink_claims SET heartbeat_at = ? WHERE sink = ? AND owner = ? RETURNING sink",
-                    [time.time(), sink, owner],
-                ).fetchall()
-            )
-        )
-
-    def _release(self, sink: str, owner: str) -> None:
-        self.backend.transaction(
-            lambda cur: cur.execute("DELETE FROM sink_claims WHERE sink = ? AND owner = ?", [sink, owner])
-        )
-
-    def _wait_for_claim(self, sink: str, owner: str) -> bool:
-        deadline = time.monotonic() + self.claim_wait_s
-        delay = 0.05
-        while not self._claim(sink, owner):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
         return True
 
     def _mark(self, batch: BatchId, to: SinkBatchState, **fields: Any) -> bool:
@@ -508,15 +461,19 @@ class SinkCoordinator:
         leaves them to the next delivery instead of skipping them."""
         started = time.time()
         owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
-        if not self._wait_for_claim(target.name, owner):
+        if not self.claims.wait_for(target.name, owner):
             delivered = self.delivered_epoch(target.name)
             report = DeliveryReport(target.name, busy=True, delivered_epoch=delivered)
             report.lag_epochs = sum(1 for e, _ in epochs if delivered is None or e > delivered)
             log.info("sink %s: another run is delivering; this one leaves the epochs to it", target.name)
             return report
         todo: list[tuple[int, T]] = []
+
+        def renew() -> bool:
+            return self.claims.renew(target.name, owner)
+
         try:
-            with Lease(f"sink {target.name}", lambda: self._renew(target.name, owner), self._renew_interval()):
+            with Lease(f"sink {target.name}", renew, self.claims.renew_interval):
                 report = self.recover(target)
                 delivered = self.delivered_epoch(target.name)
                 if snapshot is not None and delivered is None:
@@ -555,14 +512,11 @@ class SinkCoordinator:
                     report.epochs += len(chunk)
                     report.rows += outcome
         finally:
-            self._release(target.name, owner)
+            self.claims.release(target.name, owner)
         report.delivered_epoch = self.delivered_epoch(target.name)
         report.lag_epochs = len(todo)
         report.seconds = round(time.time() - started, 3)
         return report
-
-    def _renew_interval(self) -> float:
-        return max(0.05, self.claim_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
 
     def _progress(self, sink: str) -> int | None:
         return self.backend.transaction(lambda cur: q.sink_progress(cur, sink))
@@ -628,14 +582,6 @@ class SinkCoordinator:
             log.exception("%s: could not throw the aborted pre-commit away now; recovery will", batch.describe())
             return
         self._mark_cleaned(batch)
-
-
-def _owner_alive(owner: str) -> bool:
-    """False when a claim's owner ("host:pid:nonce") is a process of this host that is gone: a
-    killed run's claim is taken over at once, not after the timeout."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    return not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid)))
 
 
 _WRITER_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(?P<kind>Sink\w*Error|PrecommitLost): (?P<message>.+)$", re.MULTILINE)
