@@ -38,6 +38,7 @@ class CheckpointController:
         backend: Backend | None = None,
         upstreams: Mapping[str, tuple[str, ...]] | None = None,
         fingerprints: Mapping[str, str] | None = None,
+        sink_inputs: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -46,7 +47,9 @@ class CheckpointController:
         self.sinks = list(sinks)
         self.backend = backend or open_backend(settings.meta_url)
         self.backend.transaction(ensure_schema)
-        self.epoch_log = EpochLog(settings, self.backend, self.sources, self.tables, upstreams, fingerprints)
+        self.epoch_log = EpochLog(
+            settings, self.backend, self.sources, self.tables, upstreams, fingerprints, sink_inputs
+        )
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)
         self.sink_coordinator = SinkCoordinator(self.backend, settings.epoch_timeout_s, settings.sink_retry_s)

@@ -84,6 +84,7 @@ class EpochRuntime:
             sinks=list(pipeline.sinks),
             upstreams={name: view.upstreams for name, view in pipeline.views.items()},
             fingerprints={name: view_fingerprint(view) for name, view in pipeline.views.items()},
+            sink_inputs={name: sink.from_table for name, sink in pipeline.sinks.items()},
         )
         self.warehouse = Warehouse(settings.warehouse)
         self.state_cache = StateCache(enabled=settings.state_cache)

@@ -17,7 +17,7 @@ import pytest
 from epochal.backfill.runner import BackfillRunner
 from epochal.errors import EpochalError
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
-from tests.epochal_harness import REPO, SMALL_PIPELINE, make_harness
+from tests.epochal_harness import REPO, SMALL_PIPELINE, VIEW_QUERIES, make_harness
 
 #: one of each kind: linear, aggregate (partial), join, top-N, and a view on a new view
 NEW_VIEWS = {
@@ -279,6 +279,43 @@ def test_dropping_a_view_that_others_read_is_a_load_error(tmp_path: Path) -> Non
     text = str(error.value)
     assert "v1" in text and "cheap" in text  # a missing upstream names the view that reads it
     assert "cycle" in text.lower() or ("v2" in text and "v3" in text)
+
+
+def test_a_changed_view_and_the_views_on_it_rebuild_while_epochs_go_on(spark, tmp_path: Path) -> None:
+    """A view whose statement changed, read by another view and by no sink: the next epoch commits,
+    both rebuild by backfill from the committed epoch (the reader waits for the view), join, and
+    equal the new statement's batch over the sources; nobody ran a command."""
+    views = SMALL_PIPELINE["views.sql"] + (
+        "\nCREATE MATERIALIZED VIEW bidder_counts AS SELECT bidder, count(*) AS n FROM big_bids GROUP BY bidder;\n"
+    )
+    sinks = "CREATE SINK orders_out FROM big_orders WITH (connector = 'duckdb', database = 'out/sink.duckdb', " \
+        "table = 'big_orders', type = 'append-only');"
+    h = make_harness(tmp_path, {"sources.sql": SMALL_PIPELINE["sources.sql"], "views.sql": views, "sinks.sql": sinks})
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=2)
+    views_file = h.pipeline_dir / "views.sql"
+    views_file.write_text(views_file.read_text().replace("WHERE price > 1000", "WHERE price > 5000"))
+    before = h.runtime(spark).controller.status()["committed_epoch"]
+    _run(h, instance)
+    status = h.runtime(spark).controller.status()
+    assert status["committed_epoch"] > before, "the other tables went on"
+    phases = {v: b["phase"] for v, b in status["backfills"].items()}
+    assert phases == {"big_bids": "snapshot", "bidder_counts": "waiting"}, phases
+    BackfillRunner(h.runtime(spark)).advance(budget_s=600)
+    h.produce([order(900, "c1", 50.0)])
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    assert {v: b["phase"] for v, b in runtime.controller.status()["backfills"].items()} == {
+        "big_bids": "done",
+        "bidder_counts": "done",
+    }
+    where = "FROM bid WHERE price > 5000"
+    assert_views_match_batch(runtime, {
+        "big_bids": f"SELECT auction, bidder, price * 0.908 AS price_eur, date_time {where}",
+        "bidder_counts": f"SELECT bidder, count(*) AS n {where} GROUP BY bidder",
+        "big_orders": VIEW_QUERIES["big_orders"],
+    })
+    assert_sink_exactly_once(runtime, "orders_out")
 
 
 def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, monkeyenv) -> None:

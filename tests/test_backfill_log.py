@@ -17,9 +17,12 @@ from tests.test_controller import collect_all, plan_ten, settings, start
 UPSTREAMS = {"v1": ("src",), "v2": ("v1",), "v3": ("src",), "v4": ("v3",)}
 
 
-def grown(home: Path, meta_url: str, fingerprints: dict[str, str] | None = None) -> CheckpointController:
+def grown(
+    home: Path, meta_url: str, fingerprints: dict[str, str] | None = None, sink_inputs: dict[str, str] | None = None
+) -> CheckpointController:
     return CheckpointController(
-        settings(home, meta_url), ["src"], ["v1", "v2", "v3", "v4"], upstreams=UPSTREAMS, fingerprints=fingerprints
+        settings(home, meta_url), ["src"], ["v1", "v2", "v3", "v4"], upstreams=UPSTREAMS, fingerprints=fingerprints,
+        sink_inputs=sink_inputs,
     )
 
 
@@ -94,18 +97,35 @@ def test_retention_keeps_what_a_backfill_reads(tmp_path: Path, meta_url: str) ->
     assert ctl.catalog.state_parts("src", e1, inclusive=True).changes  # still readable at e1
 
 
-def test_a_changed_definition_restarts_a_backfill_and_refuses_a_joined_view(tmp_path: Path, meta_url: str) -> None:
+def test_a_changed_definition_restarts_a_backfill_and_rebuilds_a_joined_view_unless_a_sink_reads_it(
+    tmp_path: Path, meta_url: str
+) -> None:
     fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
     history(tmp_path, meta_url, fingerprints)
-    ctl = grown(tmp_path, meta_url, fingerprints)
+    ctl = grown(tmp_path, meta_url, fingerprints, sink_inputs={})
     collect_all(ctl, ctl.epoch_log.inject(plan_ten).epoch)
     started = ctl.backfills.get("v3").started_at
-    changed = grown(tmp_path, meta_url, {**fingerprints, "v3": "c2"})
-    changed.epoch_log.inject(plan_ten)
+    changed = grown(tmp_path, meta_url, {**fingerprints, "v3": "c2"}, sink_inputs={})
+    collect_all(changed, changed.epoch_log.inject(plan_ten).epoch)
     assert changed.backfills.get("v3").started_at > started  # backfilling: starts again
-    refused = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"})
-    with pytest.raises(DefinitionChanged, match=r"v1 \(read by v2\).*epochal backfill v1 --rebuild"):
-        refused.epoch_log.inject(plan_ten)
+
+    new_v1 = {**fingerprints, "v1": "a2"}
+    # a sink reads v2, which reads v1: its target holds rows of v1's old version
+    with pytest.raises(DefinitionChanged, match=r"v1 changed.*sink\(s\) out read it.*epochal backfill v1 --rebuild"):
+        grown(tmp_path, meta_url, new_v1, sink_inputs={"out": "v2", "other": "v3"}).epoch_log.inject(plan_ten)
+    with pytest.raises(DefinitionChanged, match="a sink may hold"):  # sinks unknown: no rebuild
+        grown(tmp_path, meta_url, new_v1).epoch_log.inject(plan_ten)
+    # no sink on them: v1 and v2 (built on v1) are rebuilt from the committed epoch, the rest goes on
+    rebuilding = grown(tmp_path, meta_url, new_v1, sink_inputs={"other": "v3"})
+    committed = rebuilding.status()["committed_epoch"]
+    epoch = rebuilding.epoch_log.inject(plan_ten).epoch
+    backfills = {b.view: b for b in rebuilding.backfills.all()}
+    assert backfills["v1"].phase is BackfillPhase.SNAPSHOT and backfills["v1"].snapshot_epoch == committed
+    assert backfills["v2"].phase is BackfillPhase.WAITING
+    assert {"v1", "v2"} <= rebuilding.backfills.outside_alignment()
+    collect_all(rebuilding, epoch, tables=("src",))
+    assert rebuilding.status()["committed_epoch"] == epoch, "the epoch commits without them"
+    assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "and only once"
 
 
 def test_the_phase_rules_and_vnode_ranges() -> None:

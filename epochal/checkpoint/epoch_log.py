@@ -88,6 +88,7 @@ class EpochLog:
         tables: Iterable[str],
         upstreams: Mapping[str, tuple[str, ...]] | None = None,
         fingerprints: Mapping[str, str] | None = None,
+        sink_inputs: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.backend = backend
@@ -103,6 +104,9 @@ class EpochLog:
         for view, inputs in self.upstreams.items():
             for upstream in inputs:
                 self.readers.setdefault(upstream, []).append(view)
+        #: the table each sink reads, or None when not known (then a changed view is refused, since
+        #: a sink that holds rows of its old version cannot be ruled out)
+        self.sink_inputs = None if sink_inputs is None else dict(sink_inputs)
 
     # ------------------------------------------------------------------ flags
 
@@ -217,7 +221,7 @@ class EpochLog:
         # history (a linear view reads no state to notice): it backfills, outside alignment, and
         # every other table must agree on the committed epoch.
         committed = q.committed_epoch(cur)
-        backfill_log.check_definitions(cur, self.fingerprints, self.readers)
+        backfill_log.check_definitions(cur, self.fingerprints, self.readers, self.sink_inputs)
         known = {*self.sources, *self.upstreams}
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
         q.check_alignment(cur, backfill_log.aligned(cur, self.tables), committed)
