@@ -123,6 +123,8 @@ def test_a_changed_definition_restarts_a_backfill_and_rebuilds_a_joined_view_unl
     assert backfills["v1"].phase is BackfillPhase.SNAPSHOT and backfills["v1"].snapshot_epoch == committed
     assert backfills["v2"].phase is BackfillPhase.WAITING
     assert {"v1", "v2"} <= rebuilding.backfills.outside_alignment()
+    # a run that began v1's step with its old statement cannot record it: the backfill writes v1 there
+    assert not rebuilding.epoch_log.collect(epoch, Collected("v1", f"/old/v1/{epoch}")).recorded
     collect_all(rebuilding, epoch, tables=("src",))
     assert rebuilding.status()["committed_epoch"] == epoch, "the epoch commits without them"
     assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "and only once"
