@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from epochal.lease import Lease
+
 log = logging.getLogger("epochal.spark_idle")
 
 IN_USE = "in_use"
@@ -56,7 +58,7 @@ def should_stop(idle_s: float | None, limit_s: float) -> bool:
 
 def keep_alive(directory: Path) -> None:
     """Renew the lease now and, from a daemon thread, for as long as this process lives. Once per
-    directory per process; the thread ends if the directory goes (its home was deleted)."""
+    directory per process; renewing stops if the directory goes (its home was deleted)."""
     directory = Path(directory)
     touch(directory)
     with _renewing_lock:
@@ -64,17 +66,17 @@ def keep_alive(directory: Path) -> None:
             return
         _renewing.add(directory)
 
-    def renew() -> None:
-        while True:
-            time.sleep(RENEW_S)
-            try:
-                touch(directory)
-            except OSError:  # the home is gone: nothing left to keep alive
-                with _renewing_lock:
-                    _renewing.discard(directory)
-                return
+    def renew() -> bool:
+        try:
+            touch(directory)
+        except FileNotFoundError:  # the home is gone: nothing left to keep alive
+            with _renewing_lock:
+                _renewing.discard(directory)
+            return False
+        return True
 
-    threading.Thread(target=renew, name=f"epochal-spark-lease:{directory}", daemon=True).start()
+    # entered and never left: the lease lasts as long as the process (its thread is a daemon)
+    Lease(f"Spark server of {directory.parent}", renew, RENEW_S).__enter__()
 
 
 def watch(home: Path, pid: int, limit_s: float, poll_s: float | None = None) -> str:

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
-from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.checkpoint.records import Collected
 from epochal.errors import require
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
+from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.sql import quote, unquote
 from epochal.storage.vnode import VNODE, vnode_column
 from epochal.storage.warehouse import WEIGHT

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 
 from epochal.checkpoint import backfill_log
 from epochal.checkpoint import queries as q
-from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.checkpoint.records import (
     EpochOrderError,
     EpochState,
@@ -23,6 +22,7 @@ from epochal.checkpoint.records import (
     StateParts,
 )
 from epochal.errors import EpochalError
+from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
 
 from epochal.checkpoint import backfill_log
 from epochal.checkpoint import queries as q
@@ -33,50 +31,16 @@ from epochal.checkpoint.records import (
 from epochal.connectors.base import SplitRange
 from epochal.epoch import barrier_kind, next_epoch
 from epochal.errors import EpochalError
+from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
 
 log = logging.getLogger("epochal.controller")
 
-#: How often, as a share of the epoch timeout, a lease is renewed: a few renewals can fail (a meta
-#: store hiccup) before a live run looks dead to recovery.
-LEASE_RENEWALS_PER_TIMEOUT = 4
 #: Polling while a step waits for an earlier epoch: starts short (the earlier step is often about
 #: to collect), backs off to a second (a long wait costs a transaction a second, not more).
 ORDER_POLL_FIRST_S = 0.05
 ORDER_POLL_MAX_S = 1.0
-
-
-class Lease:
-    """Renews a claim from a background thread while the work it covers runs, so a step that is
-    slow but alive is never taken for dead. ``renew()`` returns False once the claim is gone (the
-    epoch was recovered): renewing stops, and the writer meets the fence on its next collect."""
-
-    def __init__(self, what: str, renew: Callable[[], bool], interval_s: float):
-        self.what = what
-        self._renew = renew
-        self._interval = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease:{what}", daemon=True)
-        self.lost = False
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                if not self._renew():
-                    self.lost = True
-                    log.warning("%s: the claim is gone (recovered under this run); renewing stops", self.what)
-                    return
-            except Exception:  # a meta-store hiccup: the next renewal may get through
-                log.warning("%s: lease renewal failed; retrying in %.1fs", self.what, self._interval, exc_info=True)
-
-    def __enter__(self) -> Lease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class EpochLog:

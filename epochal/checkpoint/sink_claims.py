@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
-from epochal.checkpoint.epoch_log import LEASE_RENEWALS_PER_TIMEOUT
 from epochal.checkpoint.records import Owner
+from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT
 from epochal.meta.backend import Backend, Cursor
 
 log = logging.getLogger("epochal.sinks")

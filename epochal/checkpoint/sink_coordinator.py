@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
-from epochal.checkpoint.epoch_log import Lease
 from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.checkpoint.sink_claims import SinkClaims
 from epochal.faults import fault_point
+from epochal.lease import Lease
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
 from epochal.sinks.base import (
