@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from epochal.backfill.state import BACKFILL_TRANSITIONS, BackfillPhase, VnodeRange, next_range
-from epochal.checkpoint.backfill_log import BackfillLost, DefinitionChanged
+from epochal.checkpoint.backfill_log import BackfillLost
+from epochal.checkpoint.definitions import DefinitionChanged
 from epochal.checkpoint.records import Collected, InvariantViolation
 from epochal.controller import CheckpointController
 from tests.test_controller import collect_all, plan_ten, settings, start

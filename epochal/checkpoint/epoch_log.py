@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from epochal.checkpoint import backfill_log
+from epochal.checkpoint import backfill_log, definitions
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import (
     Collected,
@@ -185,7 +185,7 @@ class EpochLog:
         # history (a linear view reads no state to notice): it backfills, outside alignment, and
         # every other table must agree on the committed epoch.
         committed = q.committed_epoch(cur)
-        backfill_log.check_definitions(cur, self.fingerprints, self.readers, self.sink_inputs)
+        definitions.check_definitions(cur, self.fingerprints, self.readers, self.sink_inputs)
         known = {*self.sources, *self.upstreams}
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
         q.check_alignment(cur, backfill_log.aligned(cur, self.tables), committed)
