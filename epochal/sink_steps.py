@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, StateCompacted
-from epochal.checkpoint.sink_coordinator import DeliveryReport, SinkStart
+from epochal.checkpoint.sink_batches import DeliveryReport, SinkStart
 from epochal.errors import require
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
 from epochal.sinks.spec import commit_checkpoint_interval, sink_spec, snapshot_option, writer_count

@@ -40,7 +40,7 @@ def controller(home: Path, meta_url: str | None = None, **env: str) -> Checkpoin
 
 def mark_delivered(ctl: CheckpointController, sink: str, epoch: int) -> None:
     """Record that ``sink`` delivered every epoch up to ``epoch``, as the sink coordinator does."""
-    from epochal.checkpoint.sink_coordinator import SinkBatchState
+    from epochal.checkpoint.sink_batches import SinkBatchState
     from epochal.sinks.base import BatchId
 
     batch = BatchId(sink, epoch, epoch, 1, "test")

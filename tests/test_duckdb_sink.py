@@ -13,7 +13,8 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from epochal.checkpoint.records import InvariantViolation
-from epochal.checkpoint.sink_coordinator import SinkBatchState, SinkCoordinator
+from epochal.checkpoint.sink_batches import SinkBatchState
+from epochal.checkpoint.sink_coordinator import SinkCoordinator
 from epochal.controller import ensure_schema
 from epochal.meta.backend import open_backend
 from epochal.sinks.base import BatchId, SinkError, SinkSchemaError, WriterResult, vnode_ranges

@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable
 from pyiceberg.catalog.sql import SqlCatalog
 
-from epochal.checkpoint.sink_coordinator import SinkBatchState
+from epochal.checkpoint.sink_batches import SinkBatchState
 from tests.epochal_harness import make_harness
 from tests.test_postgres_sink import database, prepared, sql_rows  # noqa: F401 - the fixture
 

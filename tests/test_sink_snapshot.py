@@ -20,7 +20,7 @@ import duckdb
 import pytest
 
 from epochal.checkpoint.records import Collected
-from epochal.checkpoint.sink_coordinator import SinkBatchState
+from epochal.checkpoint.sink_batches import SinkBatchState
 from epochal.controller import CheckpointController
 from epochal.settings import Settings
 from epochal.sinks.base import SNAPSHOT_FIRST_EPOCH

@@ -26,19 +26,26 @@ catches up from the change files, which retention keeps until they are delivered
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
 import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import InvariantViolation, Owner
+from epochal.checkpoint.sink_batches import (
+    BATCH_COLUMNS,
+    SINK_TRANSITIONS,
+    DeliveryReport,
+    SinkBatch,
+    SinkBatchState,
+    SinkStart,
+    batch_from_row,
+    results_json,
+)
 from epochal.checkpoint.sink_claims import SinkClaims
 from epochal.faults import fault_point
 from epochal.lease import Lease
@@ -64,114 +71,6 @@ T = TypeVar("T")
 COVERAGE_ATTEMPTS = 3
 
 
-class SinkBatchState(enum.Enum):
-    PENDING = "PENDING"
-    COMMITTED = "COMMITTED"
-    ABORTED = "ABORTED"
-
-
-#: The only transitions a batch attempt makes. ``None`` is "no row yet": an attempt is persisted
-#: PENDING (writers covered every vnode) or ABORTED (they did not, or the pre-commit failed).
-#: PENDING -> ABORTED only when the target no longer holds the pre-commit and never committed it
-#: (a prepared transaction rolled back by hand): the epochs are then delivered by a new attempt.
-SINK_TRANSITIONS: Mapping[SinkBatchState | None, frozenset[SinkBatchState]] = {
-    None: frozenset({SinkBatchState.PENDING, SinkBatchState.ABORTED}),
-    SinkBatchState.PENDING: frozenset({SinkBatchState.COMMITTED, SinkBatchState.ABORTED}),
-    SinkBatchState.COMMITTED: frozenset(),
-    SinkBatchState.ABORTED: frozenset(),
-}
-
-
-@dataclass(frozen=True)
-class SinkBatch:
-    id: BatchId
-    state: SinkBatchState
-    results: tuple[WriterResult, ...]
-    rows: int
-    error: str | None
-    cleaned: bool
-    updated_at: float
-
-    @property
-    def metadata(self) -> list[Mapping[str, Any]]:
-        return [r.metadata for r in self.results]
-
-
-@dataclass(frozen=True)
-class SinkStart:
-    """Where a sink starts, decided once at its first delivery (``sink_starts``): the table's history
-    up to ``history_upto`` (the newest committed epoch before that delivery's epoch) is delivered as
-    one snapshot batch (``snapshot``) or never; None: the sink was there from the first epoch."""
-
-    snapshot: bool
-    history_upto: int | None
-
-    @property
-    def delivers_snapshot(self) -> bool:
-        return self.snapshot and self.history_upto is not None
-
-    @property
-    def skipped_upto(self) -> int | None:
-        """The newest epoch a ``snapshot = 'false'`` start never delivers."""
-        return None if self.snapshot else self.history_upto
-
-
-@dataclass
-class DeliveryReport:
-    """What one call of :meth:`SinkCoordinator.deliver` did, for logs and Dagster metadata."""
-
-    sink: str
-    batches: int = 0
-    epochs: int = 0
-    rows: int = 0
-    #: PENDING batches of earlier runs committed by this one's recovery
-    recommitted: int = 0
-    #: pre-commits of dead runs thrown away
-    orphans_aborted: int = 0
-    aborted_attempts: int = 0
-    delivered_epoch: int | None = None
-    #: committed epochs still waiting (a batch not yet full, or the delivery stopped on an error)
-    lag_epochs: int = 0
-    #: the epoch of the snapshot batch this call delivered (or re-committed), and its rows
-    snapshot_epoch: int | None = None
-    snapshot_rows: int = 0
-    seconds: float = 0.0
-    lost_race: bool = False
-    #: another run held the sink's delivery claim for the whole wait: it delivers, this one did not
-    busy: bool = False
-    errors: list[str] = field(default_factory=list)
-
-
-def _results_json(results: Sequence[WriterResult]) -> str:
-    return json.dumps(
-        [{"writer": r.writer, "vnodes": list(r.vnodes), "rows": r.rows, "metadata": dict(r.metadata)} for r in results]
-    )
-
-
-def _results_from_json(text: str | None) -> tuple[WriterResult, ...]:
-    if not text:
-        return ()
-    return tuple(
-        WriterResult(d["writer"], (d["vnodes"][0], d["vnodes"][1]), d["rows"], d["metadata"]) for d in json.loads(text)
-    )
-
-
-_COLUMNS = "sink, first_epoch, last_epoch, attempt, nonce, state, metadata, rows_written, error, cleaned, updated_at"
-
-
-def _batch(row: Sequence[Any]) -> SinkBatch:
-    sink, first, last, attempt, nonce, state, metadata, rows, error, cleaned, updated = row
-    return SinkBatch(
-        BatchId(sink, first, last, attempt, nonce or ""),
-        SinkBatchState(state),
-        _results_from_json(metadata),
-        rows or 0,
-        error,
-        bool(cleaned),
-        updated,
-    )
-
-
 class SinkCoordinator:
     """The meta-store side of every sink's deliveries, and the delivery protocol. Knows nothing of
     Spark or of any target system: the writers run through the ``write`` callback and the target
@@ -187,10 +86,10 @@ class SinkCoordinator:
     def batches(self, sink: str) -> list[SinkBatch]:
         rows = self.backend.transaction(
             lambda cur: cur.execute(
-                f"SELECT {_COLUMNS} FROM sink_batches WHERE sink = ? ORDER BY first_epoch, attempt", [sink]
+                f"SELECT {BATCH_COLUMNS} FROM sink_batches WHERE sink = ? ORDER BY first_epoch, attempt", [sink]
             ).fetchall()
         )
-        return [_batch(r) for r in rows]
+        return [batch_from_row(r) for r in rows]
 
     def delivered_epoch(self, sink: str) -> int | None:
         return self.backend.transaction(lambda cur: self._delivered(cur, sink))
@@ -357,7 +256,7 @@ class SinkCoordinator:
                 if rival:
                     return False
             cur.execute(
-                f"INSERT INTO sink_batches ({_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO sink_batches ({BATCH_COLUMNS}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     batch.sink,
                     batch.first_epoch,
@@ -365,7 +264,7 @@ class SinkCoordinator:
                     batch.attempt,
                     batch.nonce,
                     to.value,
-                    _results_json(results),
+                    results_json(results),
                     sum(r.rows for r in results),
                     error,
                     cleaned,
