@@ -1110,3 +1110,21 @@ def test_errors_in_several_files_are_all_reported_in_file_order(tmp_path: Path) 
     assert [i.message.split(":")[0] for i in found] == [
         "source s", "source s", "view w", "sink k",
     ]  # fmt: skip
+
+
+def test_names_epochal_makes_for_a_view_are_reserved(tmp_path: Path) -> None:
+    """A planner's stage and a changed view's new statement live under derived names: a user's
+    table with such a name would be taken for one of them."""
+    found = issues(
+        tmp_path,
+        {
+            "1.sql": BID_SOURCE,
+            "2.sql": """\
+            CREATE MATERIALIZED VIEW counts__rebuild AS SELECT auction FROM bid;
+            CREATE MATERIALIZED VIEW counts__STAGE1 AS SELECT auction FROM bid;
+            """,
+        },
+    )
+    assert [at(i) for i in found] == [("2.sql", 1), ("2.sql", 2)]
+    assert "'counts__rebuild' contains '__rebuild', which Epochal reserves" in found[0].message
+    assert "rename it" in found[0].message and "'__stage'" in found[1].message

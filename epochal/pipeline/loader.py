@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 from epochal.errors import PipelineError, PipelineIssue, require
 from epochal.options import unknown_option_problems
 from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
-from epochal.pipeline.model import Location, Pipeline, SinkDef, SourceDef, ViewDef
+from epochal.pipeline.model import (
+    REBUILD_SEPARATOR,
+    STAGE_SEPARATOR,
+    Location,
+    Pipeline,
+    SinkDef,
+    SourceDef,
+    ViewDef,
+)
 from epochal.pipeline.statements import split_statements
 from epochal.sinks.spec import primary_key_columns, validate_sink
 
@@ -135,11 +143,24 @@ def _no_statements_message(directory: Path) -> str:
     )
 
 
+#: what names of Epochal's own tables contain: a planner's stage, a changed view's shadow
+RESERVED_NAME_PARTS = (STAGE_SEPARATOR, REBUILD_SEPARATOR)
+
+
 def _unique(definitions: list[_Definition], issues: _Issues) -> dict[str, _Definition]:
     """First definition of each name; later ones are errors (names are shared by all kinds)."""
     named: dict[str, _Definition] = {}
     for definition in definitions:
         name = definition.parsed.name
+        reserved = next((r for r in RESERVED_NAME_PARTS if r in name.lower()), None)
+        if reserved is not None:
+            issues.add(
+                definition.location.file,
+                definition.location.line,
+                f"'{name}' contains '{reserved}', which Epochal reserves for the tables it makes of a view "
+                "(the planner's stages, a changed view's new statement): rename it",
+            )
+            continue
         first = named.get(name)
         if first is None:
             named[name] = definition

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 #: Internal stage views the planner splits off a view are named ``{view}{STAGE_SEPARATOR}{n}``.
 STAGE_SEPARATOR = "__stage"
+#: a changed view's new statement backfills as ``view`` + this (:mod:`epochal.checkpoint.rebuilds`)
+REBUILD_SEPARATOR = "__rebuild"
 
 
 @dataclass(frozen=True)
