@@ -275,6 +275,17 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         return 0
     if args.view not in runtime.pipeline.views:
         raise EpochalError(f"{args.view} is not a view of the pipeline (views: {', '.join(runtime.pipeline.views)})")
+    from epochal.checkpoint import rebuilds
+
+    rebuild = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, args.view))
+    # A changed view's new statement backfills under its shadow name: the commands act on that.
+    target = rebuild.shadow if rebuild is not None and rebuild.state is rebuilds.RebuildState.SERVING_OLD else None
+    if args.cancel and target is not None:
+        raise EpochalError(
+            f"{args.view} is being rebuilt from its changed statement while its old rows serve; a rebuild is not "
+            "cancelled, the statement decides: put the old statement back (the rebuild then switches to the same "
+            f"rows), or pause it with `epochal backfill {args.view} --rate-limit 0`"
+        )
     if args.cancel:
         backfill, garbage = backfills.cancel(args.view)
         runtime.warehouse.delete(garbage, prune_parents=True)
@@ -293,12 +304,13 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         print(f"{args.view} is rebuilt from its current statement, by a backfill that starts at the next epoch")
         return 0
     if args.restart:
-        garbage = backfills.restart(args.view)
+        garbage = backfills.restart(target or args.view)
         runtime.warehouse.delete(garbage, prune_parents=True)
         print(f"the backfill of {args.view} starts again from a new snapshot at the next epoch")
         return 0
     if args.rate_limit is not None:
-        backfills.set_rate_limit(args.view, None if args.rate_limit.lower() in ("", "none") else float(args.rate_limit))
+        rate = None if args.rate_limit.lower() in ("", "none") else float(args.rate_limit)
+        backfills.set_rate_limit(target or args.view, rate)
         print(f"backfill rate limit of {args.view}: {args.rate_limit} rows/s (0 pauses)")
     if args.run:
         from epochal.backfill.runner import BackfillRunner

@@ -39,6 +39,7 @@ class CheckpointController:
         upstreams: Mapping[str, tuple[str, ...]] | None = None,
         fingerprints: Mapping[str, str] | None = None,
         sink_inputs: Mapping[str, str] | None = None,
+        append_only_sinks: Iterable[str] = (),
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -48,7 +49,7 @@ class CheckpointController:
         self.backend = backend or open_backend(settings.meta_url)
         self.backend.transaction(ensure_schema)
         self.epoch_log = EpochLog(
-            settings, self.backend, self.sources, self.tables, upstreams, fingerprints, sink_inputs
+            settings, self.backend, self.sources, self.tables, upstreams, fingerprints, sink_inputs, append_only_sinks
         )
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)

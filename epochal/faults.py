@@ -22,6 +22,7 @@ FAULT_POINTS = (
     "backfill-range-moved",  # a backfill range's files are in the snapshot directory; not recorded DONE
     "backfill-range-done",  # a backfill range is recorded DONE; the next not started
     "backfill-epoch-written",  # a backfill wrote a committed epoch's change file; not recorded
+    "rebuild-switched",  # a changed view's step recorded its switch to the new statement; not collected
 )
 
 

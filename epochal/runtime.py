@@ -32,6 +32,7 @@ from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline, ViewDef
+from epochal.rebuild_steps import RebuildSteps
 from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
@@ -85,6 +86,7 @@ class EpochRuntime:
             upstreams={name: view.upstreams for name, view in pipeline.views.items()},
             fingerprints={name: view_fingerprint(view) for name, view in pipeline.views.items()},
             sink_inputs={name: sink.from_table for name, sink in pipeline.sinks.items()},
+            append_only_sinks=[n for n, s in pipeline.sinks.items() if s.options.get("type") != "upsert"],
         )
         self.warehouse = Warehouse(settings.warehouse)
         self.state_cache = StateCache(enabled=settings.state_cache)
@@ -95,6 +97,7 @@ class EpochRuntime:
         self._query_schemas: dict[str, "StructType"] = {}
         self.sink_steps = SinkSteps(self)
         self.view_steps = ViewSteps(self)
+        self.rebuild_steps = RebuildSteps(self)
         self._plans_checked = False
         #: set by ``recording_for_backfill`` while a backfill writes a committed epoch of a view
         self._record_backfill: Callable[[Collected], None] | None = None
@@ -206,17 +209,40 @@ class EpochRuntime:
         self._held.enter_context(epoch_log.hold(taken))
         return RunEpochs(taken, recovery)
 
+    def add_shadows(self) -> list[str]:
+        """Every view being rebuilt gets its new statement's twin under the shadow name, which the
+        backfill runner and the switching step run (:mod:`epochal.checkpoint.rebuilds`); the twin
+        of a rebuild that is done goes. Returns the shadows the pipeline holds now."""
+        import dataclasses
+
+        from epochal.checkpoint import rebuilds
+
+        active = self.controller.backend.transaction(rebuilds.active)
+        wanted = {r.shadow: view for view, r in active.items() if view in self.pipeline.views}
+        views = {n: v for n, v in self.pipeline.views.items() if rebuilds.rebuilt_view(n) is None or n in wanted}
+        for shadow, view in wanted.items():
+            views.setdefault(shadow, dataclasses.replace(views[view], name=shadow, internal_of=view))
+        if views.keys() != self.pipeline.views.keys():
+            self.pipeline = dataclasses.replace(self.pipeline, views=views)
+        return sorted(wanted)
+
     def retire_removed(self) -> list[str]:
         """Views whose statement left the pipeline: their meta-store rows and files are deleted
         (the loader already refused the pipeline if anything still reads them)."""
-        from epochal.checkpoint import backfill_log
+        from epochal.checkpoint import backfill_log, rebuilds
+        from epochal.checkpoint import queries as q
 
-        tables = set(self.pipeline.tables)
+        # (without the shadows ``add_shadows`` put in: whether one is still needed is the meta store's call)
+        tables = {t for t in self.pipeline.tables if rebuilds.rebuilt_view(t) is None}
 
         def retire(cur) -> tuple[list[str], list[str]]:
+            # A switch to a view's new statement that committed: its shadow has done its work.
+            finished = rebuilds.finish_committed(cur, q.committed_epoch(cur))
+            serving = {r.shadow for v, r in rebuilds.active(cur).items() if v in tables}
             known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
             known |= {b.view for b in backfill_log.all_backfills(cur)}
-            gone = sorted(known - tables)
+            gone = sorted(known - tables - serving)
+            rebuilds.forget(cur, [t for t in gone if t not in finished])
             # A removed sink's delivery records go too (its target keeps what it received).
             sinks = {r[0] for r in cur.execute("SELECT DISTINCT sink FROM sink_batches").fetchall()}
             for sink in sorted(sinks - set(self.pipeline.sinks)):
@@ -231,11 +257,17 @@ class EpochRuntime:
                 cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
                 cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
                 gone.append(f"sink {sink}")
-            return gone, backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
+            retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
+            return gone, retired
 
         gone, garbage = self.controller.backend.transaction(retire)
-        if gone:
+        # Its whole directory: what runs killed before recording a file is there too.
+        garbage += [self.warehouse.table_root(t) for t in gone if not t.startswith("sink ")]
+        if garbage:
             self.warehouse.delete(garbage, prune_parents=True)
+        if any(rebuilds.rebuilt_view(g) is not None for g in gone):
+            self.add_shadows()  # a finished rebuild's shadow leaves this process's pipeline too
+        if [g for g in gone if rebuilds.rebuilt_view(g) is None]:
             log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
         return gone
 
@@ -372,6 +404,13 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
+        from epochal.checkpoint import rebuilds
+
+        rebuild = self.controller.backend.transaction(lambda cur: rebuilds.read(cur, name))
+        if rebuild is not None and rebuild.state.active:
+            if rebuild.state is rebuilds.RebuildState.SERVING_OLD or rebuild.switched_epoch == epoch:
+                # Its statement changed: the old rows serve until the step that switches.
+                return self._guard(epoch, lambda: self.rebuild_steps.run(epoch, name, run_id, release))
         backfill = self.controller.backfills.get(name)
         if backfill is not None and backfill.phase is not BackfillPhase.JOINED:
             # Outside commit alignment: the epoch commits without it, the backfill writes it later.

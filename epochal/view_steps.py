@@ -71,7 +71,7 @@ class ViewSteps:
             # written. (A partial aggregate reads its own rows, so it needs no such flag.)
             change = keyed_change(self.runtime.spark, view.plan, view.columns, deltas, read, changed, first)
         try:
-            rows, recorded = self._publish_view_change(
+            rows, recorded = self.publish_change(
                 epoch, name, unit_changes(change.weighted), rows_in, started, run_id, release
             )
         finally:
@@ -123,7 +123,7 @@ class ViewSteps:
             negated = -F.col(WEIGHT) if WEIGHT in previous.columns else F.lit(-1).cast("bigint")
             weighted = new.unionByName(previous.select(*quoted(view.columns), negated.alias(WEIGHT)))
         change = unit_changes(weighted)
-        rows, recorded = self._publish_view_change(epoch, name, change, rows_read, started, run_id, release)
+        rows, recorded = self.publish_change(epoch, name, change, rows_read, started, run_id, release)
         return StepReport(
             name,
             epoch,
@@ -209,7 +209,7 @@ class ViewSteps:
                 )
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
-        rows, recorded = self._publish_view_change(epoch, name, change, rows_in, started, run_id, release)
+        rows, recorded = self.publish_change(epoch, name, change, rows_in, started, run_id, release)
         return StepReport(
             name,
             epoch,
@@ -223,7 +223,7 @@ class ViewSteps:
             },
         )
 
-    def _publish_view_change(
+    def publish_change(
         self,
         epoch: int,
         name: str,

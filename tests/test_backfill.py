@@ -7,6 +7,7 @@ every epoch after the join, while live epochs go on committing."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import dagster as dg
 import pytest
 
 from epochal.backfill.runner import BackfillRunner
+from epochal.checkpoint import rebuilds
 from epochal.errors import EpochalError
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import REPO, SMALL_PIPELINE, VIEW_QUERIES, make_harness
@@ -281,41 +283,86 @@ def test_dropping_a_view_that_others_read_is_a_load_error(tmp_path: Path) -> Non
     assert "cycle" in text.lower() or ("v2" in text and "v3" in text)
 
 
-def test_a_changed_view_and_the_views_on_it_rebuild_while_epochs_go_on(spark, tmp_path: Path) -> None:
-    """A view whose statement changed, read by another view and by no sink: the next epoch commits,
-    both rebuild by backfill from the committed epoch (the reader waits for the view), join, and
-    equal the new statement's batch over the sources; nobody ran a command."""
+COUNTS = (
+    "SELECT bidder, count(*) AS n, sum(price) AS total, max(price) AS top FROM bid WHERE price >= {floor} "
+    "GROUP BY bidder"
+)
+
+
+def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_sink_get_the_difference(
+    spark, tmp_path: Path, monkeyenv
+) -> None:
+    """A grouped view with hidden MIN/MAX state, read by another view and by an upsert sink, changes
+    its WHERE. Its old rows keep serving (frozen, readers and sink unchanged) while the new statement
+    backfills; one epoch switches: the view, the view built on it and the sink then equal the new
+    statement's batch over the sources, at that epoch and the next, with nobody rebuilt by hand."""
+    from tests.consistency import multiset
+
     views = SMALL_PIPELINE["views.sql"] + (
-        "\nCREATE MATERIALIZED VIEW bidder_counts AS SELECT bidder, count(*) AS n FROM big_bids GROUP BY bidder;\n"
+        f"\nCREATE MATERIALIZED VIEW bidder_counts AS {COUNTS.format(floor=1500)};\n"
+        "CREATE MATERIALIZED VIEW busy AS SELECT bidder, n FROM bidder_counts WHERE n > 1;\n"
     )
-    sinks = "CREATE SINK orders_out FROM big_orders WITH (connector = 'duckdb', database = 'out/sink.duckdb', " \
-        "table = 'big_orders', type = 'append-only');"
+    sinks = (
+        "CREATE SINK orders_out FROM big_orders WITH (connector = 'duckdb', database = 'out/sink.duckdb', "
+        "table = 'big_orders', type = 'append-only');\n"
+        "CREATE SINK counts_out FROM bidder_counts WITH (connector = 'duckdb', database = 'out/counts.duckdb', "
+        "table = 'counts', type = 'upsert', primary_key = 'bidder');\n"
+    )
     h = make_harness(tmp_path, {"sources.sql": SMALL_PIPELINE["sources.sql"], "views.sql": views, "sinks.sql": sinks})
     instance = dg.DagsterInstance.ephemeral()
     _history(h, spark, instance, epochs=2)
+    runtime = h.runtime(spark)
+    old = {
+        "bidder_counts": COUNTS.format(floor=1500),
+        "busy": f"SELECT bidder, n FROM ({COUNTS.format(floor=1500)}) WHERE n > 1",
+    }
+    assert_views_match_batch(runtime, old)
+    frozen = {v: multiset(runtime.state(v).collect()) for v in old}
+
     views_file = h.pipeline_dir / "views.sql"
-    views_file.write_text(views_file.read_text().replace("WHERE price > 1000", "WHERE price > 5000"))
-    before = h.runtime(spark).controller.status()["committed_epoch"]
-    _run(h, instance)
-    status = h.runtime(spark).controller.status()
-    assert status["committed_epoch"] > before, "the other tables went on"
-    phases = {v: b["phase"] for v, b in status["backfills"].items()}
-    assert phases == {"big_bids": "snapshot", "bidder_counts": "waiting"}, phases
-    BackfillRunner(h.runtime(spark)).advance(budget_s=600)
-    h.produce([order(900, "c1", 50.0)])
+    views_file.write_text(views_file.read_text().replace("price >= 1500", "price >= 4000"))
     _run(h, instance)
     runtime = h.runtime(spark)
-    assert {v: b["phase"] for v, b in runtime.controller.status()["backfills"].items()} == {
-        "big_bids": "done",
-        "bidder_counts": "done",
-    }
-    where = "FROM bid WHERE price > 5000"
-    assert_views_match_batch(runtime, {
-        "big_bids": f"SELECT auction, bidder, price * 0.908 AS price_eur, date_time {where}",
-        "bidder_counts": f"SELECT bidder, count(*) AS n {where} GROUP BY bidder",
+    status = runtime.controller.status()
+    entry = status["backfills"]["bidder_counts"]
+    assert entry["phase"] in ("snapshot", "waiting") and entry["rebuild"]["serving"] == "old statement", entry
+    assert "busy" not in status["backfills"], "a view built on it is not rebuilt: it receives the difference"
+    assert status["tables"]["bidder_counts"] == status["committed_epoch"], "it stays in commit alignment"
+    # The old version serves, frozen: readers and the sink see the rows of the epoch the statement changed.
+    assert {v: multiset(runtime.state(v).collect()) for v in old} == frozen
+    assert_sink_exactly_once(runtime, "counts_out")
+
+    BackfillRunner(runtime).advance(budget_s=600)
+    assert runtime.controller.status()["backfills"]["bidder_counts"]["phase"] == "log_store"
+    assert {v: multiset(h.runtime(spark).state(v).collect()) for v in old} == frozen, "caught up, not yet switched"
+    new = {
+        "bidder_counts": COUNTS.format(floor=4000),
+        "busy": f"SELECT bidder, n FROM ({COUNTS.format(floor=4000)}) WHERE n > 1",
+        "big_bids": VIEW_QUERIES["big_bids"],
         "big_orders": VIEW_QUERIES["big_orders"],
-    })
-    assert_sink_exactly_once(runtime, "orders_out")
+    }
+    # A run killed right after its step of the view recorded the switch: recovery takes it back.
+    h.produce([order(899, "c2", 20.0)])
+    killed = h.run_subprocess(fault="rebuild-switched")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    rebuild = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
+    assert rebuild.state is rebuilds.RebuildState.SWITCHED
+    for i in range(2):  # the switch epoch (after the recovery), then one computed from the new rows
+        h.produce([order(900 + i, "c1", 50.0)])
+        _run(h, instance)
+        runtime = h.runtime(spark)
+        assert_views_match_batch(runtime, new)
+        assert_sink_exactly_once(runtime, "counts_out")
+        assert_sink_exactly_once(runtime, "orders_out")
+    status = runtime.controller.status()
+    assert status["last_recovery"]["aborted_epochs"] == [rebuild.switched_epoch]
+    done = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
+    assert done.state is rebuilds.RebuildState.DONE and done.switched_epoch > rebuild.switched_epoch
+    assert "bidder_counts" not in status["backfills"], status["backfills"]
+    assert not [t for t in status["tables"] if "__rebuild" in t]
+    assert not list((Path(runtime.settings.warehouse) / "bidder_counts__rebuild").glob("**/*.parquet")), (
+        "the new statement's shadow is retired with its files"
+    )
 
 
 def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, monkeyenv) -> None:

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from epochal.backfill.state import BACKFILL_TRANSITIONS, BackfillPhase, VnodeRange, next_range
+from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLost
 from epochal.checkpoint.definitions import DefinitionChanged
+from epochal.checkpoint.rebuilds import REBUILD_TRANSITIONS, RebuildState
 from epochal.checkpoint.records import Collected, InvariantViolation
 from epochal.controller import CheckpointController
 from tests.test_controller import collect_all, plan_ten, settings, start
@@ -19,11 +21,15 @@ UPSTREAMS = {"v1": ("src",), "v2": ("v1",), "v3": ("src",), "v4": ("v3",)}
 
 
 def grown(
-    home: Path, meta_url: str, fingerprints: dict[str, str] | None = None, sink_inputs: dict[str, str] | None = None
+    home: Path,
+    meta_url: str,
+    fingerprints: dict[str, str] | None = None,
+    sink_inputs: dict[str, str] | None = None,
+    append_only: list[str] = (),  # type: ignore[assignment]
 ) -> CheckpointController:
     return CheckpointController(
         settings(home, meta_url), ["src"], ["v1", "v2", "v3", "v4"], upstreams=UPSTREAMS, fingerprints=fingerprints,
-        sink_inputs=sink_inputs,
+        sink_inputs=sink_inputs, append_only_sinks=append_only,
     )
 
 
@@ -98,7 +104,7 @@ def test_retention_keeps_what_a_backfill_reads(tmp_path: Path, meta_url: str) ->
     assert ctl.catalog.state_parts("src", e1, inclusive=True).changes  # still readable at e1
 
 
-def test_a_changed_definition_restarts_a_backfill_and_rebuilds_a_joined_view_unless_a_sink_reads_it(
+def test_a_changed_definition_restarts_a_backfill_or_serves_the_old_rows_until_the_switch(
     tmp_path: Path, meta_url: str
 ) -> None:
     fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
@@ -111,24 +117,58 @@ def test_a_changed_definition_restarts_a_backfill_and_rebuilds_a_joined_view_unl
     assert changed.backfills.get("v3").started_at > started  # backfilling: starts again
 
     new_v1 = {**fingerprints, "v1": "a2"}
-    # a sink reads v2, which reads v1: its target holds rows of v1's old version
-    with pytest.raises(DefinitionChanged, match=r"v1 changed.*sink\(s\) out read it.*epochal backfill v1 --rebuild"):
-        grown(tmp_path, meta_url, new_v1, sink_inputs={"out": "v2", "other": "v3"}).epoch_log.inject(plan_ten)
-    with pytest.raises(DefinitionChanged, match="a sink may hold"):  # sinks unknown: no rebuild
+    # an append-only sink reads v1: the switch to the new statement would retract rows it holds
+    with pytest.raises(DefinitionChanged, match=r"v1 changed.*append-only sink\(s\) out read it.*type = 'upsert'"):
+        grown(tmp_path, meta_url, new_v1, sink_inputs={"out": "v1"}, append_only=["out"]).epoch_log.inject(plan_ten)
+    with pytest.raises(DefinitionChanged, match="does not know the pipeline's sinks"):
         grown(tmp_path, meta_url, new_v1).epoch_log.inject(plan_ten)
-    # no sink on them: v1 and v2 (built on v1) are rebuilt from the committed epoch, the rest goes on
-    rebuilding = grown(tmp_path, meta_url, new_v1, sink_inputs={"other": "v3"})
+    # An upsert sink on v2 (built on v1): v1's old rows keep serving, and committing; its new
+    # statement backfills under the shadow name; v2 is not rebuilt, it will receive the difference.
+    rebuilding = grown(tmp_path, meta_url, new_v1, sink_inputs={"out": "v2", "other": "v3"}, append_only=["other"])
     committed = rebuilding.status()["committed_epoch"]
     epoch = rebuilding.epoch_log.inject(plan_ten).epoch
     backfills = {b.view: b for b in rebuilding.backfills.all()}
-    assert backfills["v1"].phase is BackfillPhase.SNAPSHOT and backfills["v1"].snapshot_epoch == committed
-    assert backfills["v2"].phase is BackfillPhase.WAITING
-    assert {"v1", "v2"} <= rebuilding.backfills.outside_alignment()
-    # a run that began v1's step with its old statement cannot record it: the backfill writes v1 there
-    assert not rebuilding.epoch_log.collect(epoch, Collected("v1", f"/old/v1/{epoch}")).recorded
-    collect_all(rebuilding, epoch, tables=("src",))
-    assert rebuilding.status()["committed_epoch"] == epoch, "the epoch commits without them"
-    assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "and only once"
+    shadow = backfills["v1__rebuild"]
+    assert shadow.phase is BackfillPhase.SNAPSHOT and shadow.snapshot_epoch == committed
+    assert shadow.upstreams == ("src",)
+    assert "v1" not in backfills and "v2" not in backfills
+    assert not {"v1", "v2"} & rebuilding.backfills.outside_alignment()
+    rebuild = rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1"))
+    assert rebuild.state is RebuildState.SERVING_OLD and rebuild.frozen_epoch == committed
+    assert rebuilding.backfills.status()["v1"]["rebuild"]["serving"] == "old statement"
+    collect_all(rebuilding, epoch)
+    assert rebuilding.status()["committed_epoch"] == epoch, "the epoch commits with v1's (empty) step"
+    assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "and starts only once"
+
+    # The switch at an epoch that recovery then aborts is taken back; one that commits is final.
+    def switch_at(ctl: CheckpointController, at: int, location: str) -> None:
+        ctl.catalog.begin_snapshot("v1", at, location, (), "{}", in_flight=True)
+        ctl.backend.transaction(lambda cur: rebuilds.switch(cur, "v1", at, location, 5, 1))
+
+    aborted = rebuilding.epoch_log.inject(plan_ten).epoch
+    switch_at(rebuilding, aborted, "/snap/aborted")
+    assert rebuilding.catalog.state_parts("v1", aborted, inclusive=True).snapshot.location == "/snap/aborted"
+    report = rebuilding.recover("test", discard=lambda locations: None)
+    assert aborted in report.aborted and "/snap/aborted" in report.discarded_locations
+    rebuild = rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1"))
+    assert rebuild.state is RebuildState.SERVING_OLD and rebuild.switched_epoch is None
+    assert not [s for s in rebuilding.catalog.snapshots("v1") if s.location == "/snap/aborted"]
+    at = rebuilding.epoch_log.inject(plan_ten).epoch
+    switch_at(rebuilding, at, "/snap/kept")
+    collect_all(rebuilding, at)
+    shadows = rebuilding.backend.transaction(lambda cur: rebuilds.finish_committed(cur, at))
+    assert shadows == ["v1__rebuild"]
+    assert rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.DONE
+    assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "v1 is its new statement"
+
+
+def test_the_rebuild_rules() -> None:
+    assert REBUILD_TRANSITIONS[RebuildState.DONE] == frozenset()
+    rebuilds.check_rebuild("v", RebuildState.SERVING_OLD, RebuildState.SWITCHED)
+    with pytest.raises(InvariantViolation, match="cannot move from SERVING_OLD to DONE"):
+        rebuilds.check_rebuild("v", RebuildState.SERVING_OLD, RebuildState.DONE)
+    assert rebuilds.rebuilt_view(rebuilds.shadow_name("bidder_counts")) == "bidder_counts"
+    assert rebuilds.rebuilt_view("bidder_counts") is None
 
 
 def test_the_phase_rules_and_vnode_ranges() -> None:

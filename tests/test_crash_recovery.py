@@ -20,9 +20,10 @@ ORDERS = [f'{{"id": {i}, "customer": "c{i % 3}", "amount": {i * 3.5}, "ts": "202
 @pytest.mark.slow
 # The harness's sinks are DuckDB files, committed in one transaction: "sink-commit-midway" (between
 # two writers' COMMIT PREPARED) is a PostgreSQL point, killed for real in tests/test_postgres_sink.py.
-# The backfill points are on a backfill's path, not an epoch's: killed in tests/test_backfill.py.
+# The backfill and rebuild points are on their paths, not a plain epoch's: killed in tests/test_backfill.py.
 @pytest.mark.parametrize(
-    "point", [p for p in FAULT_POINTS if p != "sink-commit-midway" and not p.startswith("backfill-")]
+    "point",
+    [p for p in FAULT_POINTS if p != "sink-commit-midway" and not p.startswith(("backfill-", "rebuild-"))],
 )
 def test_crash_then_recover(spark, tmp_path: Path, point: str) -> None:
     h = make_harness(tmp_path)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
+from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.records import Collected
 from epochal.errors import require
@@ -93,9 +94,21 @@ class BackfillRunner:
     # ------------------------------------------------------------------ driving
 
     def pending(self) -> list[Backfill]:
-        """Active backfills of views in the pipeline, upstreams first."""
+        """Active backfills of views in the pipeline, upstreams first: a changed view's new
+        statement under its shadow name too, until the view switched to it."""
+        self.runtime.add_shadows()
+        serving_old = {
+            r.shadow
+            for r in self.runtime.controller.backend.transaction(rebuilds.active).values()
+            if r.state is rebuilds.RebuildState.SERVING_OLD
+        }
         order = {name: i for i, name in enumerate(self.runtime.pipeline.view_order())}
-        active = [b for b in self.log.all() if b.phase.active and b.view in order]
+        # A shadow whose view switched has done its work (it is retired at the next injection).
+        active = [
+            b
+            for b in self.log.all()
+            if b.phase.active and b.view in order and (rebuilds.rebuilt_view(b.view) is None or b.view in serving_old)
+        ]
         return sorted(active, key=lambda b: order[b.view])
 
     def advance(self, budget_s: float | None = None, views: list[str] | None = None) -> list[Progress]:
@@ -105,7 +118,8 @@ class BackfillRunner:
         deadline = time.monotonic() + budget
         reports = []
         for backfill in self.pending():
-            if views is not None and backfill.view not in views:
+            named = rebuilds.rebuilt_view(backfill.view) or backfill.view
+            if views is not None and backfill.view not in views and named not in views:
                 continue
             if time.monotonic() >= deadline:
                 break
@@ -364,6 +378,13 @@ class BackfillRunner:
         self._clean_unrecorded_epochs(view, root)
         while True:
             epoch = self.log.next_epoch(view)
+            if epoch is None and rebuilds.rebuilt_view(view) is not None:
+                # A changed view's new statement never joins under its shadow name: the view's own
+                # step of the next epoch switches to it.
+                progress.note = (
+                    f"caught up: {rebuilds.rebuilt_view(view)} switches to its new statement at its next epoch"
+                )
+                return
             if epoch is None:
                 joined, pending = self.log.join(view)
                 if joined:

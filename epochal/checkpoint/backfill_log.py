@@ -32,6 +32,7 @@ from epochal.backfill.state import (
     check_transition,
 )
 from epochal.checkpoint import queries as q
+from epochal.checkpoint import rebuilds
 from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
@@ -176,6 +177,10 @@ def status(cur: Cursor) -> dict[str, dict]:
                 [since, committed],
             ).fetchone()[0]
         shown[b.view] = b.as_status(behind)
+    # A changed view's new statement backfills under its shadow name: shown as the view's entry.
+    for view, rebuild in rebuilds.active(cur).items():
+        if rebuild.shadow in shown:
+            shown[view] = {**shown.pop(rebuild.shadow), "rebuild": rebuild.as_status()}
     # A view's internal stages backfill with it, under its asset: shown inside its entry, by phase.
     for name in sorted(shown):
         view = name.split(STAGE_SEPARATOR)[0]
@@ -490,6 +495,9 @@ class BackfillLog:
             drop_state(cur, view)
             forget(cur, [view])
             cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
+            # A rebuild that kept the old rows serving is moot: its new statement is built in place.
+            garbage += retire(cur, [rebuilds.shadow_name(view)])
+            rebuilds.forget(cur, [view])
             return garbage
 
         return self.backend.transaction(drop)

@@ -176,15 +176,23 @@ class SnapshotCatalog:
         return self.backend.transaction(read)
 
     def begin_snapshot(
-        self, table: str, epoch: int, location: str, distribution_key: tuple[str, ...], schema: str
+        self,
+        table: str,
+        epoch: int,
+        location: str,
+        distribution_key: tuple[str, ...],
+        schema: str,
+        in_flight: bool = False,
     ) -> None:
         """Announce a snapshot about to be written to ``location``, owned by this process: recovery
         keeps its files while the process lives and renews ``snapshot_lease``, and deletes them once
         it is dead. Announce before the first file exists: a recovery's sweep lists directories
-        before it reads what to keep, so a directory it sees was announced before it looked."""
+        before it reads what to keep, so a directory it sees was announced before it looked.
+        ``in_flight``: the snapshot of a view's new statement at the epoch it switches in
+        (:mod:`epochal.checkpoint.rebuilds`, which publishes it); compaction snapshots committed epochs."""
 
         def begin(cur: Cursor) -> None:
-            if q.epoch_record(cur, epoch).state is not EpochState.COMMITTED:
+            if not in_flight and q.epoch_record(cur, epoch).state is not EpochState.COMMITTED:
                 raise EpochalError(f"cannot snapshot {table} at epoch {epoch}: only committed epochs are snapshotted")
             now = time.time()
             cur.execute(

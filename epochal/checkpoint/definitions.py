@@ -1,12 +1,21 @@
-"""Whether each view's stored state comes from its current statement, and what happens when not:
-a view still backfilling starts again, a joined view is rebuilt with the views built on it, or the
-change is refused when a sink holds rows of the old version (``check_definitions``)."""
+"""Whether each view's stored state comes from its current statement, and what happens when not
+(``check_definitions``):
+
+* a view still backfilling starts again (nothing has read it yet);
+* a view that committed epochs keeps serving its old rows while its new statement backfills under
+  a shadow name, then switches at one epoch boundary (:mod:`epochal.checkpoint.rebuilds`); its
+  internal stages, which only it reads, are rebuilt in place;
+* an internal stage that changed alone (its view did not) is rebuilt in place with the views built
+  on it; refused when a sink reads one of them.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
 
+from epochal.checkpoint import queries as q
+from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import drop_state, forget, read
 from epochal.errors import EpochalError
 from epochal.meta.backend import Cursor
@@ -24,19 +33,29 @@ def check_definitions(
     fingerprints: Mapping[str, str],
     readers: Mapping[str, list[str]],
     sink_inputs: Mapping[str, str] | None = None,
+    append_only_sinks: Iterable[str] = (),
 ) -> list[str]:
-    """Every view's definition is the one its stored state was computed from; returns the views
-    rebuilt because it was not.
+    """Every view's definition is the one its stored state was computed from, or is being built
+    (module docstring); returns the internal stages rebuilt in place, and the views rebuilt with them.
 
-    A view still backfilling that changed starts again from a new snapshot (nothing has read it yet).
-    A view that joined has stored rows of its old query, and going on from them would be silently
-    wrong: it is rebuilt by a backfill from its new statement, with every view built on it (their
-    rows came from its old rows), as if they had just been added; the other tables go on. That is
-    refused, with the fixes, when a sink reads one of them (its target holds rows of the old version
-    and would not receive their difference) or when the sinks are not known (``sink_inputs`` None)."""
+    An internal stage that changed while its view did not (the planner split it differently) has
+    nothing to serve from: it is rebuilt in place with every view built on it, as if they had just
+    been added. That is refused, with the fixes, when a sink reads one of them (its target holds
+    rows of the old version and would not receive their difference) or when the sinks are not
+    known (``sink_inputs`` None)."""
     stored = dict(cur.execute("SELECT table_name, fingerprint FROM table_definitions").fetchall())
+    rebuilding = rebuilds.active(cur)
     changed = []
     for view, fingerprint in fingerprints.items():
+        rebuild = rebuilding.get(view)
+        if rebuild is not None:
+            if fingerprint != rebuild.new_fingerprint and rebuild.state is rebuilds.RebuildState.SERVING_OLD:
+                log.warning("view %s changed again while its new statement was backfilling: that starts again", view)
+                drop_state(cur, rebuild.shadow)
+                forget(cur, [rebuild.shadow])
+                rebuilds.restart(cur, view, fingerprint)
+            # (A switch in flight commits first; the injection after it sees the newer statement.)
+            continue
         if stored.get(view) == fingerprint:
             continue
         b = read(cur, view)
@@ -51,14 +70,31 @@ def check_definitions(
             changed.append(view)
     if not changed:
         return []
+    # A view with committed epochs keeps serving its old rows while its new statement backfills
+    # under a shadow name; its own stages, read by nothing else, are simply rebuilt under it.
+    committed = q.committed_epoch(cur)
+    served = sorted(v for v in changed if STAGE_SEPARATOR not in v and committed is not None)
+    _check_switchable(served, sink_inputs, append_only_sinks)
+    for view in served:
+        rebuilds.start(cur, view, stored[view], fingerprints[view], committed)  # type: ignore[arg-type]
+        log.warning(
+            "the statement of view %s changed: its old rows keep serving while the new one backfills as %s, "
+            "then readers and sinks switch to it at one epoch, receiving the difference",
+            view,
+            rebuilds.shadow_name(view),
+        )
+    stages = [v for v in changed if v not in served and v.split(STAGE_SEPARATOR)[0] in served]
+    for stage in stages:
+        _rebuild_in_place(cur, stage, fingerprints)
+    changed = [v for v in changed if v not in served and v not in stages]
+    if not changed:
+        return stages
     rebuilt = _downstream(changed, readers, fingerprints)
     sinks = sorted(s for s, table in (sink_inputs or {}).items() if table in rebuilt)
     if sinks or sink_inputs is None:
         # An internal stage changes with the view it was split from: name the view.
         named = sorted({v.split(STAGE_SEPARATOR)[0] for v in changed})
-        held = (
-            f"sink(s) {', '.join(sinks)} read it or a view built on it and hold" if sinks else "a sink may hold"
-        )
+        held = f"sink(s) {', '.join(sinks)} read it or a view built on it and hold" if sinks else "a sink may hold"
         raise DefinitionChanged(
             f"the statement of view(s) {', '.join(named)} changed after they committed epochs, and {held} "
             "rows of its old version, which a rebuild would not retract. Give the new statement a new "
@@ -67,16 +103,49 @@ def check_definitions(
             + ", ".join(f"`epochal backfill {v} --rebuild`" for v in named)
         )
     for view in sorted(rebuilt):
-        drop_state(cur, view)
-        forget(cur, [view])
-        if view in fingerprints:
-            cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
-            cur.execute("INSERT INTO table_definitions VALUES (?, ?)", [view, fingerprints[view]])
+        _rebuild_in_place(cur, view, fingerprints)
     log.warning(
         "the statement of view(s) %s changed: rebuilding %s by backfill from the committed epoch",
-        ", ".join(sorted(changed)), ", ".join(sorted(rebuilt)),
+        ", ".join(sorted(changed)),
+        ", ".join(sorted(rebuilt)),
     )
     return sorted(rebuilt)
+
+
+def _check_switchable(
+    views: list[str], sink_inputs: Mapping[str, str] | None, append_only_sinks: Iterable[str]
+) -> None:
+    """A view switching to its new statement retracts the rows only the old one had: a sink that
+    cannot take a retraction must not read it, and neither may one nobody can rule out."""
+    if not views:
+        return
+    fixes = (
+        "Give the new statement a new name (it backfills while the old view keeps serving, then move the "
+        "sinks to it), or remove the sinks' statements and rebuild in place with "
+        + ", ".join(f"`epochal backfill {v} --rebuild`" for v in views)
+    )
+    if sink_inputs is None:
+        raise DefinitionChanged(
+            f"the statement of view(s) {', '.join(views)} changed after they committed epochs, and this "
+            f"process does not know the pipeline's sinks: a sink may hold rows of the old version. {fixes}"
+        )
+    held = sorted(s for s in append_only_sinks if sink_inputs.get(s) in views)
+    if held:
+        raise DefinitionChanged(
+            f"the statement of view(s) {', '.join(views)} changed after they committed epochs, and the "
+            f"append-only sink(s) {', '.join(held)} read it: switching to the new statement retracts the rows "
+            "only the old one had, which an append-only target cannot take. Make the sink type = 'upsert' "
+            f"with a primary_key, or: {fixes}"
+        )
+
+
+def _rebuild_in_place(cur: Cursor, view: str, fingerprints: Mapping[str, str]) -> None:
+    """Forget the view's state: the injection registers it as a new view, which backfills."""
+    drop_state(cur, view)
+    forget(cur, [view])
+    if view in fingerprints:
+        cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
+        cur.execute("INSERT INTO table_definitions VALUES (?, ?)", [view, fingerprints[view]])
 
 
 def _downstream(tables: Iterable[str], readers: Mapping[str, list[str]], views: Iterable[str]) -> set[str]:

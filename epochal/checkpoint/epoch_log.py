@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from epochal.checkpoint import backfill_log, definitions
+from epochal.checkpoint import backfill_log, definitions, rebuilds
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import (
     Collected,
@@ -53,6 +53,7 @@ class EpochLog:
         upstreams: Mapping[str, tuple[str, ...]] | None = None,
         fingerprints: Mapping[str, str] | None = None,
         sink_inputs: Mapping[str, str] | None = None,
+        append_only_sinks: Iterable[str] = (),
     ):
         self.settings = settings
         self.backend = backend
@@ -71,6 +72,8 @@ class EpochLog:
         #: the table each sink reads, or None when not known (then a changed view is refused, since
         #: a sink that holds rows of its old version cannot be ruled out)
         self.sink_inputs = None if sink_inputs is None else dict(sink_inputs)
+        #: sinks that cannot take a retraction: a view they read cannot switch to a new statement
+        self.append_only_sinks = frozenset(append_only_sinks)
 
     # ------------------------------------------------------------------ flags
 
@@ -185,9 +188,15 @@ class EpochLog:
         # history (a linear view reads no state to notice): it backfills, outside alignment, and
         # every other table must agree on the committed epoch.
         committed = q.committed_epoch(cur)
-        definitions.check_definitions(cur, self.fingerprints, self.readers, self.sink_inputs)
+        definitions.check_definitions(
+            cur, self.fingerprints, self.readers, self.sink_inputs, self.append_only_sinks
+        )
         known = {*self.sources, *self.upstreams}
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
+        # The new statement of a view being rebuilt backfills under its shadow name (after its
+        # stages, which it may wait for).
+        shadows = {r.shadow: self.upstreams[v] for v, r in rebuilds.active(cur).items() if v in self.upstreams}
+        backfill_log.register_new(cur, list(shadows), shadows, committed)
         q.check_alignment(cur, backfill_log.aligned(cur, self.tables), committed)
         if q.get_flag(cur, "paused"):
             raise InjectionBlocked("injection is paused: run `epochal resume` to inject epochs again")

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from epochal.checkpoint import backfill_log
+from epochal.checkpoint import backfill_log, rebuilds
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.records import CommitAlignmentError, EpochState, RecoveryReport
@@ -122,6 +122,8 @@ class Recovery:
         if aborted:
             marks = ", ".join("?" for _ in aborted)
             cur.execute(f"DELETE FROM collected WHERE epoch IN ({marks})", aborted)
+        # A view that switched to its new statement in an aborted epoch serves its old rows again.
+        locations.extend(rebuilds.revert_aborted(cur, committed))
         # Aborted epochs hand their offset ranges back: every split starts where it is committed.
         cur.execute("DELETE FROM split_frontier WHERE committed_end IS NULL")
         cur.execute("UPDATE split_frontier SET reserved_end = committed_end WHERE reserved_end <> committed_end")

@@ -177,6 +177,19 @@ DDL = (
         table_name VARCHAR PRIMARY KEY,
         fingerprint VARCHAR NOT NULL
     )""",
+    # Views whose statement changed after they committed epochs (epochal/checkpoint/rebuilds.py):
+    # the old rows serve while the new statement backfills under a shadow name, until the switch.
+    """CREATE TABLE IF NOT EXISTS view_rebuilds (
+        view_name VARCHAR PRIMARY KEY,
+        state VARCHAR NOT NULL,
+        old_fingerprint VARCHAR NOT NULL,
+        new_fingerprint VARCHAR NOT NULL,
+        frozen_epoch BIGINT NOT NULL,
+        switched_epoch BIGINT,
+        switch_snapshot VARCHAR,
+        started_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

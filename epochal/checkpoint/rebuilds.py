@@ -1,0 +1,223 @@
+"""Rebuilding a view whose statement changed, while its old rows keep serving (the meta-store side;
+the work is :mod:`epochal.rebuild_steps` and the shadow's backfill).
+
+A view that has committed epochs and whose statement changes is not dropped. Its stored rows stay
+what readers, sinks and the views built on it see, frozen at the last epoch of the old statement:
+its live steps record nothing. The new statement backfills under a shadow name
+(``shadow_name(view)``), from a snapshot and the change log, like any new view. Once the shadow has
+written the epoch before an epoch J, the view's own step of J switches: its change at J is the new
+rows at J minus the old rows at J-1, and a snapshot of the new rows at J is its state from J on.
+Readers, sinks and downstream views therefore move from the old version to the new one at one
+epoch boundary, and receive exactly the difference. If J is aborted, recovery takes the switch back.
+
+States, one row per view in ``view_rebuilds``, with the one rule per transition (``check_rebuild``):
+
+* SERVING_OLD -> SWITCHED: the view's step of epoch J wrote the difference and the snapshot.
+* SWITCHED -> SERVING_OLD: recovery aborted J; the next epoch switches again.
+* SWITCHED -> DONE: J committed; the shadow's rows and files go, the new statement is the view's.
+* a new row replaces a DONE one when the statement changes again.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from epochal.checkpoint.records import InvariantViolation
+from epochal.meta.backend import Cursor
+from epochal.pipeline.model import REBUILD_SEPARATOR
+
+
+def shadow_name(view: str) -> str:
+    return f"{view}{REBUILD_SEPARATOR}"
+
+
+def rebuilt_view(name: str) -> str | None:
+    """The view ``name`` is the shadow of, or None."""
+    return name[: -len(REBUILD_SEPARATOR)] if name.endswith(REBUILD_SEPARATOR) else None
+
+
+class RebuildState(enum.Enum):
+    #: the old rows serve (frozen); the new statement backfills under the shadow name
+    SERVING_OLD = "SERVING_OLD"
+    #: the view's step of ``switched_epoch`` wrote new - old and the new snapshot; not committed yet
+    SWITCHED = "SWITCHED"
+    #: the switch committed: the new statement is the view's, the shadow is gone
+    DONE = "DONE"
+
+    @property
+    def active(self) -> bool:
+        return self is not RebuildState.DONE
+
+
+REBUILD_TRANSITIONS: dict[RebuildState, frozenset[RebuildState]] = {
+    RebuildState.SERVING_OLD: frozenset({RebuildState.SWITCHED}),
+    RebuildState.SWITCHED: frozenset({RebuildState.SERVING_OLD, RebuildState.DONE}),
+    RebuildState.DONE: frozenset(),
+}
+
+
+def check_rebuild(view: str, old: RebuildState, new: RebuildState) -> None:
+    if new not in REBUILD_TRANSITIONS[old]:
+        raise InvariantViolation(f"the rebuild of {view} cannot move from {old.value} to {new.value}")
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    view: str
+    state: RebuildState
+    #: the fingerprint of the statement the stored rows come from, and of the one being built
+    old_fingerprint: str
+    new_fingerprint: str
+    #: the committed epoch when the statement changed: the old rows are those of this epoch
+    frozen_epoch: int
+    switched_epoch: int | None
+    #: the new statement's snapshot of the view at ``switched_epoch``
+    switch_snapshot: str | None
+    started_at: float
+
+    @property
+    def shadow(self) -> str:
+        return shadow_name(self.view)
+
+    def as_status(self) -> dict:
+        return {
+            "state": self.state.value.lower(),
+            "serving": "new statement" if self.state is RebuildState.DONE else "old statement",
+            "frozen_epoch": self.frozen_epoch,
+            "switched_epoch": self.switched_epoch,
+        }
+
+
+_COLUMNS = (
+    "view_name, state, old_fingerprint, new_fingerprint, frozen_epoch, switched_epoch, switch_snapshot, started_at"
+)
+
+
+def _record(row: tuple) -> Rebuild:
+    return Rebuild(row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7])
+
+
+def read(cur: Cursor, view: str) -> Rebuild | None:
+    row = cur.execute(f"SELECT {_COLUMNS} FROM view_rebuilds WHERE view_name = ?", [view]).fetchone()
+    return _record(row) if row else None
+
+
+def active(cur: Cursor) -> dict[str, Rebuild]:
+    rows = cur.execute(f"SELECT {_COLUMNS} FROM view_rebuilds WHERE state <> ?", [RebuildState.DONE.value])
+    return {r.view: r for r in map(_record, rows.fetchall())}
+
+
+def _move(cur: Cursor, view: str, old: RebuildState, new: RebuildState, **extra: object) -> None:
+    """The only place a rebuild's state changes: checked against the table, and against the row."""
+    check_rebuild(view, old, new)
+    sets = "".join(f", {k} = ?" for k in extra)
+    done = cur.execute(
+        f"UPDATE view_rebuilds SET state = ?, updated_at = ?{sets} WHERE view_name = ? AND state = ? "
+        "RETURNING view_name",
+        [new.value, time.time(), *extra.values(), view, old.value],
+    ).fetchall()
+    if not done:
+        raise InvariantViolation(f"the rebuild of {view} is not {old.value} any more")
+
+
+def start(cur: Cursor, view: str, old_fingerprint: str, new_fingerprint: str, frozen_epoch: int) -> None:
+    now = time.time()
+    cur.execute("DELETE FROM view_rebuilds WHERE view_name = ?", [view])
+    cur.execute(
+        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+        [view, RebuildState.SERVING_OLD.value, old_fingerprint, new_fingerprint, frozen_epoch, now, now],
+    )
+
+
+def restart(cur: Cursor, view: str, new_fingerprint: str) -> None:
+    """The statement changed again while the shadow was backfilling: it starts over from it."""
+    cur.execute(
+        "UPDATE view_rebuilds SET new_fingerprint = ?, updated_at = ? WHERE view_name = ? AND state = ?",
+        [new_fingerprint, time.time(), view, RebuildState.SERVING_OLD.value],
+    )
+
+
+def switch(cur: Cursor, view: str, epoch: int, snapshot: str, rows: int, files: int) -> list[str]:
+    """SERVING_OLD -> SWITCHED at ``epoch``: the new rows' snapshot (announced WRITING at
+    ``snapshot``) becomes the view's state at that epoch, READY in this transaction; readers of
+    earlier epochs still see the old rows. Taken back by ``revert_aborted`` if the epoch is aborted.
+    Returns what an earlier attempt of the same step left, for deletion."""
+    rebuild = read(cur, view)
+    if rebuild is None:
+        raise InvariantViolation(f"{view} switches to its new statement without a rebuild")
+    garbage = []
+    if rebuild.state is RebuildState.SWITCHED and rebuild.switched_epoch == epoch and rebuild.switch_snapshot:
+        # The same step again (its run retried it): the earlier attempt's snapshot is replaced.
+        cur.execute("DELETE FROM snapshots WHERE location = ?", [rebuild.switch_snapshot])
+        garbage.append(rebuild.switch_snapshot)
+        _move(cur, view, RebuildState.SWITCHED, RebuildState.SERVING_OLD, switched_epoch=None, switch_snapshot=None)
+    published = cur.execute(
+        "UPDATE snapshots SET state = 'READY', rows_out = ?, files_out = ?, finished_at = ?, owner_pid = NULL "
+        "WHERE location = ? AND state = 'WRITING' RETURNING location",
+        [rows, files, time.time(), snapshot],
+    ).fetchall()
+    if not published:
+        raise InvariantViolation(
+            f"the snapshot of {view}'s new statement at epoch {epoch} was reaped while it was written (its lease "
+            "ran out): the step fails, and the epoch's retry writes it again"
+        )
+    _move(cur, view, RebuildState.SERVING_OLD, RebuildState.SWITCHED, switched_epoch=epoch, switch_snapshot=snapshot)
+    return garbage
+
+
+def ready_to_switch(cur: Cursor, view: str, epoch: int) -> bool:
+    """Whether the shadow has written every epoch before ``epoch`` (none of them is still in
+    flight): the view's step of ``epoch`` can then switch."""
+    rebuild = read(cur, view)
+    if rebuild is None or not rebuild.state.active:
+        return False
+    if rebuild.state is RebuildState.SWITCHED:
+        return rebuild.switched_epoch == epoch
+    row = cur.execute("SELECT phase, caught_up_epoch FROM backfills WHERE view_name = ?", [rebuild.shadow]).fetchone()
+    if row is None or row[0] != "LOG_STORE" or row[1] is None:
+        return False
+    before = cur.execute("SELECT max(epoch) FROM epochs WHERE epoch < ? AND state <> 'ABORTED'", [epoch]).fetchone()[0]
+    return before == row[1]
+
+
+def revert_aborted(cur: Cursor, committed: int | None) -> list[str]:
+    """Recovery: a switch at an epoch that was aborted is taken back (its snapshot row goes; the
+    locations returned are deleted). The old rows serve again, and a later epoch switches."""
+    garbage: list[str] = []
+    for rebuild in active(cur).values():
+        if rebuild.state is not RebuildState.SWITCHED:
+            continue
+        if committed is not None and rebuild.switched_epoch is not None and rebuild.switched_epoch <= committed:
+            continue
+        if rebuild.switch_snapshot:
+            cur.execute("DELETE FROM snapshots WHERE location = ?", [rebuild.switch_snapshot])
+            garbage.append(rebuild.switch_snapshot)
+        back = {"switched_epoch": None, "switch_snapshot": None}
+        _move(cur, rebuild.view, RebuildState.SWITCHED, RebuildState.SERVING_OLD, **back)
+    return garbage
+
+
+def finish_committed(cur: Cursor, committed: int | None) -> list[str]:
+    """SWITCHED -> DONE for every switch whose epoch committed, with the new fingerprint as the
+    view's definition; returns the shadows, whose rows and files the caller retires."""
+    if committed is None:
+        return []
+    done = []
+    for rebuild in active(cur).values():
+        if rebuild.state is RebuildState.SWITCHED and rebuild.switched_epoch is not None:
+            if rebuild.switched_epoch <= committed:
+                _move(cur, rebuild.view, RebuildState.SWITCHED, RebuildState.DONE)
+                cur.execute(
+                    "UPDATE table_definitions SET fingerprint = ? WHERE table_name = ?",
+                    [rebuild.new_fingerprint, rebuild.view],
+                )
+                done.append(rebuild.shadow)
+    return done
+
+
+def forget(cur: Cursor, views: Iterable[str]) -> None:
+    for view in views:
+        cur.execute("DELETE FROM view_rebuilds WHERE view_name = ?", [view])

@@ -1,0 +1,157 @@
+"""A view's step while its changed statement is being rebuilt (:mod:`epochal.checkpoint.rebuilds`):
+the old rows serve unchanged (an empty change, no Spark job) until the shadow has caught up, then
+one step switches: the shadow's change of the epoch, the new rows' snapshot at the epoch, and the
+view's change there, new rows minus old rows, for its readers, sinks and downstream views."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from epochal.checkpoint import rebuilds
+from epochal.checkpoint.records import Collected, EpochAborted
+from epochal.errors import require
+from epochal.faults import fault_point
+from epochal.sql import quote
+from epochal.step_report import StepReport
+from epochal.storage.changes import net_rows, unit_changes
+from epochal.storage.vnode import VNODE, vnode_column
+from epochal.storage.warehouse import WEIGHT
+
+if TYPE_CHECKING:
+    from epochal.runtime import EpochRuntime
+
+
+class RebuildSteps:
+    def __init__(self, runtime: EpochRuntime):
+        self.runtime = runtime
+
+    def run(self, epoch: int, view: str, run_id: str | None, release: bool) -> StepReport:
+        runtime = self.runtime
+        started = time.time()
+        runtime.controller.epoch_log.wait_for_order(epoch, [view], f"view {view}")
+        begun = runtime.begin_step(epoch, run_id, table=view)
+        backend = runtime.controller.backend
+        rebuild = backend.transaction(lambda cur: rebuilds.read(cur, view))
+        require(rebuild is not None, f"the rebuild of {view} has a row")
+        shadow = rebuild.shadow  # type: ignore[union-attr]
+        runtime.add_shadows()
+        ready = backend.transaction(lambda cur: rebuilds.ready_to_switch(cur, view, epoch))
+        inputs = runtime.pipeline.views[shadow].upstreams if shadow in runtime.pipeline.views else ()
+        outside = runtime.controller.backfills.outside_alignment()
+        # Its inputs' changes of this epoch come from their live steps: a stage still backfilling has none.
+        ready = ready and all(u in begun.collected and u not in outside for u in inputs)
+        if not ready:
+            _, recorded = runtime.record_idle(epoch, view, started, run_id, release, dead_letters=None)
+            progress = runtime.controller.backfills.status().get(shadow, {})
+            return StepReport(
+                view,
+                epoch,
+                {
+                    "epoch": epoch,
+                    "mode": "rebuilding",
+                    "serving": "old statement",
+                    "new_statement_phase": progress.get("phase", "waiting"),
+                    "new_statement_epochs_behind": progress.get("epochs_behind"),
+                    "rows_changed": 0,
+                    "seconds": round(time.time() - started, 3),
+                    "recorded": recorded,
+                },
+            )
+        return self._switch(epoch, view, shadow, started, run_id, release)
+
+    def _switch(
+        self, epoch: int, view: str, shadow: str, started: float, run_id: str | None, release: bool
+    ) -> StepReport:
+        from pyspark.sql import functions as F
+
+        runtime = self.runtime
+        warehouse, catalog = runtime.warehouse, runtime.controller.catalog
+        backfill = runtime.controller.backfills.get(shadow)
+        require(backfill is not None, f"the new statement of {view} has a backfill")
+        # 1. The shadow's change of this epoch, as its own live step would write it.
+        captured: list[Collected] = []
+        root = warehouse.backfill_root(shadow, backfill.snapshot_epoch)  # type: ignore[union-attr]
+        with runtime.recording_for_backfill(root, captured.append):
+            runtime.view_epoch(epoch, shadow, run_id=run_id)
+        require(len(captured) == 1, f"the new statement of {view} wrote epoch {epoch} once")
+        change = captured[0]
+        # 2. The new rows at this epoch, as the view's snapshot there (announced first: a sweep
+        #    never takes a directory it was told about).
+        before, rows_read = runtime.read_state(shadow, epoch, inclusive=False)
+        weighted = before.withColumn(WEIGHT, F.lit(1).cast("bigint"))
+        if change.location is not None:
+            weighted = weighted.unionByName(warehouse.read(runtime.spark, [change.location]))
+        new_rows = net_rows(weighted)
+        key = runtime.distribution_key(view)
+        location = warehouse.new_snapshot_location(view, epoch)
+        catalog.begin_snapshot(view, epoch, location, key, new_rows.schema.json(), in_flight=True)
+        diff_location: str | None = None
+        try:
+            with catalog.snapshot_lease(location):
+                (
+                    new_rows.withColumn(VNODE, vnode_column(new_rows.schema, key))
+                    .repartition(F.col(VNODE))
+                    .write.mode("error")
+                    .partitionBy(VNODE)
+                    .parquet(location)
+                )
+            files = warehouse.snapshot_files(location)
+            rows = warehouse.files_row_count(files)
+            # 3. The view's change: the new rows minus the old rows before this epoch, in the new
+            #    rows' columns (a column the old rows lack is NULL in their retraction).
+            new_state = (
+                warehouse.read(runtime.spark, [location])
+                if files
+                else runtime.spark.createDataFrame([], new_rows.schema)
+            )
+            old_state, old_read = runtime.read_state(view, epoch, inclusive=False)
+            old_columns = set(old_state.columns)
+            old_aligned = old_state.select(
+                *(
+                    (F.col(quote(f.name)) if f.name in old_columns else F.lit(None)).cast(f.dataType).alias(f.name)
+                    for f in new_rows.schema.fields
+                )
+            )
+            diff = unit_changes(
+                new_state.select(*(quote(f.name) for f in new_rows.schema.fields))
+                .withColumn(WEIGHT, F.lit(1).cast("bigint"))
+                .unionByName(old_aligned.withColumn(WEIGHT, F.lit(-1).cast("bigint")))
+            )
+            diff_location = warehouse.new_location(view, epoch)
+            changed = warehouse.write(diff, diff_location)
+            garbage = runtime.controller.backend.transaction(
+                lambda cur: rebuilds.switch(cur, view, epoch, location, rows, len(files))
+            )
+        except BaseException:
+            warehouse.delete([location], prune_parents=True)
+            catalog.abandon_snapshot(location)
+            if diff_location is not None:
+                warehouse.delete([diff_location])
+            raise
+        fault_point("rebuild-switched")
+        warehouse.delete(garbage, prune_parents=True)
+        if change.location is not None:
+            warehouse.delete([change.location])  # in the snapshot now; nothing else reads it
+        # 4. Collected like any step of the view: the epoch commits it with every other table.
+        try:
+            seconds = time.time() - started
+            collected = Collected(view, diff_location, rows_read + old_read, changed, None, None, seconds, run_id)
+            recorded = runtime.collect(epoch, collected, [diff_location], release)
+        except EpochAborted:
+            warehouse.delete([diff_location])
+            raise
+        return StepReport(
+            view,
+            epoch,
+            {
+                "epoch": epoch,
+                "mode": "switched to the new statement",
+                "serving": "new statement",
+                "rows_changed": changed,
+                "state_rows": rows,
+                "state_rows_read": rows_read + old_read,
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
