@@ -40,7 +40,6 @@ from epochal.incremental.binding import sql_over
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.sql import quote, unquote
 from epochal.storage.vnode import VNODE, vnode_column
-from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -212,7 +211,10 @@ class BackfillRunner:
         # What a runner that died left: files of ranges never recorded, and its staging.
         self._clean_unrecorded(target, known)
         warehouse.delete([f"{root}/staging"])
-        chunking = chunk_keys(self.runtime, view)
+        # One input: its ranges are the snapshots' own vnodes, so a range opens only its directories.
+        # (Ranges a runner recorded under the type-independent hash stay with it: "r" nonces.)
+        storage = len(self.runtime.pipeline.views[view].upstreams) == 1 and not any(n.startswith("r") for n in known)
+        chunking = chunk_keys(self.runtime, view, storage)
         width = self._range_width(backfill) if chunking is not None else VNODES_TOTAL
         while True:
             ranges = [r for r, _ in done]
@@ -226,8 +228,8 @@ class BackfillRunner:
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return False
             started = time.time()
-            nonce = f"r{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
-            rows_read, rows_written = self._write_range(backfill, vnodes, chunking, root, target, nonce)
+            nonce = f"{'v' if storage else 'r'}{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
+            rows_read, rows_written = self._write_range(backfill, vnodes, chunking, storage, root, target, nonce)
             fault_point("backfill-range-moved")
             self.log.record_chunk(view, vnodes, nonce, rows_read, rows_written)
             fault_point("backfill-range-done")
@@ -267,16 +269,24 @@ class BackfillRunner:
     def _range_width(self, backfill: Backfill) -> int:
         """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS input rows (fewer under
         a rate limit: progress about every 10 s). The inputs' size comes from file footers."""
-        total = sum(
-            self.runtime.read_state(u, backfill.snapshot_epoch, inclusive=True)[1]
-            for u in self.runtime.pipeline.views[backfill.view].upstreams
-        )
+        inputs = self.runtime.pipeline.views[backfill.view].upstreams
+        total = sum(self._stored_rows(u, backfill.snapshot_epoch) for u in inputs)
         wanted = self.runtime.settings.backfill_chunk_rows
         rate = self.rate_limit(backfill.view)
         if rate:
             wanted = min(wanted, max(1000, int(rate * 10)))
         per_vnode = max(1.0, total / VNODES_TOTAL)
-        return max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
+        width = max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
+        # Even ranges: 5 ranges of 51 vnodes would leave a sixth of one vnode, a job for nothing.
+        ranges = -(-VNODES_TOTAL // width)
+        return -(-VNODES_TOTAL // ranges)
+
+    def _stored_rows(self, table: str, epoch: int) -> int:
+        """The rows ``table``'s state at ``epoch`` is stored in, from the meta store and file footers:
+        no Spark job (reading the state to count it would scan, or cache, the whole table)."""
+        parts = self.runtime.controller.catalog.state_parts(table, epoch, inclusive=True)
+        rows = parts.snapshot.rows if parts.snapshot is not None else 0
+        return rows + sum(self.runtime.warehouse.row_count(location) for _, location in parts.changes)
 
     def _clean_unrecorded(self, target: str, known: set[str]) -> None:
         for path in self.runtime.warehouse.keep_prefixed(target, known):
@@ -287,6 +297,7 @@ class BackfillRunner:
         backfill: Backfill,
         vnodes: VnodeRange,
         chunking: dict[str, Callable[[DataFrame], Column]] | None,
+        storage: bool,
         root: str,
         target: str,
         nonce: str,
@@ -300,7 +311,15 @@ class BackfillRunner:
         epoch = backfill.snapshot_epoch
         states: dict[str, DataFrame] = {}
         total = 0
+        columns = chunk_columns(runtime, backfill.view) if storage and vnodes.size < VNODES_TOTAL else None
         for upstream in view.upstreams:
+            ranged = None
+            if columns is not None:
+                ranged = runtime.reader.read_vnode_range(upstream, epoch, columns[upstream], vnodes.lo, vnodes.hi)
+            if ranged is not None:  # only the range's vnode directories were read
+                states[upstream], read = ranged
+                total += read * VNODES_TOTAL // vnodes.size
+                continue
             state, read = runtime.read_state(upstream, epoch, inclusive=True)
             total += read
             hashed = None if chunking is None else chunking.get(upstream)
@@ -330,11 +349,9 @@ class BackfillRunner:
     def _rows_over(self, name: str, states: dict[str, DataFrame]) -> tuple[DataFrame, Callable[[], None]]:
         """The view's stored rows over inputs ``states`` taken as inserts into empty tables, and
         what releases the frames cached for them once they are written."""
-        from pyspark.sql import functions as F
 
-        from epochal.incremental.partial import partial_change
+        from epochal.incremental.partial import partial_inserts
         from epochal.incremental.plan import PARTIAL_RULE
-        from epochal.storage.state_reader import semi_join
 
         runtime = self.runtime
         spark = runtime.spark
@@ -345,20 +362,9 @@ class BackfillRunner:
             return _cast_like(rows, runtime.query_schema(name)), nothing
         plan = view.plan
         if plan.kind == "keyed" and plan.rule == PARTIAL_RULE:
-            # The table stores partial state (hidden MIN/MAX values): built by the epoch's own code,
-            # with every input row an insert into an empty group.
-            deltas = {u: s.withColumn(WEIGHT, F.lit(1).cast("bigint")) for u, s in states.items()}
-
-            def read(table: str, inclusive: bool, restrict):
-                if table not in states:  # the table itself: empty before its first rows
-                    return spark.createDataFrame([], runtime.query_schema(table)), 0
-                if not inclusive:
-                    return None, 0
-                return (states[table] if restrict is None else semi_join(states[table], restrict)), 0
-
-            change = partial_change(spark, plan, name, view.columns, deltas, read, runtime.query_schema(name))
-            # Inserts into empty groups: every row comes with weight +1 and nothing to net.
-            return change.weighted.where(F.col(WEIGHT) > 0).drop(WEIGHT), change.release
+            # The table stores partial state (hidden MIN/MAX values): every input row is an insert
+            # into an empty group, so the epoch's merge reduces to one aggregation.
+            return partial_inserts(spark, plan, view.columns, states, runtime.query_schema(name)), nothing
         if plan.kind == "keyed":
             # The view at every key of the range: its query over the leaves' rows (what an epoch
             # computes at the keys it touches, without the restriction: the range is the restriction).
@@ -441,18 +447,17 @@ class BackfillRunner:
             log.info("backfill %s: epoch %s was aborted meanwhile; recovery re-runs it", view, epoch)
 
 
-def chunk_keys(runtime: EpochRuntime, name: str) -> dict[str, Any] | None:
-    """Per input table, a function giving each row's vnode in the backfill's key space, or None
-    when the view cannot be split (one range: a global aggregate, a full refresh, a leaf over a
-    subquery, a table read under two keys). Values equal under SQL's comparison get the same vnode
-    in every input: a join of an INT with a BIGINT key hashes both as the same double."""
+def chunk_columns(runtime: EpochRuntime, name: str) -> dict[str, tuple[str, ...]] | None:
+    """Per input table, the columns whose hash splits the backfill into vnode ranges (() is the
+    whole row), or None when the view cannot be split (one range: a global aggregate, a full
+    refresh, a leaf over a subquery, a table read under two keys)."""
     view = runtime.pipeline.views[name]
     plan = view.plan
     if view.refresh == "full" or plan is None:
         return None
     if plan.kind != "keyed":
         # Linear: any split of the input rows adds up to the view; hash whole rows.
-        return {u: (lambda frame: _canonical_vnode(frame, list(frame.columns))) for u in view.upstreams}
+        return dict.fromkeys(view.upstreams, ())
     if not plan.key_classes:
         return None
     keys: dict[str, tuple[str, ...]] = {}
@@ -463,10 +468,26 @@ def chunk_keys(runtime: EpochRuntime, name: str) -> dict[str, Any] | None:
         if keys.get(leaf.table, columns) != columns:
             return None  # a table read twice, under different keys
         keys[leaf.table] = columns
-    missing = [u for u in view.upstreams if u not in keys]
-    if missing:
+    if any(u not in keys for u in view.upstreams):
         return None
-    return {u: (lambda frame, cols=keys[u]: _canonical_vnode(frame, list(cols))) for u in view.upstreams}
+    return {u: keys[u] for u in view.upstreams}
+
+
+def chunk_keys(runtime: EpochRuntime, name: str, storage: bool = False) -> dict[str, Any] | None:
+    """Per input table, a function giving each row's vnode in the backfill's key space, or None
+    (``chunk_columns``). ``storage``: the snapshots' own hash (``vnode_column``), for a view over
+    one table, whose ranges then read only their vnode directories. Otherwise values equal under
+    SQL's comparison get the same vnode in every input: a join of an INT with a BIGINT key hashes
+    both as the same double."""
+    columns = chunk_columns(runtime, name)
+    if columns is None:
+        return None
+    if storage:
+        return {u: (lambda frame, cols=cols: vnode_column(frame.schema, cols)) for u, cols in columns.items()}
+    def canonical(cols: tuple[str, ...]) -> Callable[[DataFrame], Column]:
+        return lambda frame: _canonical_vnode(frame, list(cols or frame.columns))
+
+    return {u: canonical(cols) for u, cols in columns.items()}
 
 
 def _canonical_vnode(frame: DataFrame, columns: list[str]) -> Column:
@@ -493,4 +514,4 @@ def _cast_like(rows: DataFrame, schema: Any) -> DataFrame:
     return rows.select(*(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields))
 
 
-__all__ = ["BackfillRunner", "Progress", "chunk_keys"]
+__all__ = ["BackfillRunner", "Progress", "chunk_columns", "chunk_keys"]

@@ -132,6 +132,38 @@ def partial_change(
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
 
 
+def partial_inserts(
+    spark: SparkSession, plan: Plan, columns: tuple[str, ...], inputs: Mapping[str, DataFrame], declared: StructType
+) -> DataFrame:
+    """The stored rows of partial-aggregate ``plan`` over ``inputs`` when every row is an insert
+    into an empty table (a backfill's snapshot): one aggregation per group. Nothing is deleted, so
+    nothing is read back, netted, persisted or rebuilt, and the input is scanned once."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType
+
+    spec = plan.aggregate
+    require(spec is not None and len(plan.leaves) == 1, "a partial aggregate reads one input")
+    leaf = plan.leaves[0]
+    rows = _aggregated_rows(spark, spec, leaf.name, sql_over(spark, leaf.sql, inputs), 1)
+    typed = {f.name: f.dataType for f in declared.fields}
+    for c in spec.columns:
+        if c.cache:
+            typed[c.cache] = ArrayType(typed[c.name])
+    exact = {c.name: c.kind == "sum" and _exact(rows.schema[c.argument].dataType) for c in spec.columns}
+    delta = _per_group(spec, rows, exact, inserts_only=True)
+    nothing = spark.createDataFrame([], _stored_schema(spec, columns, typed))
+    merged = _merged(spec, delta, nothing, exact, typed)
+    present = F.col(quote(spec.rows)) > 0 if spec.groups else F.lit(True)
+    return merged.where(present).select(*(quote(n) for n in (*columns, *spec.hidden)))
+
+
+def _stored_schema(spec: PartialAggregate, columns: tuple[str, ...], typed: Mapping[str, DataType]) -> StructType:
+    """The table's stored columns: the query's, then the hidden kept values."""
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(n, typed[n]) for n in (*columns, *spec.hidden)])
+
+
 def _aggregated_rows(spark: SparkSession, spec: PartialAggregate, leaf: str, rows: DataFrame, sign: int) -> DataFrame:
     """rows_sql over ``rows`` (the leaf named ``leaf``), each row weighted ``sign``."""
     from pyspark.sql import functions as F
@@ -147,11 +179,15 @@ def _counted(column: PartialColumn) -> Column:
     return keep & F.col(quote(column.argument)).isNotNull() if column.argument else keep
 
 
-def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool]) -> DataFrame:
+def _per_group(
+    spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool], inserts_only: bool = False
+) -> DataFrame:
     """The change aggregated per group: weighted counts and exact sums, an inexact sum's inserted
     total and whether it lost a value, and per MIN/MAX its best inserted and deleted values (at
-    most min_max_cache of each: no more can enter the kept values, or match one of them)."""
+    most min_max_cache of each: no more can enter the kept values, or match one of them).
+    ``inserts_only``: the rows are all inserts, so what was deleted is known to be nothing."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType
 
     w = F.col(WEIGHT)
     groups = [F.col(quote(g)) for g in spec.groups]
@@ -166,7 +202,8 @@ def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool
             aggregations.append(F.sum(F.when(_counted(c), signed_value)).alias(_DELTA + c.name))
         elif c.kind == "sum":
             aggregations.append(F.sum(F.when(_counted(c) & (w > 0), F.col(quote(c.argument)))).alias(_DELTA + c.name))
-            aggregations.append(F.max(_counted(c) & (w < 0)).alias(_GONE + c.name))
+            gone = F.lit(False) if inserts_only else F.max(_counted(c) & (w < 0))
+            aggregations.append(gone.alias(_GONE + c.name))
         else:
             # min_by/max_by with k keep a bounded heap per group (no sort of the change, and a
             # bulk load aggregates partially before its shuffle); rows whose ordering value is
@@ -174,6 +211,10 @@ def _per_group(spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool
             value = F.col(quote(c.argument))
             best = F.min_by if c.kind == "min" else F.max_by
             for label, sign in ((_IN, w > 0), (_OUT, w < 0)):
+                if label == _OUT and inserts_only:
+                    dtype = rows.schema[c.argument].dataType
+                    aggregations.append(F.lit(None).cast(ArrayType(dtype)).alias(label + c.name))
+                    continue
                 taken = F.when(_counted(c) & sign, value)
                 aggregations.append(best(taken, taken, spec.min_max_cache).alias(label + c.name))
     return rows.groupBy(*groups).agg(*aggregations)

@@ -63,6 +63,37 @@ class StateReader:
             return weighted, rows_read  # a snapshot alone is already net: no aggregation
         return net_rows(weighted), rows_read
 
+    def read_vnode_range(
+        self, table: str, epoch: int, key: tuple[str, ...], lo: int, hi: int
+    ) -> tuple[DataFrame, int] | None:
+        """``table``'s rows at ``epoch`` (its change included) whose vnode, hashing ``key`` as the
+        snapshots do (``vnode_column``), is in [``lo``, ``hi``), and the stored rows read: only those
+        vnode directories of its snapshot are opened. None when its snapshot is not laid out by
+        ``key`` (or there is none): the caller reads the table and filters."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
+
+        from epochal.storage.vnode import vnode_column
+
+        parts = self.catalog.state_parts(table, epoch, inclusive=True)
+        snapshot = parts.snapshot
+        if snapshot is None:
+            return None
+        schema = StructType.fromJson(json.loads(snapshot.spark_schema))
+        laid_out = tuple(snapshot.distribution_key) or tuple(schema.fieldNames())
+        if laid_out != (tuple(key) or tuple(schema.fieldNames())):
+            return None
+        dirs = self.warehouse.vnode_dirs(snapshot.location)
+        files = [f for v in range(lo, hi) if v in dirs for f in self.warehouse.parquet_files(dirs[v])]
+        rows_read = self.warehouse.files_row_count(files) if snapshot.rows else 0
+        base = self._parquet_rows(schema, files) if snapshot.rows else self.spark.createDataFrame([], schema)
+        if not parts.changes:
+            return base, rows_read
+        changes, change_rows = self.warehouse.read_counted(self.spark, [loc for _, loc in parts.changes])
+        changes = changes.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
+        weighted = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
+        return net_rows(weighted), rows_read + change_rows
+
     def read_weighted(
         self, parts: StateParts, restrict: tuple[tuple[str, ...], DataFrame] | None
     ) -> tuple[DataFrame | None, int]:
