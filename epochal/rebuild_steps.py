@@ -31,6 +31,8 @@ class RebuildSteps:
         started = time.time()
         runtime.controller.epoch_log.wait_for_order(epoch, [view], f"view {view}")
         begun = runtime.begin_step(epoch, run_id, table=view)
+        if view in begun.collected:  # a retry of a step that finished: its output stands
+            return StepReport(view, epoch, {"epoch": epoch, "mode": "rebuilding", "recorded": False})
         backend = runtime.controller.backend
         rebuild = backend.transaction(lambda cur: rebuilds.read(cur, view))
         require(rebuild is not None, f"the rebuild of {view} has a row")

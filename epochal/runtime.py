@@ -404,14 +404,16 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
-        from epochal.checkpoint import rebuilds
+        from epochal.checkpoint import backfill_log, rebuilds
 
-        rebuild = self.controller.backend.transaction(lambda cur: rebuilds.read(cur, name))
+        # (one transaction for both: every view step of every epoch asks)
+        rebuild, backfill = self.controller.backend.transaction(
+            lambda cur: (rebuilds.read(cur, name), backfill_log.read(cur, name))
+        )
         if rebuild is not None and rebuild.state.active:
             if rebuild.state is rebuilds.RebuildState.SERVING_OLD or rebuild.switched_epoch == epoch:
                 # Its statement changed: the old rows serve until the step that switches.
                 return self._guard(epoch, lambda: self.rebuild_steps.run(epoch, name, run_id, release))
-        backfill = self.controller.backfills.get(name)
         if backfill is not None and backfill.phase is not BackfillPhase.JOINED:
             # Outside commit alignment: the epoch commits without it, the backfill writes it later.
             return StepReport(

@@ -85,7 +85,7 @@ class Rebuild:
     def as_status(self) -> dict:
         return {
             "state": self.state.value.lower(),
-            "serving": "new statement" if self.state is RebuildState.DONE else "old statement",
+            "serving": "old statement" if self.state is RebuildState.SERVING_OLD else "new statement",
             "frozen_epoch": self.frozen_epoch,
             "switched_epoch": self.switched_epoch,
         }
