@@ -45,7 +45,8 @@ class RebuildSteps:
         ready = ready and all(u in begun.collected and u not in outside for u in inputs)
         if not ready:
             _, recorded = runtime.record_idle(epoch, view, started, run_id, release, dead_letters=None)
-            progress = runtime.controller.backfills.status().get(shadow, {})
+            # status() shows the shadow's backfill under the view's own name.
+            progress = runtime.controller.backfills.status().get(view, {})
             return StepReport(
                 view,
                 epoch,

@@ -46,9 +46,19 @@ def _views_file(views: dict[str, str]) -> str:
     return "\n".join(f"CREATE MATERIALIZED VIEW {name} AS {query};" for name, query in views.items())
 
 
-def _run(h, instance) -> None:
+def _run(h, instance):  # noqa: ANN202
     result = h.run_in_process(instance)
     assert result.success, [e.message for e in result.all_events if e.is_failure]
+    return result
+
+
+def _metadata(result, asset: str) -> dict:  # noqa: ANN001
+    """The metadata of ``asset``'s materialization in an epoch_job run, as plain values."""
+    for event in result.get_asset_materialization_events():
+        materialization = event.materialization
+        if materialization.asset_key.to_user_string() == asset:
+            return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+    raise AssertionError(f"{asset} was not materialized")
 
 
 def _history(h, spark, instance, epochs: int = 3) -> None:
@@ -321,7 +331,9 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
 
     views_file = h.pipeline_dir / "views.sql"
     views_file.write_text(views_file.read_text().replace("price >= 1500", "price >= 4000"))
-    _run(h, instance)
+    frozen_step = _metadata(_run(h, instance), "bidder_counts")
+    assert frozen_step["serving"] == "old statement", frozen_step
+    assert frozen_step["new_statement_phase"] in ("snapshot", "waiting"), "the UI shows where the new statement is"
     runtime = h.runtime(spark)
     status = runtime.controller.status()
     entry = status["backfills"]["bidder_counts"]
