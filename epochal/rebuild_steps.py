@@ -38,11 +38,13 @@ class RebuildSteps:
         require(rebuild is not None, f"the rebuild of {view} has a row")
         shadow = rebuild.shadow  # type: ignore[union-attr]
         runtime.add_shadows()
-        ready = backend.transaction(lambda cur: rebuilds.ready_to_switch(cur, view, epoch))
         inputs = runtime.pipeline.views[shadow].upstreams if shadow in runtime.pipeline.views else ()
+        gap = backend.transaction(lambda cur: rebuilds.switch_gap(cur, view, epoch, inputs))
         outside = runtime.controller.backfills.outside_alignment()
         # Its inputs' changes of this epoch come from their live steps: a stage still backfilling has none.
-        ready = ready and all(u in begun.collected and u not in outside for u in inputs)
+        ready = gap is not None and all(u in begun.collected and u not in outside for u in inputs)
+        if ready and gap:
+            ready = self._write_ahead(view, shadow, gap, run_id)
         if not ready:
             _, recorded = runtime.record_idle(epoch, view, started, run_id, release, dead_letters=None)
             # status() shows the shadow's backfill under the view's own name.
@@ -62,6 +64,36 @@ class RebuildSteps:
                 },
             )
         return self._switch(epoch, view, shadow, started, run_id, release)
+
+    def _write_ahead(self, view: str, shadow: str, gap: list[int], run_id: str | None) -> bool:
+        """The new statement's change of each epoch in ``gap`` (after its backfill's position, before
+        this one), written as its backfill would and recorded ahead. False, and nothing written, when
+        its backfill runner is busy with it: a later epoch switches."""
+        runtime = self.runtime
+        log = runtime.controller.backfills
+        if not log.claim(shadow):
+            return False
+        try:
+            backfill = log.get(shadow)
+            require(backfill is not None, f"the new statement of {view} has a backfill")
+            root = runtime.warehouse.backfill_root(shadow, backfill.snapshot_epoch)  # type: ignore[union-attr]
+            for epoch in gap:
+                captured: list[Collected] = []
+                with runtime.recording_for_backfill(root, captured.append):
+                    runtime.view_epoch(epoch, shadow, run_id=run_id)
+                require(len(captured) == 1, f"the new statement of {view} wrote epoch {epoch} once")
+                change = captured[0]
+                try:
+                    log.record_ahead(
+                        shadow, epoch, change.location, change.rows_in or 0, change.rows_out or 0, change.seconds
+                    )
+                except BaseException:
+                    if change.location is not None:
+                        runtime.warehouse.delete([change.location])
+                    raise
+        finally:
+            log.release(shadow)
+        return True
 
     def _switch(
         self, epoch: int, view: str, shadow: str, started: float, run_id: str | None, release: bool

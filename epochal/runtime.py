@@ -274,7 +274,8 @@ class EpochRuntime:
     def begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
         """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an
         aborted epoch fails before it starts Spark, and one that goes on never runs a refused plan."""
-        begun = self.controller.epoch_log.begin_step(epoch, run_id, **which)
+        # A step recorded for a backfill never takes the epoch from the run that owns it.
+        begun = self.controller.epoch_log.begin_step(epoch, run_id, claim=self._record_backfill is None, **which)
         self.check_plans()
         return begun
 

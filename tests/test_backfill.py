@@ -359,17 +359,40 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     rebuild = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
     assert rebuild.state is rebuilds.RebuildState.SWITCHED
-    for i in range(2):  # the switch epoch (after the recovery), then one computed from the new rows
-        h.produce([order(900 + i, "c1", 50.0)])
-        _run(h, instance)
-        runtime = h.runtime(spark)
-        assert_views_match_batch(runtime, new)
-        assert_sink_exactly_once(runtime, "counts_out")
-        assert_sink_exactly_once(runtime, "orders_out")
+    # A busy pipeline: an epoch is still in flight when the view's step of the next one runs, and the
+    # new statement's backfill writes committed epochs only. The step writes the epoch in flight for
+    # it, then switches (it used to wait for a quiet moment, which a busy pipeline never has).
+    runtime = h.runtime(spark)
+    h.produce([order(900, "c1", 50.0)])
+    flying, _ = runtime.start_epoch(None, None)  # recovers first: the killed run's switch is taken back
+    runtime.run_view(flying.epoch, "bidder_counts")  # before bid wrote the epoch: it cannot switch there
+    for source in runtime.pipeline.sources:
+        runtime.run_source(flying.epoch, source)
+    for view in runtime.pipeline.view_order():
+        if view != "bidder_counts":
+            runtime.run_view(flying.epoch, view)
+    h.produce([order(901, "c1", 50.0)])
+    switching, _ = runtime.start_epoch(None, None)
+    for source in runtime.pipeline.sources:
+        runtime.run_source(switching.epoch, source)
+    for view in runtime.pipeline.view_order():
+        runtime.run_view(switching.epoch, view)
+    switched = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
+    assert switched.state is rebuilds.RebuildState.SWITCHED and switched.switched_epoch == switching.epoch
+    runtime.commit(flying.epoch)
+    runtime.commit(switching.epoch)
+    assert_views_match_batch(h.runtime(spark), new)
+    # Its sinks deliver both epochs, then one more epoch is computed from the new rows.
+    h.produce([order(902, "c1", 50.0)])
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    assert_views_match_batch(runtime, new)
+    assert_sink_exactly_once(runtime, "counts_out")
+    assert_sink_exactly_once(runtime, "orders_out")
     status = runtime.controller.status()
     assert status["last_recovery"]["aborted_epochs"] == [rebuild.switched_epoch]
     done = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
-    assert done.state is rebuilds.RebuildState.DONE and done.switched_epoch > rebuild.switched_epoch
+    assert done.state is rebuilds.RebuildState.DONE and done.switched_epoch == switching.epoch
     assert "bidder_counts" not in status["backfills"], status["backfills"]
     assert not [t for t in status["tables"] if "__rebuild" in t]
     assert not list((Path(runtime.settings.warehouse) / "bidder_counts__rebuild").glob("**/*.parquet")), (

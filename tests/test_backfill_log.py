@@ -13,7 +13,7 @@ from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLost
 from epochal.checkpoint.definitions import DefinitionChanged
 from epochal.checkpoint.rebuilds import REBUILD_TRANSITIONS, RebuildState
-from epochal.checkpoint.records import Collected, InvariantViolation
+from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
 from epochal.controller import CheckpointController
 from tests.test_controller import collect_all, plan_ten, settings, start
 
@@ -160,6 +160,56 @@ def test_a_changed_definition_restarts_a_backfill_or_serves_the_old_rows_until_t
     assert shadows == ["v1__rebuild"]
     assert rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.DONE
     assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "v1 is its new statement"
+
+
+def test_a_switch_first_writes_the_new_statements_epochs_its_backfill_has_not(
+    tmp_path: Path, meta_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy pipeline always has epochs in flight, and a backfill writes committed epochs only: the
+    view's step writes the shadow's missing epochs ahead (in order, committed or in flight), then
+    switches. Recovery drops what was written ahead of an aborted epoch; the backfill adopts the
+    rest once committed instead of computing it again."""
+    fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
+    history(tmp_path, meta_url, fingerprints)
+    ctl = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"}, sink_inputs={"out": "v2"})
+    first = ctl.epoch_log.inject(plan_ten).epoch  # registers the shadow; its snapshot epoch is before it
+    collect_all(ctl, first)
+    shadow, log = "v1__rebuild", ctl.backfills
+    assert log.claim(shadow)
+    log.record_chunk(shadow, VnodeRange(0, 256), "r000-x-", 1, 1)
+    log.finish_snapshot(shadow, "/snap/shadow", ("k",), "{}", 1, 1)
+    log.release(shadow)
+    flying = ctl.epoch_log.inject(plan_ten).epoch
+    switching = ctl.epoch_log.inject(plan_ten).epoch
+
+    def gap(epoch: int) -> list[int] | None:
+        return ctl.backend.transaction(lambda cur: rebuilds.switch_gap(cur, "v1", epoch, ("src",)))
+
+    assert gap(switching) is None, "src has not written the epoch in flight: its change is not there yet"
+    ctl.epoch_log.collect(flying, Collected("src", f"/loc/src/{flying}"))
+    assert gap(switching) == [first, flying], "the committed epoch the backfill has not written, then the one in flight"
+    monkeypatch.setattr(rebuilds, "SWITCH_GAP_MAX", 1)
+    assert gap(switching) is None, "too far behind: the backfill catches up first"
+    monkeypatch.undo()
+
+    assert log.claim(shadow)
+    with pytest.raises(InvariantViolation, match=f"first epoch it has not written is {first}"):
+        log.record_ahead(shadow, flying, "/ahead/flying", 1, 1, 0.1)
+    log.record_ahead(shadow, first, "/ahead/first", 1, 1, 0.1)
+    log.record_ahead(shadow, flying, "/ahead/flying", 2, 2, 0.1)
+    assert gap(switching) == []
+    assert log.get(shadow).caught_up_epoch < first, "the backfill's position moves only over committed epochs"
+
+    report = ctl.recover("test", discard=lambda locations: None)
+    assert {flying, switching} <= set(report.aborted) and "/ahead/flying" in report.discarded_locations
+    with pytest.raises(EpochAborted):
+        log.record_ahead(shadow, flying, "/ahead/again", 1, 1, 0.1)
+    assert log.adopt_written(shadow, first), "written ahead and committed: taken as written"
+    assert log.get(shadow).caught_up_epoch == first and log.next_epoch(shadow) is None
+    later = ctl.epoch_log.inject(plan_ten).epoch
+    assert gap(later) == [], "nothing left to write: the aborted epochs are not in the gap"
+    collect_all(ctl, later)
+    assert not log.adopt_written(shadow, later), "nothing was written ahead there: the backfill computes it"
 
 
 def test_the_rebuild_rules() -> None:

@@ -400,6 +400,10 @@ class BackfillRunner:
                         self._write_in_flight(view, in_flight)
                     return
                 continue  # an epoch committed meanwhile: write it first
+            if self.log.adopt_written(view, epoch):
+                # A changed view's step wrote its new statement's change there ahead (to switch).
+                progress.epochs_written += 1
+                continue
             if time.monotonic() >= deadline:
                 progress.note = "time budget used; the next run goes on from the next epoch"
                 return

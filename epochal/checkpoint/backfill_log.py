@@ -33,7 +33,7 @@ from epochal.backfill.state import (
 )
 from epochal.checkpoint import queries as q
 from epochal.checkpoint import rebuilds
-from epochal.checkpoint.records import InvariantViolation, Owner
+from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, Owner
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.pipeline.model import STAGE_SEPARATOR
@@ -396,6 +396,62 @@ class BackfillLog:
                 "UPDATE backfills SET caught_up_epoch = ?, rows_read = rows_read + ?, rows_written = rows_written + ?, "
                 "updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
                 [epoch, rows_in, rows_out, time.time(), time.time(), view],
+            )
+
+        self.backend.transaction(record)
+
+    def adopt_written(self, view: str, epoch: int) -> bool:
+        """The next committed ``epoch`` already has the view's change, written ahead while it was in
+        flight (``record_ahead``): taken as written instead of computed again. False when it has none."""
+
+        def adopt(cur: Cursor) -> bool:
+            b = self._check_owner(cur, view)
+            row = cur.execute(
+                "SELECT rows_in, rows_out FROM collected WHERE epoch = ? AND asset = ?", [epoch, view]
+            ).fetchone()
+            if row is None or b.phase is not BackfillPhase.LOG_STORE:
+                return False
+            expected = cur.execute(
+                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?", [b.caught_up_epoch]
+            ).fetchone()[0]
+            if expected != epoch:
+                raise InvariantViolation(f"backfill of {view} adopts epoch {epoch}, but its next epoch is {expected}")
+            cur.execute(
+                "UPDATE backfills SET caught_up_epoch = ?, rows_read = rows_read + ?, rows_written = rows_written + ?, "
+                "updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
+                [epoch, row[0] or 0, row[1] or 0, time.time(), time.time(), view],
+            )
+            return True
+
+        return self.backend.transaction(adopt)
+
+    def record_ahead(
+        self, view: str, epoch: int, location: str | None, rows_in: int, rows_out: int, seconds: float
+    ) -> None:
+        """The view's change for ``epoch``, not committed yet, written ahead of its log-store
+        position: a changed view's step writes its new statement's last epochs so that it can
+        switch now. Recorded like the epoch's other tables (recovery drops it with an aborted
+        epoch); the position moves only when the epoch has committed (``adopt_written``)."""
+
+        def record(cur: Cursor) -> None:
+            b = self._check_owner(cur, view)
+            if b.phase is not BackfillPhase.LOG_STORE or b.caught_up_epoch is None:
+                raise InvariantViolation(f"backfill of {view} writes epoch {epoch} ahead in phase {b.phase.value}")
+            if q.epoch_record(cur, epoch).state is EpochState.ABORTED:
+                raise EpochAborted(f"epoch {epoch} was aborted by a recovery while {view} wrote it ahead")
+            unwritten = cur.execute(
+                "SELECT min(epoch) FROM epochs WHERE epoch > ? AND epoch <= ? AND state <> 'ABORTED' "
+                "AND epoch NOT IN (SELECT epoch FROM collected WHERE asset = ?)",
+                [b.caught_up_epoch, epoch, view],
+            ).fetchone()[0]
+            if unwritten != epoch:
+                raise InvariantViolation(
+                    f"backfill of {view} writes epoch {epoch} ahead, but the first epoch it has not written "
+                    f"is {unwritten}"
+                )
+            cur.execute(
+                "INSERT INTO collected VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, 'backfill', ?)",
+                [epoch, view, location, rows_in, rows_out, seconds, time.time()],
             )
 
         self.backend.transaction(record)

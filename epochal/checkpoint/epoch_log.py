@@ -223,7 +223,12 @@ class EpochLog:
     # ------------------------------------------------------------------ liveness
 
     def begin_step(
-        self, epoch: int, run_id: str | None, source: str | None = None, table: str | None = None
+        self,
+        epoch: int,
+        run_id: str | None,
+        source: str | None = None,
+        table: str | None = None,
+        claim: bool = True,
     ) -> StepStart:
         """Claim ``epoch`` for the calling process (if it dies, the epoch is recovered) and read what a
         step needs, in one transaction: the epoch, a source's offsets, what has been collected, and
@@ -232,7 +237,10 @@ class EpochLog:
         Raises EpochAborted when a recovery aborted ``epoch``: its output could never be collected,
         so the step must not start its work. (A run goes on with the steps that do not depend on a
         failed one: without this, a run whose keyed source found its epoch aborted went on to read
-        and write its other sources, starting a JVM, only to be refused at collect.)"""
+        and write its other sources, starting a JVM, only to be refused at collect.)
+
+        ``claim=False``: a backfill writing the epoch outside its alignment; the epoch stays with
+        the run that owns it."""
 
         def begin(cur: Cursor) -> StepStart:
             record = q.epoch_record(cur, epoch)
@@ -241,11 +249,12 @@ class EpochLog:
                     f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
                     "by a later epoch. Run epoch_job without a partition to go on"
                 )
-            cur.execute(
-                "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
-                f"WHERE epoch = ? AND state IN {q.IN_FLIGHT}",
-                [Owner.host, os.getpid(), run_id, time.time(), epoch],
-            )
+            if claim:
+                cur.execute(
+                    "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
+                    f"WHERE epoch = ? AND state IN {q.IN_FLIGHT}",
+                    [Owner.host, os.getpid(), run_id, time.time(), epoch],
+                )
             ranges = q.offsets(cur, epoch, source) if source is not None else []
             written = self._written_before(cur, table, epoch) if table is not None else None
             return StepStart(record, ranges, q.collected(cur, epoch), written)

@@ -168,19 +168,42 @@ def switch(cur: Cursor, view: str, epoch: int, snapshot: str, rows: int, files: 
     return garbage
 
 
-def ready_to_switch(cur: Cursor, view: str, epoch: int) -> bool:
-    """Whether the shadow has written every epoch before ``epoch`` (none of them is still in
-    flight): the view's step of ``epoch`` can then switch."""
+#: The most epochs a view's step writes of its new statement to switch at once (``switch_gap``).
+#: A busy pipeline keeps epochs in flight, and the shadow's backfill writes committed epochs only:
+#: without writing the last ones itself, the step would never find the shadow caught up.
+SWITCH_GAP_MAX = 4
+
+
+def switch_gap(cur: Cursor, view: str, epoch: int, inputs: Iterable[str]) -> list[int] | None:
+    """Whether the view's step of ``epoch`` can switch, and the epochs before it that the new
+    statement must first write (in order): the non-aborted epochs after the shadow's log-store
+    position that it has not written, committed or in flight. None when it cannot switch yet: the
+    shadow is not in its log-store phase, the gap is over ``SWITCH_GAP_MAX``, or an input has not
+    written a gap epoch (its step may still be running). A switched step that is run again can."""
     rebuild = read(cur, view)
     if rebuild is None or not rebuild.state.active:
-        return False
+        return None
     if rebuild.state is RebuildState.SWITCHED:
-        return rebuild.switched_epoch == epoch
+        return [] if rebuild.switched_epoch == epoch else None
     row = cur.execute("SELECT phase, caught_up_epoch FROM backfills WHERE view_name = ?", [rebuild.shadow]).fetchone()
     if row is None or row[0] != "LOG_STORE" or row[1] is None:
-        return False
-    before = cur.execute("SELECT max(epoch) FROM epochs WHERE epoch < ? AND state <> 'ABORTED'", [epoch]).fetchone()[0]
-    return before == row[1]
+        return None
+    gap = [
+        e
+        for (e,) in cur.execute(
+            "SELECT epoch FROM epochs WHERE epoch > ? AND epoch < ? AND state <> 'ABORTED' "
+            "AND epoch NOT IN (SELECT epoch FROM collected WHERE asset = ?) ORDER BY epoch",
+            [row[1], epoch, rebuild.shadow],
+        ).fetchall()
+    ]
+    if len(gap) > SWITCH_GAP_MAX:
+        return None
+    needed = set(inputs)
+    for e in gap:
+        written = {r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [e]).fetchall()}
+        if needed - written:
+            return None
+    return gap
 
 
 def revert_aborted(cur: Cursor, committed: int | None) -> list[str]:
