@@ -40,6 +40,7 @@ class CheckpointController:
         fingerprints: Mapping[str, str] | None = None,
         sink_inputs: Mapping[str, str] | None = None,
         append_only_sinks: Iterable[str] = (),
+        view_columns: Mapping[str, tuple[str, ...]] | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -49,7 +50,15 @@ class CheckpointController:
         self.backend = backend or open_backend(settings.meta_url)
         self.backend.transaction(ensure_schema)
         self.epoch_log = EpochLog(
-            settings, self.backend, self.sources, self.tables, upstreams, fingerprints, sink_inputs, append_only_sinks
+            settings,
+            self.backend,
+            self.sources,
+            self.tables,
+            upstreams,
+            fingerprints,
+            sink_inputs,
+            append_only_sinks,
+            view_columns,
         )
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)

@@ -85,6 +85,7 @@ class EpochRuntime:
             sinks=list(pipeline.sinks),
             upstreams={name: view.upstreams for name, view in pipeline.views.items()},
             fingerprints={name: view_fingerprint(view) for name, view in pipeline.views.items()},
+            view_columns={name: tuple(view.columns) for name, view in pipeline.views.items()},
             sink_inputs={name: sink.from_table for name, sink in pipeline.sinks.items()},
             append_only_sinks=[n for n, s in pipeline.sinks.items() if s.options.get("type") != "upsert"],
         )

@@ -330,7 +330,15 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     frozen = {v: multiset(runtime.state(v).collect()) for v in old}
 
     views_file = h.pipeline_dir / "views.sql"
-    views_file.write_text(views_file.read_text().replace("price >= 1500", "price >= 4000"))
+    original = views_file.read_text()
+    # A new statement whose columns differ from those the sink's target was made with is refused.
+    views_file.write_text(original.replace("max(price) AS top", "max(price) AS best"))
+    refused = h.run_in_process(instance)
+    failure = " ".join(
+        e.event_specific_data.error.to_string() for e in refused.all_events if e.event_type_value == "STEP_FAILURE"
+    )
+    assert not refused.success and "without top; with new best" in failure and "counts_out" in failure, failure
+    views_file.write_text(original.replace("price >= 1500", "price >= 4000"))
     frozen_step = _metadata(_run(h, instance), "bidder_counts")
     assert frozen_step["serving"] == "old statement", frozen_step
     assert frozen_step["new_statement_phase"] in ("snapshot", "waiting"), "the UI shows where the new statement is"

@@ -26,17 +26,21 @@ def grown(
     fingerprints: dict[str, str] | None = None,
     sink_inputs: dict[str, str] | None = None,
     append_only: list[str] = (),  # type: ignore[assignment]
+    columns: dict[str, tuple[str, ...]] | None = None,
 ) -> CheckpointController:
     return CheckpointController(
         settings(home, meta_url), ["src"], ["v1", "v2", "v3", "v4"], upstreams=UPSTREAMS, fingerprints=fingerprints,
-        sink_inputs=sink_inputs, append_only_sinks=append_only,
+        sink_inputs=sink_inputs, append_only_sinks=append_only, view_columns=columns,
     )
 
 
-def history(home: Path, meta_url: str, fingerprints: dict[str, str] | None = None) -> int:
+def history(
+    home: Path, meta_url: str, fingerprints: dict[str, str] | None = None, columns: dict | None = None
+) -> int:
     """A pipeline of src, v1, v2 with one committed epoch (returned), before v3 and v4 are added."""
     old = CheckpointController(
-        settings(home, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS, fingerprints=fingerprints
+        settings(home, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS, fingerprints=fingerprints,
+        view_columns=columns,
     )
     start(old)
     first = old.epoch_log.inject(plan_ten).epoch
@@ -160,6 +164,24 @@ def test_a_changed_definition_restarts_a_backfill_or_serves_the_old_rows_until_t
     assert shadows == ["v1__rebuild"]
     assert rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.DONE
     assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "v1 is its new statement"
+
+
+def test_a_changed_view_a_sink_reads_must_keep_its_columns(tmp_path: Path, meta_url: str) -> None:
+    """The sink's target was made with the old statement's columns: a switch to other columns is
+    refused at injection, naming them and the fixes; the same columns switch."""
+    fingerprints = {"v1": "a", "v2": "b"}
+    history(tmp_path, meta_url, fingerprints, columns={"v1": ("k", "n"), "v2": ("k",)})
+    sinks = {"out": "v1"}
+    renamed = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"}, sinks, columns={"v1": ("k", "cnt")})
+    with pytest.raises(DefinitionChanged, match=r"v1 has other columns .*without n; with new cnt.*sink\(s\) out read"):
+        renamed.epoch_log.inject(plan_ten)
+    assert renamed.backend.transaction(lambda cur: rebuilds.read(cur, "v1")) is None, "nothing half started"
+    reordered = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"}, sinks, columns={"v1": ("n", "k")})
+    with pytest.raises(DefinitionChanged, match=r"in another order.*AS k, \.\.\."):
+        reordered.epoch_log.inject(plan_ten)
+    same = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"}, sinks, columns={"v1": ("k", "n")})
+    same.epoch_log.inject(plan_ten)
+    assert same.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.SERVING_OLD
 
 
 def test_a_switch_first_writes_the_new_statements_epochs_its_backfill_has_not(

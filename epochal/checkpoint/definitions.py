@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint import rebuilds
@@ -34,6 +35,7 @@ def check_definitions(
     readers: Mapping[str, list[str]],
     sink_inputs: Mapping[str, str] | None = None,
     append_only_sinks: Iterable[str] = (),
+    columns: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
     """Every view's definition is the one its stored state was computed from, or is being built
     (module docstring); returns the internal stages rebuilt in place, and the views rebuilt with them.
@@ -42,8 +44,12 @@ def check_definitions(
     nothing to serve from: it is rebuilt in place with every view built on it, as if they had just
     been added. That is refused, with the fixes, when a sink reads one of them (its target holds
     rows of the old version and would not receive their difference) or when the sinks are not
-    known (``sink_inputs`` None)."""
-    stored = dict(cur.execute("SELECT table_name, fingerprint FROM table_definitions").fetchall())
+    known (``sink_inputs`` None). ``columns``: each view's column names, kept with its definition;
+    a view that switches to a new statement must keep them when a sink reads it."""
+    columns = columns or {}
+    rows = cur.execute("SELECT table_name, fingerprint, columns FROM table_definitions").fetchall()
+    stored = {r[0]: r[1] for r in rows}
+    stored_columns = {r[0]: tuple(json.loads(r[2])) for r in rows if r[2] is not None}
     rebuilding = rebuilds.active(cur)
     changed = []
     for view, fingerprint in fingerprints.items():
@@ -57,15 +63,17 @@ def check_definitions(
             # (A switch in flight commits first; the injection after it sees the newer statement.)
             continue
         if stored.get(view) == fingerprint:
+            if view not in stored_columns and view in columns:  # kept since this release, or just switched
+                _remember(cur, view, fingerprint, columns.get(view))
             continue
         b = read(cur, view)
         if view not in stored:
-            cur.execute("INSERT INTO table_definitions VALUES (?, ?)", [view, fingerprint])
+            _remember(cur, view, fingerprint, columns.get(view))
         elif b is not None and b.phase.active:
             log.warning("view %s changed while it was backfilling: its backfill starts again", view)
             drop_state(cur, view)
             forget(cur, [view])
-            cur.execute("UPDATE table_definitions SET fingerprint = ? WHERE table_name = ?", [fingerprint, view])
+            _remember(cur, view, fingerprint, columns.get(view))
         else:
             changed.append(view)
     if not changed:
@@ -75,6 +83,7 @@ def check_definitions(
     committed = q.committed_epoch(cur)
     served = sorted(v for v in changed if STAGE_SEPARATOR not in v and committed is not None)
     _check_switchable(served, sink_inputs, append_only_sinks)
+    _check_sink_columns(served, sink_inputs or {}, stored_columns, columns)
     for view in served:
         rebuilds.start(cur, view, stored[view], fingerprints[view], committed)  # type: ignore[arg-type]
         log.warning(
@@ -85,7 +94,7 @@ def check_definitions(
         )
     stages = [v for v in changed if v not in served and v.split(STAGE_SEPARATOR)[0] in served]
     for stage in stages:
-        _rebuild_in_place(cur, stage, fingerprints)
+        _rebuild_in_place(cur, stage, fingerprints, columns)
     changed = [v for v in changed if v not in served and v not in stages]
     if not changed:
         return stages
@@ -103,7 +112,7 @@ def check_definitions(
             + ", ".join(f"`epochal backfill {v} --rebuild`" for v in named)
         )
     for view in sorted(rebuilt):
-        _rebuild_in_place(cur, view, fingerprints)
+        _rebuild_in_place(cur, view, fingerprints, columns)
     log.warning(
         "the statement of view(s) %s changed: rebuilding %s by backfill from the committed epoch",
         ", ".join(sorted(changed)),
@@ -139,13 +148,56 @@ def _check_switchable(
         )
 
 
-def _rebuild_in_place(cur: Cursor, view: str, fingerprints: Mapping[str, str]) -> None:
+def _check_sink_columns(
+    views: list[str],
+    sink_inputs: Mapping[str, str],
+    stored_columns: Mapping[str, tuple[str, ...]],
+    columns: Mapping[str, Sequence[str]],
+) -> None:
+    """A sink's target was made with the columns of the view's old statement: the switch would
+    hand it rows of other columns, and the sink would fail at every epoch from then on."""
+    for view in views:
+        old, new = stored_columns.get(view), tuple(columns.get(view, ()))
+        sinks = sorted(s for s, table in sink_inputs.items() if table == view)
+        if old is None or not new or old == new or not sinks:
+            continue
+        dropped = [c for c in old if c not in new]
+        added = [c for c in new if c not in old]
+        what = "; ".join(
+            part
+            for part in (
+                f"without {', '.join(dropped)}" if dropped else "",
+                f"with new {', '.join(added)}" if added else "",
+                "in another order" if not dropped and not added else "",
+            )
+            if part
+        )
+        raise DefinitionChanged(
+            f"the new statement of view {view} has other columns than its stored rows ({what}: "
+            f"{', '.join(new)} instead of {', '.join(old)}), and sink(s) {', '.join(sinks)} read it, whose "
+            "target has the old columns. Keep the names and order (alias the new expressions: "
+            f"... AS {old[0]}, ...), or give the new statement a new name with a sink of its own, or remove "
+            f"the sinks' statements and rebuild in place with `epochal backfill {view} --rebuild`"
+        )
+
+
+def _remember(cur: Cursor, view: str, fingerprint: str, columns: Sequence[str] | None) -> None:
+    """The definition the view's stored rows come from (replacing any earlier one)."""
+    cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
+    cur.execute(
+        "INSERT INTO table_definitions (table_name, fingerprint, columns) VALUES (?, ?, ?)",
+        [view, fingerprint, None if columns is None else json.dumps(list(columns))],
+    )
+
+
+def _rebuild_in_place(
+    cur: Cursor, view: str, fingerprints: Mapping[str, str], columns: Mapping[str, Sequence[str]]
+) -> None:
     """Forget the view's state: the injection registers it as a new view, which backfills."""
     drop_state(cur, view)
     forget(cur, [view])
     if view in fingerprints:
-        cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
-        cur.execute("INSERT INTO table_definitions VALUES (?, ?)", [view, fingerprints[view]])
+        _remember(cur, view, fingerprints[view], columns.get(view))
 
 
 def _downstream(tables: Iterable[str], readers: Mapping[str, list[str]], views: Iterable[str]) -> set[str]:

@@ -54,6 +54,7 @@ class EpochLog:
         fingerprints: Mapping[str, str] | None = None,
         sink_inputs: Mapping[str, str] | None = None,
         append_only_sinks: Iterable[str] = (),
+        view_columns: Mapping[str, tuple[str, ...]] | None = None,
     ):
         self.settings = settings
         self.backend = backend
@@ -65,6 +66,8 @@ class EpochLog:
         self.upstreams = dict(upstreams or {})
         #: each view's definition, as ``view_fingerprint`` gives it: a changed statement is caught
         self.fingerprints = dict(fingerprints or {})
+        #: each view's column names: a changed view a sink reads must keep them
+        self.view_columns = dict(view_columns or {})
         self.readers: dict[str, list[str]] = {}
         for view, inputs in self.upstreams.items():
             for upstream in inputs:
@@ -189,7 +192,7 @@ class EpochLog:
         # every other table must agree on the committed epoch.
         committed = q.committed_epoch(cur)
         definitions.check_definitions(
-            cur, self.fingerprints, self.readers, self.sink_inputs, self.append_only_sinks
+            cur, self.fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns
         )
         known = {*self.sources, *self.upstreams}
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)

@@ -233,8 +233,9 @@ def finish_committed(cur: Cursor, committed: int | None) -> list[str]:
         if rebuild.state is RebuildState.SWITCHED and rebuild.switched_epoch is not None:
             if rebuild.switched_epoch <= committed:
                 _move(cur, rebuild.view, RebuildState.SWITCHED, RebuildState.DONE)
+                # (its columns are filled in by the next injection, which knows the new statement's)
                 cur.execute(
-                    "UPDATE table_definitions SET fingerprint = ? WHERE table_name = ?",
+                    "UPDATE table_definitions SET fingerprint = ?, columns = NULL WHERE table_name = ?",
                     [rebuild.new_fingerprint, rebuild.view],
                 )
                 done.append(rebuild.shadow)

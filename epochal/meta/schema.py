@@ -179,6 +179,9 @@ DDL = (
     )""",
     # Views whose statement changed after they committed epochs (epochal/checkpoint/rebuilds.py):
     # the old rows serve while the new statement backfills under a shadow name, until the switch.
+    # The column names the stored rows have (JSON list): a changed view that a sink reads must
+    # keep them, since the sink's target was made with them (epochal/checkpoint/definitions.py).
+    "ALTER TABLE table_definitions ADD COLUMN IF NOT EXISTS columns VARCHAR",
     """CREATE TABLE IF NOT EXISTS view_rebuilds (
         view_name VARCHAR PRIMARY KEY,
         state VARCHAR NOT NULL,
