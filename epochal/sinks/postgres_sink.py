@@ -16,30 +16,12 @@ Spark task from colliding with an earlier attempt's gid. Everything is matched b
 sink's database, so one sink's recovery never touches another sink's (or another table's) prepared
 transactions.
 
-Arrow -> PostgreSQL types (what :meth:`PostgresTarget.prepare_target` creates; an existing column
-may have the type or a wider one that holds every value exactly, :data:`WIDER`):
-
-=============================  ===================================
-Arrow                          PostgreSQL
-=============================  ===================================
-int64 / int32 / int16          bigint / integer / smallint
-float64 / float32              double precision / real
-string, large_string           text
-bool                           boolean
-date32                         date
-timestamp[s|ms|us, tz=...]     timestamp with time zone
-timestamp[s|ms|us]             timestamp without time zone
-decimal128(p, s)               numeric(p, s)
-binary, large_binary           bytea
-=============================  ===================================
-
-Anything else (nanosecond timestamps, lists, structs, ...) is refused with the column named.
+Types, the check of an existing table and the COPY encoding: :mod:`epochal.sinks.postgres_schema`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -49,7 +31,6 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
 from psycopg import sql
 
 from epochal.faults import fault_point
@@ -63,6 +44,7 @@ from epochal.sinks.base import (
     SinkTarget,
     WriterTask,
 )
+from epochal.sinks.postgres_schema import check_existing, copy_csv, existing_columns, postgres_type
 from epochal.sinks.spec import primary_key_columns, writer_count
 
 PROGRESS_TABLE = "_epochal_sink_progress"
@@ -76,57 +58,6 @@ LOCK_TIMEOUT = "120s"
 PROGRESS_KEPT_BATCHES = 100
 #: PostgreSQL's limit on a gid (GIDSIZE - 1 bytes).
 GID_MAX_BYTES = 199
-
-#: Arrow type -> the PostgreSQL type it is created as, as format_type() spells it.
-_SIMPLE_TYPES: dict[pa.DataType, str] = {
-    pa.int64(): "bigint",
-    pa.int32(): "integer",
-    pa.int16(): "smallint",
-    pa.float64(): "double precision",
-    pa.float32(): "real",
-    pa.string(): "text",
-    pa.large_string(): "text",
-    pa.bool_(): "boolean",
-    pa.date32(): "date",
-    pa.binary(): "bytea",
-    pa.large_binary(): "bytea",
-}
-
-#: An existing column of one of these types takes every value of the sink's type exactly, so it is
-#: accepted (COPY converts text input to it without rounding or truncation). Nothing else is.
-WIDER: dict[str, tuple[str, ...]] = {
-    "smallint": ("integer", "bigint", "numeric"),
-    "integer": ("bigint", "numeric"),
-    "bigint": ("numeric",),
-    "real": ("double precision",),
-    "text": ("character varying",),
-}
-
-
-def postgres_type(field: pa.Field) -> str:
-    """The PostgreSQL type a sink column of Arrow type ``field.type`` is created as."""
-    t = field.type
-    if t in _SIMPLE_TYPES:
-        return _SIMPLE_TYPES[t]
-    if pa.types.is_timestamp(t) and t.unit in ("s", "ms", "us"):
-        return "timestamp with time zone" if t.tz else "timestamp without time zone"
-    if pa.types.is_decimal128(t):
-        return f"numeric({t.precision},{t.scale})"
-    raise SinkSchemaError(
-        f"column {field.name} has Arrow type {t}, which the PostgreSQL sink does not map: supported are "
-        "int64, int32, int16, float64, float32, string, bool, date32, timestamp (s/ms/us, with or without time "
-        "zone), decimal128 and binary; cast the column in the sink's view (e.g. CAST(x AS TIMESTAMP) for "
-        "nanosecond timestamps, to_json(x) for structs and arrays)"
-    )
-
-
-def compatible(existing: str, expected: str) -> bool:
-    """Whether a column of PostgreSQL type ``existing`` holds every value of ``expected`` exactly."""
-    if existing == expected or existing in WIDER.get(expected, ()):
-        return True
-    # an unconstrained numeric holds any numeric(p, s) value as it is
-    return expected.startswith("numeric(") and existing == "numeric"
-
 
 def max_prepared_transactions_message(sink: str, host: str, port: int) -> str:
     return (
@@ -301,7 +232,7 @@ class PostgresTarget(SinkTarget):
                     "PRIMARY KEY (sink, target, first_epoch, last_epoch, writer))"
                 ).format(self._progress_table())
             )
-            found = self._existing_columns(conn)
+            found = existing_columns(self, conn)
             if found is None:
                 columns = [sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in expected.items()]
                 if self.type == "upsert":
@@ -310,7 +241,7 @@ class PostgresTarget(SinkTarget):
                     )
                 conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table(), sql.SQL(", ").join(columns)))
                 return
-            self._check_existing(conn, found[0], found[1], expected)
+            check_existing(self, conn, found[0], found[1], expected)
 
     def _check_prepared_transactions(self, conn: psycopg.Connection) -> None:
         """Fail on the driver, before any writer runs, when the server cannot PREPARE."""
@@ -323,66 +254,6 @@ class PostgresTarget(SinkTarget):
                 f"fewer than the sink's {self.writers} writers, which each hold one while a batch commits: raise "
                 f"it (ALTER SYSTEM SET max_prepared_transactions = {max(64, self.writers * 2)}, then restart the "
                 f"server) or lower the sink's writers option"
-            )
-
-    def _existing_columns(self, conn: psycopg.Connection) -> tuple[int, dict[str, str]] | None:
-        """The target table's oid and columns (name -> type as format_type spells it), or None."""
-        row = conn.execute(
-            "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s",
-            [self.schema, self.table],
-        ).fetchone()
-        if row is None:
-            return None
-        if row[1] not in ("r", "p"):
-            raise SinkSchemaError(
-                f"sink {self.name}: {self.schema}.{self.table} in database {self.database} is not a table "
-                f"(relkind {row[1]!r}, e.g. a view): point the sink at a table with table = '...'"
-            )
-        rows = conn.execute(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            [row[0]],
-        ).fetchall()
-        return row[0], {n: t for n, t in rows}
-
-    def _check_existing(
-        self, conn: psycopg.Connection, oid: int, existing: dict[str, str], expected: dict[str, str]
-    ) -> None:
-        diff = []
-        for name, want in expected.items():
-            have = existing.get(name)
-            if have is None:
-                near = [n for n in existing if n.lower() == name.lower()]
-                hint = f" (it has {near[0]}: PostgreSQL names are case-sensitive when quoted)" if near else ""
-                diff.append(f"missing column {name} {want}{hint}")
-            elif not compatible(have, want):
-                diff.append(f"column {name} is {have}, the sink writes {want}")
-        diff += [f"extra column {n} {t}" for n, t in existing.items() if n not in expected]
-        if diff:
-            raise SinkSchemaError(
-                f"sink {self.name}: table {self.schema}.{self.table} in database {self.database} exists with an "
-                f"incompatible schema ({'; '.join(diff)}). Epochal never casts silently: alter or drop that "
-                "table, or point the sink at another one with table = '...'"
-            )
-        if self.type != "upsert":
-            return
-        keys = conn.execute(
-            "SELECT array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
-            "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
-            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL "
-            "AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts GROUP BY i.indexrelid",
-            [oid],
-        ).fetchall()
-        unique = [list(r[0]) for r in keys]
-        if not any(sorted(u) == sorted(self.primary_key) for u in unique):
-            found = "; ".join(f"({', '.join(u)})" for u in unique) or "none"
-            raise SinkSchemaError(
-                f"sink {self.name}: an upsert sink needs table {self.schema}.{self.table} to have a PRIMARY KEY or "
-                f"unique index on exactly ({', '.join(self.primary_key)}), for INSERT ... ON CONFLICT; its unique "
-                f"keys: {found}. Add one (ALTER TABLE ... ADD PRIMARY KEY ({', '.join(self.primary_key)})) or point "
-                "the sink at a new table"
             )
 
     # ------------------------------------------------------------------ pre-commit (executors)
@@ -496,27 +367,6 @@ class PostgresTarget(SinkTarget):
     def _columns_sql(self) -> sql.Composable:
         return sql.SQL(", ").join(map(sql.Identifier, self.columns))
 
-    def _csv(self, batch: pa.RecordBatch, columns: Sequence[str]) -> bytes:
-        """``columns`` of ``batch`` as PostgreSQL CSV: NULL unquoted-empty, "" an empty string
-        (pyarrow's CSV writer does exactly that), timestamps in UTC, bytea in hex."""
-        arrays = []
-        for name in columns:
-            column = batch.column(name)
-            t = column.type
-            if pa.types.is_timestamp(t) and t.tz:
-                # The values are UTC instants; written without a zone they are read in the writer's
-                # session TimeZone, which is UTC. (Formatting with a zone looks the zone up per value:
-                # 40x slower than every other column together.)
-                column = column.view(pa.timestamp(t.unit))
-            elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-                column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
-            arrays.append(column)
-        buffer = io.BytesIO()
-        pa_csv.write_csv(
-            pa.RecordBatch.from_arrays(arrays, names=list(columns)), buffer, pa_csv.WriteOptions(include_header=False)
-        )
-        return buffer.getvalue()
-
     def _write_append(self, conn: psycopg.Connection, task: WriterTask, batches: Iterator[pa.RecordBatch]) -> int:
         rows = 0
         copy_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(self._table(), self._columns_sql())
@@ -534,7 +384,7 @@ class PostgresTarget(SinkTarget):
                 if pc.max(weights).as_py() > 1:  # weight n: n copies of the row
                     repeats = np.repeat(np.arange(record_batch.num_rows), weights.to_numpy(zero_copy_only=False))
                     record_batch = record_batch.take(pa.array(repeats))
-                copy.write(self._csv(record_batch, self.columns))
+                copy.write(copy_csv(record_batch, self.columns))
                 rows += record_batch.num_rows
         return rows
 
@@ -556,7 +406,7 @@ class PostgresTarget(SinkTarget):
         with conn.cursor().copy(copy_sql) as copy:
             for record_batch in batches:
                 if record_batch.num_rows:
-                    copy.write(self._csv(record_batch, columns))
+                    copy.write(copy_csv(record_batch, columns))
                     rows += record_batch.num_rows
         if rows:
             self._apply_upsert(conn, task, staged)
