@@ -182,6 +182,11 @@ def test_a_changed_view_a_sink_reads_must_keep_its_columns(tmp_path: Path, meta_
     same = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"}, sinks, columns={"v1": ("k", "n")})
     same.epoch_log.inject(plan_ten)
     assert same.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.SERVING_OLD
+    # Changed again while the new statement backfills: checked against the stored rows' columns too.
+    again = grown(tmp_path, meta_url, {**fingerprints, "v1": "a3"}, sinks, columns={"v1": ("k", "cnt")})
+    with pytest.raises(DefinitionChanged, match="without n; with new cnt"):
+        again.epoch_log.inject(plan_ten)
+    assert again.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).new_fingerprint == "a2"
 
 
 def test_a_switch_first_writes_the_new_statements_epochs_its_backfill_has_not(

@@ -56,6 +56,7 @@ def check_definitions(
         rebuild = rebuilding.get(view)
         if rebuild is not None:
             if fingerprint != rebuild.new_fingerprint and rebuild.state is rebuilds.RebuildState.SERVING_OLD:
+                _check_sink_columns([view], sink_inputs or {}, stored_columns, columns)
                 log.warning("view %s changed again while its new statement was backfilling: that starts again", view)
                 drop_state(cur, rebuild.shadow)
                 forget(cur, [rebuild.shadow])
