@@ -90,7 +90,10 @@ class EpochRuntime:
             append_only_sinks=[n for n, s in pipeline.sinks.items() if s.options.get("type") != "upsert"],
         )
         self.warehouse = Warehouse(settings.warehouse)
-        self.state_cache = StateCache(enabled=settings.state_cache)
+        # On a Spark Connect server, cached snapshots outlive the run (``StateCache``): the registry
+        # of what is cached there is per Epochal home, like the server it manages.
+        registry = settings.home / "spark" / "state_cache.json"
+        self.state_cache = StateCache(enabled=settings.state_cache, registry=registry)
         self.reader = StateReader(
             lambda: self.spark, self.controller.catalog, self.warehouse, self.state_cache, self.query_schema
         )
@@ -265,6 +268,7 @@ class EpochRuntime:
         # Its whole directory: what runs killed before recording a file is there too.
         garbage += [self.warehouse.table_root(t) for t in gone if not t.startswith("sink ")]
         if garbage:
+            self.reader.release_snapshots(garbage)
             self.warehouse.delete(garbage, prune_parents=True)
         if any(rebuilds.rebuilt_view(g) is not None for g in gone):
             self.add_shadows()  # a finished rebuild's shadow leaves this process's pipeline too

@@ -227,3 +227,90 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
         assert status(h.home) is None and not _alive(server.pid)
     finally:
         stop(h.home)
+
+
+def _cached_on_server(port: int, plan) -> bool:  # noqa: ANN001
+    """Whether a fresh session's read of ``plan``'s files is answered from the server's cache (its
+    physical plan scans memory; every file read also names an InMemoryFileIndex, so match the scan)."""
+    import contextlib as _contextlib
+    import io
+
+    from pyspark.sql import SparkSession
+
+    from epochal.storage.state_reader import StateReader
+
+    session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    out = io.StringIO()
+    try:
+        with _contextlib.redirect_stdout(out):
+            StateReader(lambda: session, None, None, None, None).snapshot_rows(plan).explain()  # type: ignore[arg-type]
+    finally:
+        session.stop()
+    return "InMemoryTableScan" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer_one(tmp_path: Path) -> None:
+    """On the server, a run leaves its cached snapshot to the next run (whose reads find it warm
+    without a call of theirs); the run that caches a newer snapshot of the table releases it from
+    its own session, and compaction releases one before deleting it; a snapshot whose files are
+    gone cannot be matched, so the server's cache is cleared instead of leaking it."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from epochal.storage.state_cache import SnapshotPlan, StateCache
+    from epochal.storage.state_reader import StateReader
+
+    home, port = tmp_path / "home", _free_port()
+    schema = StructType([StructField("k", LongType()), StructField("n", LongType())]).json()
+    plans = {}
+    for name in ("s1", "s2", "s3", "s4"):
+        (tmp_path / name).mkdir()
+        for part in range(2):
+            rows = pa.table({"k": list(range(part, 2000, 2)), "n": [1] * 1000})
+            pq.write_table(rows, tmp_path / name / f"{part}.parquet")
+        plans[name] = SnapshotPlan(schema, tuple(sorted(str(f) for f in (tmp_path / name).glob("*.parquet"))))
+    registry = home / "spark" / "state_cache.json"
+
+    def run(cache_it: str | None, then=None, table: str = "t") -> None:  # noqa: ANN001
+        """One run: its own Connect session and cache; it caches snapshot ``cache_it`` of ``table``."""
+        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        try:
+            cache = StateCache(registry=registry)
+            reader = StateReader(lambda: session, None, None, cache, None)  # type: ignore[arg-type]
+            if cache_it is not None:
+                plan = plans[cache_it]
+                location = str(tmp_path / cache_it)
+                rows = cache.put(table, location, reader.snapshot_rows(plan), plan, reader.snapshot_rows)
+                assert rows.where("k = 3").count() == 1
+            if then is not None:
+                then(reader)
+            cache.clear()  # the run ends
+        finally:
+            session.stop()
+
+    try:
+        start(ServerConfig(home, port, "local[2]", {"spark.driver.memory": "1g"}))
+        run("s1")
+        assert _cached_on_server(port, plans["s1"]), "left to the next run"
+        assert json.loads(registry.read_text())["t"]["location"] == str(tmp_path / "s1")
+        run("s2")
+        assert not _cached_on_server(port, plans["s1"]), "released by the run that cached a newer snapshot"
+        assert _cached_on_server(port, plans["s2"])
+        # Compaction releases a snapshot (here: the table's directory) before it deletes the files.
+        run(None, then=lambda reader: reader.release_snapshots([str(tmp_path)]))
+        assert not _cached_on_server(port, plans["s2"]) and json.loads(registry.read_text()) == {}
+        # s3's files go without a release (a crash between): the next snapshot clears the whole cache.
+        run("s3")
+        run("s1", table="u")
+        shutil.rmtree(tmp_path / "s3")
+        run("s4")
+        assert not _cached_on_server(port, plans["s1"]), "the clear took every cached snapshot, u's too"
+        assert _cached_on_server(port, plans["s4"]), "cached after the clear"
+        assert json.loads(registry.read_text())["t"]["location"] == str(tmp_path / "s4"), "one snapshot per table"
+    finally:
+        stop(home)

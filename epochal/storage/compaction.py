@@ -138,6 +138,7 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
         warehouse.delete([location], prune_parents=True)
         log.info("%s: a snapshot at or after epoch %s was published first; ours is deleted", table, epoch)
         return TableCompaction(table, epoch, "lost a race", 0, files_before, warehouse.table_file_count(table))
+    reader.release_snapshots(result.garbage)  # while their files exist: a cached plan is matched by them
     warehouse.delete(result.garbage, prune_parents=True)
     report = TableCompaction(
         table,

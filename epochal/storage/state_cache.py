@@ -23,16 +23,31 @@ read filters the cached copy directly (a dimension table, a view's own per-group
 Memory stays bounded: rows are persisted MEMORY_AND_DISK, so Spark evicts blocks to local disk
 (least recently used first) rather than growing the heap past its storage fraction, and a table
 keeps at most one cached snapshot: reading a newer one (after compaction) unpersists the older.
+
+Across runs, on a Spark Connect server: the server's sessions share one cache manager, which
+matches cached data by plan, so a snapshot a run leaves cached is used by the next run's reads of
+the same files with no call of theirs. A run therefore leaves what it cached to the server, and a
+registry in the Epochal home (``spark/state_cache.json``: per table, the cached snapshot's location,
+schema and files) lets a later run release the older snapshot of a table when it caches a newer
+one, from another session, by rebuilding the same plan and unpersisting it. Compaction releases a
+snapshot before retention deletes its files (a plan over deleted files cannot be built; when that
+happens anyway, the server's whole cache is cleared, which costs speed, never correctness). In
+one process (local Spark) a run still releases what it cached when it ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("epochal.storage")
 
@@ -44,17 +59,38 @@ WARM_SHARE = 0.5
 SMALL_ROWS = 1_000_000
 
 
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What a snapshot's cached rows were read as: another session rebuilds the same plan from it
+    (Spark matches cached data by plan), to release them."""
+
+    schema_json: str
+    files: tuple[str, ...]
+
+
+#: Builds a snapshot's rows as the reader reads them (the plan the cache holds).
+PlanBuilder = Callable[[SnapshotPlan], "DataFrame"]
+
+
 @dataclass
 class _Entry:
     location: str
     rows: DataFrame
+    #: left cached on the server for later runs (recorded in the registry): not released at close
+    shared: bool = False
+
+
+def _on_connect(rows: DataFrame) -> bool:
+    return type(rows).__module__.startswith("pyspark.sql.connect")
 
 
 class StateCache:
-    """Cached snapshot rows by table; at most one snapshot per table."""
+    """Cached snapshot rows by table; at most one snapshot per table (per server, across runs, when
+    ``registry`` is given and the session is a Spark Connect one)."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, registry: Path | None = None):
         self.enabled = enabled
+        self.registry = registry
         self._by_table: dict[str, _Entry] = {}
         #: reads answered from a cached snapshot (tests check what the cache served)
         self.hits = 0
@@ -75,14 +111,25 @@ class StateCache:
         self.hits += 1
         return entry.rows
 
-    def put(self, table: str, location: str, rows: DataFrame) -> DataFrame:
-        """Cache ``rows`` (the whole snapshot at ``location``) for ``table``; returns the cached frame.
-        Persisting is lazy: the first query that scans it fills the cache as it goes."""
+    def put(
+        self,
+        table: str,
+        location: str,
+        rows: DataFrame,
+        plan: SnapshotPlan | None = None,
+        build: PlanBuilder | None = None,
+    ) -> DataFrame:
+        """Cache ``rows`` (the whole snapshot at ``location``, read as ``plan``) for ``table``;
+        returns the cached frame. Persisting is lazy: the first query that scans it fills the cache
+        as it goes (or finds it filled by an earlier run on the same server)."""
         from pyspark import StorageLevel
 
         self.evict(table)
+        shared = self.registry is not None and plan is not None and build is not None and _on_connect(rows)
+        if shared:  # (first: releasing may clear the server's cache, which must not take this one)
+            self._register(table, location, plan, build, rows.sparkSession)  # type: ignore[arg-type]
         cached = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        self._by_table[table] = _Entry(location, cached)
+        self._by_table[table] = _Entry(location, cached, shared)
         log.info("caching snapshot %s of %s", location, table)
         return cached
 
@@ -91,9 +138,78 @@ class StateCache:
         if entry is not None:
             entry.rows.unpersist()
 
+    def release_locations(
+        self, locations: Iterable[str], build: PlanBuilder, spark: Callable[[], SparkSession]
+    ) -> None:
+        """Snapshots at or under ``locations``, about to be deleted (compaction's garbage, a removed
+        table's directory): released here and, when a run left them cached on the server, there
+        too, while their files still exist. Spark is only asked for when something is released."""
+        doomed = [loc.rstrip("/") for loc in locations]
+
+        def under(location: str) -> bool:
+            return any(location == d or location.startswith(d + "/") for d in doomed)
+
+        for table, entry in list(self._by_table.items()):
+            if under(entry.location):
+                self.evict(table)
+        if self.registry is None or not doomed or not self.registry.exists():
+            return
+        with self._locked() as registry:
+            for table, kept in list(registry.items()):
+                if under(kept["location"]):
+                    self._release(kept, build, spark())
+                    del registry[table]
+
     def clear(self) -> None:
-        for table in list(self._by_table):
+        """At the end of a run: release what it cached, except what it left to the server."""
+        for table, entry in list(self._by_table.items()):
+            if entry.shared:
+                self._by_table.pop(table)
+                continue
             try:
                 self.evict(table)
             except Exception:  # the session is already stopped: its cache went with it
                 log.debug("could not unpersist the cached snapshot of %s", table, exc_info=True)
+
+    # ------------------------------------------------------------------ the server's registry
+
+    def _register(
+        self, table: str, location: str, plan: SnapshotPlan, build: PlanBuilder, spark: SparkSession
+    ) -> None:
+        with self._locked() as registry:
+            older = registry.get(table)
+            if older is not None and older["location"] != location:
+                self._release(older, build, spark)
+            registry[table] = {"location": location, "schema": plan.schema_json, "files": list(plan.files)}
+
+    @staticmethod
+    def _release(kept: dict, build: PlanBuilder, spark: SparkSession) -> None:
+        """Unpersist a snapshot another run left cached, by its plan; if the plan cannot be built
+        any more (its files are gone), clear the server's cache rather than leak the entry."""
+        try:
+            build(SnapshotPlan(kept["schema"], tuple(kept["files"]))).unpersist()
+            log.info("released the cached snapshot %s", kept["location"])
+        except Exception as exc:
+            log.warning(
+                "the cached snapshot %s cannot be released by its plan (%s): clearing the server's cache",
+                kept["location"],
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            spark.catalog.clearCache()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict]:
+        """The registry, read and written under an exclusive lock (runs share it)."""
+        if self.registry is None:
+            raise RuntimeError("the state cache has no registry (local Spark keeps its cache per run)")
+        self.registry.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.registry.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                registry = json.loads(self.registry.read_text()) if self.registry.exists() else {}
+            except ValueError:  # a torn write of a killed run: start afresh (nothing is lost but speed)
+                registry = {}
+            yield registry
+            tmp = self.registry.with_suffix(".tmp")
+            tmp.write_text(json.dumps(registry, indent=1))
+            tmp.replace(self.registry)

@@ -15,7 +15,7 @@ from epochal.checkpoint.records import Snapshot, StateParts
 from epochal.errors import EpochalError
 from epochal.sql import quote
 from epochal.storage.changes import net_rows
-from epochal.storage.state_cache import StateCache
+from epochal.storage.state_cache import SnapshotPlan, StateCache
 from epochal.storage.warehouse import WEIGHT, Warehouse
 
 if TYPE_CHECKING:
@@ -147,13 +147,30 @@ class StateReader:
             rows = self.cache.get(snapshot.table, snapshot.location)
             if rows is None:
                 files = self.warehouse.all_snapshot_files(snapshot.location)
-                rows = self.cache.put(snapshot.table, snapshot.location, self._parquet_rows(schema, files))
+                rows = self.cache.put(
+                    snapshot.table,
+                    snapshot.location,
+                    self._parquet_rows(schema, files),
+                    SnapshotPlan(snapshot.spark_schema, tuple(files)),
+                    self.snapshot_rows,
+                )
             rows_read = snapshot.rows
         else:
             files = [f for v in wanted for f in self.warehouse.parquet_files(dirs[v])]
             rows_read = snapshot.rows if chosen is None else self.warehouse.files_row_count(files)
             rows = self._parquet_rows(schema, files)
         return (rows if restrict is None else semi_join(rows, restrict)), rows_read
+
+    def snapshot_rows(self, plan: SnapshotPlan) -> DataFrame:
+        """A snapshot's rows read as the cache read them: the same plan, so Spark matches it to
+        the cached data (what releases a snapshot another run left cached on the server)."""
+        from pyspark.sql.types import StructType
+
+        return self._parquet_rows(StructType.fromJson(json.loads(plan.schema_json)), list(plan.files))
+
+    def release_snapshots(self, locations: list[str]) -> None:
+        """Snapshots about to be deleted: out of the cache first (``StateCache.release_locations``)."""
+        self.cache.release_locations(locations, self.snapshot_rows, lambda: self.spark)
 
     def _parquet_rows(self, schema: Any, files: list[str]) -> DataFrame:
         if not files:
