@@ -312,5 +312,9 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
         assert not _cached_on_server(port, plans["s1"]), "the clear took every cached snapshot, u's too"
         assert _cached_on_server(port, plans["s4"]), "cached after the clear"
         assert json.loads(registry.read_text())["t"]["location"] == str(tmp_path / "s4"), "one snapshot per table"
+        # A registry that cannot be written costs the cross-run cache, never the read.
+        (tmp_path / "not-a-directory").write_text("")
+        registry = tmp_path / "not-a-directory" / "state_cache.json"
+        run("s1", table="v")
     finally:
         stop(home)

@@ -127,7 +127,11 @@ class StateCache:
         self.evict(table)
         shared = self.registry is not None and plan is not None and build is not None and _on_connect(rows)
         if shared:  # (first: releasing may clear the server's cache, which must not take this one)
-            self._register(table, location, plan, build, rows.sparkSession)  # type: ignore[arg-type]
+            try:
+                self._register(table, location, plan, build, rows.sparkSession)  # type: ignore[arg-type]
+            except Exception:  # a cache is speed only: it never fails a read
+                log.warning("could not record cached snapshot %s; released at the run's end", location, exc_info=True)
+                shared = False
         cached = rows.persist(StorageLevel.MEMORY_AND_DISK)
         self._by_table[table] = _Entry(location, cached, shared)
         log.info("caching snapshot %s of %s", location, table)
@@ -154,11 +158,14 @@ class StateCache:
                 self.evict(table)
         if self.registry is None or not doomed or not self.registry.exists():
             return
-        with self._locked() as registry:
-            for table, kept in list(registry.items()):
-                if under(kept["location"]):
-                    self._release(kept, build, spark())
-                    del registry[table]
+        try:
+            with self._locked() as registry:
+                for table, kept in list(registry.items()):
+                    if under(kept["location"]):
+                        self._release(kept, build, spark())
+                        del registry[table]
+        except Exception:  # a cache is speed only: it never fails a compaction
+            log.warning("could not release cached snapshots under %s", doomed, exc_info=True)
 
     def clear(self) -> None:
         """At the end of a run: release what it cached, except what it left to the server."""
@@ -195,7 +202,10 @@ class StateCache:
                 kept["location"],
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
-            spark.catalog.clearCache()
+            try:
+                spark.catalog.clearCache()
+            except Exception:
+                log.warning("could not clear the server's cache", exc_info=True)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict]:
