@@ -235,11 +235,11 @@ def _cached_on_server(port: int, plan) -> bool:  # noqa: ANN001
     import contextlib as _contextlib
     import io
 
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     from epochal.storage.state_reader import StateReader
 
-    session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
     out = io.StringIO()
     try:
         with _contextlib.redirect_stdout(out):
@@ -250,7 +250,9 @@ def _cached_on_server(port: int, plan) -> bool:  # noqa: ANN001
 
 
 @pytest.mark.slow
-def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer_one(tmp_path: Path) -> None:
+def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the server, a run leaves its cached snapshot to the next run (whose reads find it warm
     without a call of theirs); the run that caches a newer snapshot of the table releases it from
     its own session, and compaction releases one before deleting it; a snapshot whose files are
@@ -259,12 +261,15 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
     from pyspark.sql.types import LongType, StructField, StructType
 
     from epochal.storage.state_cache import SnapshotPlan, StateCache
     from epochal.storage.state_reader import StateReader
 
+    # Connect sessions only (the classic builder's remote() would turn this process's later classic
+    # sessions into Connect ones), and Connect columns only while this test runs.
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     home, port = tmp_path / "home", _free_port()
     schema = StructType([StructField("k", LongType()), StructField("n", LongType())]).json()
     plans = {}
@@ -278,7 +283,7 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
 
     def run(cache_it: str | None, then=None, table: str = "t") -> None:  # noqa: ANN001
         """One run: its own Connect session and cache; it caches snapshot ``cache_it`` of ``table``."""
-        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
         try:
             cache = StateCache(registry=registry)
             reader = StateReader(lambda: session, None, None, cache, None)  # type: ignore[arg-type]
