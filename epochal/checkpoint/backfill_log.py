@@ -31,9 +31,9 @@ from epochal.backfill.state import (
     VnodeRange,
     check_transition,
 )
+from epochal.checkpoint import backfill_epochs, rebuilds
 from epochal.checkpoint import queries as q
-from epochal.checkpoint import rebuilds
-from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, Owner
+from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.pipeline.model import STAGE_SEPARATOR
@@ -357,104 +357,31 @@ class BackfillLog:
     def next_epoch(self, view: str) -> int | None:
         """The next committed epoch the view has to write in the log-store phase, or None when it
         has written the committed epoch."""
-
-        def find(cur: Cursor) -> int | None:
-            b = read(cur, view)
-            if b is None or b.phase is not BackfillPhase.LOG_STORE:
-                return None
-            row = cur.execute(
-                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?", [b.caught_up_epoch]
-            ).fetchone()
-            return row[0]
-
-        return self.backend.transaction(find)
+        return self.backend.transaction(lambda cur: backfill_epochs.next_epoch(cur, read(cur, view)))
 
     def record_epoch(
         self, view: str, epoch: int, location: str | None, rows_in: int, rows_out: int, seconds: float
     ) -> None:
-        """The view's change for committed ``epoch`` is written: recorded as the view's collected
-        output for that epoch, which must be the one after the last it wrote."""
-
-        def record(cur: Cursor) -> None:
-            b = self._check_owner(cur, view)
-            if b.phase is not BackfillPhase.LOG_STORE:
-                raise InvariantViolation(f"backfill of {view} writes epoch {epoch} in phase {b.phase.value}")
-            expected = cur.execute(
-                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?", [b.caught_up_epoch]
-            ).fetchone()[0]
-            if expected != epoch:
-                raise InvariantViolation(
-                    f"backfill of {view} writes epoch {epoch}, but the next committed epoch after "
-                    f"{b.caught_up_epoch} is {expected}"
-                )
-            cur.execute("DELETE FROM collected WHERE epoch = ? AND asset = ?", [epoch, view])
-            cur.execute(
-                "INSERT INTO collected VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, 'backfill', ?)",
-                [epoch, view, location, rows_in, rows_out, seconds, time.time()],
+        """The view's change for committed ``epoch`` is written (``backfill_epochs.record``)."""
+        self.backend.transaction(
+            lambda cur: backfill_epochs.record(
+                cur, self._check_owner(cur, view), epoch, location, rows_in, rows_out, seconds
             )
-            cur.execute(
-                "UPDATE backfills SET caught_up_epoch = ?, rows_read = rows_read + ?, rows_written = rows_written + ?, "
-                "updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
-                [epoch, rows_in, rows_out, time.time(), time.time(), view],
-            )
-
-        self.backend.transaction(record)
+        )
 
     def adopt_written(self, view: str, epoch: int) -> bool:
-        """The next committed ``epoch`` already has the view's change, written ahead while it was in
-        flight (``record_ahead``): taken as written instead of computed again. False when it has none."""
-
-        def adopt(cur: Cursor) -> bool:
-            b = self._check_owner(cur, view)
-            row = cur.execute(
-                "SELECT rows_in, rows_out FROM collected WHERE epoch = ? AND asset = ?", [epoch, view]
-            ).fetchone()
-            if row is None or b.phase is not BackfillPhase.LOG_STORE:
-                return False
-            expected = cur.execute(
-                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?", [b.caught_up_epoch]
-            ).fetchone()[0]
-            if expected != epoch:
-                raise InvariantViolation(f"backfill of {view} adopts epoch {epoch}, but its next epoch is {expected}")
-            cur.execute(
-                "UPDATE backfills SET caught_up_epoch = ?, rows_read = rows_read + ?, rows_written = rows_written + ?, "
-                "updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
-                [epoch, row[0] or 0, row[1] or 0, time.time(), time.time(), view],
-            )
-            return True
-
-        return self.backend.transaction(adopt)
+        """Move over a committed epoch written ahead (``backfill_epochs.adopt``); False when it was not."""
+        return self.backend.transaction(lambda cur: backfill_epochs.adopt(cur, self._check_owner(cur, view), epoch))
 
     def record_ahead(
         self, view: str, epoch: int, location: str | None, rows_in: int, rows_out: int, seconds: float
     ) -> None:
-        """The view's change for ``epoch``, not committed yet, written ahead of its log-store
-        position: a changed view's step writes its new statement's last epochs so that it can
-        switch now. Recorded like the epoch's other tables (recovery drops it with an aborted
-        epoch); the position moves only when the epoch has committed (``adopt_written``)."""
-
-        def record(cur: Cursor) -> None:
-            b = self._check_owner(cur, view)
-            if b.phase is not BackfillPhase.LOG_STORE or b.caught_up_epoch is None:
-                raise InvariantViolation(f"backfill of {view} writes epoch {epoch} ahead in phase {b.phase.value}")
-            if q.epoch_record(cur, epoch).state is EpochState.ABORTED:
-                raise EpochAborted(f"epoch {epoch} was aborted by a recovery while {view} wrote it ahead")
-            unwritten = cur.execute(
-                "SELECT min(epoch) FROM epochs WHERE epoch > ? AND epoch <= ? AND state <> 'ABORTED' "
-                "AND epoch NOT IN (SELECT epoch FROM collected WHERE asset = ?)",
-                [b.caught_up_epoch, epoch, view],
-            ).fetchone()[0]
-            if unwritten != epoch:
-                raise InvariantViolation(
-                    f"backfill of {view} writes epoch {epoch} ahead, but the first epoch it has not written "
-                    f"is {unwritten}"
-                )
-            cur.execute(
-                "INSERT INTO collected VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, 'backfill', ?)",
-                [epoch, view, location, rows_in, rows_out, seconds, time.time()],
+        """An in-flight epoch of the view written ahead of its position (``backfill_epochs.record_ahead``)."""
+        self.backend.transaction(
+            lambda cur: backfill_epochs.record_ahead(
+                cur, self._check_owner(cur, view), epoch, location, rows_in, rows_out, seconds
             )
-
-        self.backend.transaction(record)
+        )
 
     def join(self, view: str) -> tuple[bool, list[int]]:
         """LOG_STORE -> JOINED if the view has written the committed epoch, with the in-flight epochs
