@@ -198,10 +198,17 @@ def switch_gap(cur: Cursor, view: str, epoch: int, inputs: Iterable[str]) -> lis
     ]
     if len(gap) > SWITCH_GAP_MAX:
         return None
-    needed = set(inputs)
-    for e in gap:
-        written = {r[0] for r in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [e]).fetchall()}
-        if needed - written:
+    needed = sorted(set(inputs))
+    if gap and needed:
+        # Every (gap epoch, input) pair must have a collected row: one count over both lists.
+        epochs_in = ", ".join("?" * len(gap))
+        assets_in = ", ".join("?" * len(needed))
+        (written,) = cur.execute(
+            f"SELECT count(*) FROM (SELECT DISTINCT epoch, asset FROM collected "
+            f"WHERE epoch IN ({epochs_in}) AND asset IN ({assets_in})) AS written",
+            [*gap, *needed],
+        ).fetchone()
+        if written < len(gap) * len(needed):
             return None
     return gap
 
