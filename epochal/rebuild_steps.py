@@ -37,7 +37,7 @@ class RebuildSteps:
         rebuild = backend.transaction(lambda cur: rebuilds.read(cur, view))
         require(rebuild is not None, f"the rebuild of {view} has a row")
         shadow = rebuild.shadow  # type: ignore[union-attr]
-        runtime.add_shadows()
+        runtime.changes.add_shadows()
         inputs = runtime.pipeline.views[shadow].upstreams if shadow in runtime.pipeline.views else ()
         gap = backend.transaction(lambda cur: rebuilds.switch_gap(cur, view, epoch, inputs))
         outside = runtime.controller.backfills.outside_alignment()

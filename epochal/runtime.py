@@ -31,7 +31,8 @@ from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over, tables_read
-from epochal.pipeline.model import Pipeline, ViewDef
+from epochal.pipeline.model import Pipeline
+from epochal.pipeline_changes import PipelineChanges, view_fingerprint
 from epochal.rebuild_steps import RebuildSteps
 from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
@@ -102,6 +103,7 @@ class EpochRuntime:
         self.sink_steps = SinkSteps(self)
         self.view_steps = ViewSteps(self)
         self.rebuild_steps = RebuildSteps(self)
+        self.changes = PipelineChanges(self)
         self._plans_checked = False
         #: set by ``recording_for_backfill`` while a backfill writes a committed epoch of a view
         self._record_backfill: Callable[[Collected], None] | None = None
@@ -180,7 +182,7 @@ class EpochRuntime:
         reason = self.controller.epoch_log.recovery_reason()
         if reason:
             report = self.recover(reason)
-        self.retire_removed()
+        self.changes.retire_removed()
         return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
 
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
@@ -212,69 +214,6 @@ class EpochRuntime:
             raise
         self._held.enter_context(epoch_log.hold(taken))
         return RunEpochs(taken, recovery)
-
-    def add_shadows(self) -> list[str]:
-        """Every view being rebuilt gets its new statement's twin under the shadow name, which the
-        backfill runner and the switching step run (:mod:`epochal.checkpoint.rebuilds`); the twin
-        of a rebuild that is done goes. Returns the shadows the pipeline holds now."""
-        import dataclasses
-
-        from epochal.checkpoint import rebuilds
-
-        active = self.controller.backend.transaction(rebuilds.active)
-        wanted = {r.shadow: view for view, r in active.items() if view in self.pipeline.views}
-        views = {n: v for n, v in self.pipeline.views.items() if rebuilds.rebuilt_view(n) is None or n in wanted}
-        for shadow, view in wanted.items():
-            views.setdefault(shadow, dataclasses.replace(views[view], name=shadow, internal_of=view))
-        if views.keys() != self.pipeline.views.keys():
-            self.pipeline = dataclasses.replace(self.pipeline, views=views)
-        return sorted(wanted)
-
-    def retire_removed(self) -> list[str]:
-        """Views whose statement left the pipeline: their meta-store rows and files are deleted
-        (the loader already refused the pipeline if anything still reads them)."""
-        from epochal.checkpoint import backfill_log, rebuilds
-        from epochal.checkpoint import queries as q
-
-        # (without the shadows ``add_shadows`` put in: whether one is still needed is the meta store's call)
-        tables = {t for t in self.pipeline.tables if rebuilds.rebuilt_view(t) is None}
-
-        def retire(cur) -> tuple[list[str], list[str]]:
-            # A switch to a view's new statement that committed: its shadow has done its work.
-            finished = rebuilds.finish_committed(cur, q.committed_epoch(cur))
-            serving = {r.shadow for v, r in rebuilds.active(cur).items() if v in tables}
-            known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
-            known |= {b.view for b in backfill_log.all_backfills(cur)}
-            gone = sorted(known - tables - serving)
-            rebuilds.forget(cur, [t for t in gone if t not in finished])
-            # A removed sink's delivery records go too (its target keeps what it received).
-            sinks = {r[0] for r in cur.execute("SELECT DISTINCT sink FROM sink_batches").fetchall()}
-            for sink in sorted(sinks - set(self.pipeline.sinks)):
-                open_batches = cur.execute(
-                    "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "
-                    "AND state <> 'COMMITTED'",
-                    [sink],
-                ).fetchone()[0]
-                if open_batches:  # a pre-commit may still hold locks downstream: kept for its recovery
-                    log.warning("sink %s left the pipeline with %d batch(es) not finished", sink, open_batches)
-                    continue
-                cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
-                cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
-                gone.append(f"sink {sink}")
-            retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
-            return gone, retired
-
-        gone, garbage = self.controller.backend.transaction(retire)
-        # Its whole directory: what runs killed before recording a file is there too.
-        garbage += [self.warehouse.table_root(t) for t in gone if not t.startswith("sink ")]
-        if garbage:
-            self.reader.release_snapshots(garbage)
-            self.warehouse.delete(garbage, prune_parents=True)
-        if any(rebuilds.rebuilt_view(g) is not None for g in gone):
-            self.add_shadows()  # a finished rebuild's shadow leaves this process's pipeline too
-        if [g for g in gone if rebuilds.rebuilt_view(g) is None]:
-            log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
-        return gone
 
     def begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
         """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an
@@ -603,11 +542,3 @@ class EpochRuntime:
         # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
         at = epoch if epoch is not None else (report.committed_epoch or 0)
         return StepReport("epoch_compaction", at, report.metadata)
-
-
-def view_fingerprint(view: "ViewDef") -> str:
-    """What a view's stored rows depend on: its query (whitespace aside), columns and refresh mode."""
-    import hashlib
-
-    text = " ".join(view.query.split()) + "|" + ",".join(view.columns) + "|" + view.refresh
-    return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -95,7 +95,7 @@ class BackfillRunner:
     def pending(self) -> list[Backfill]:
         """Active backfills of views in the pipeline, upstreams first: a changed view's new
         statement under its shadow name too, until the view switched to it."""
-        self.runtime.add_shadows()
+        self.runtime.changes.add_shadows()
         serving_old = {
             r.shadow
             for r in self.runtime.controller.backend.transaction(rebuilds.active).values()

@@ -1,0 +1,91 @@
+"""What changes when a pipeline's statements change between runs: a view being rebuilt gets its new
+statement's shadow twin, and tables and sinks that left the pipeline are retired with their files
+and meta-store rows. Called by the runtime before a run's first step, by the backfill runner and by
+the rebuilding step (:mod:`epochal.rebuild_steps`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
+from epochal.checkpoint import backfill_log, rebuilds
+from epochal.checkpoint import queries as q
+
+if TYPE_CHECKING:
+    from epochal.meta.backend import Cursor
+    from epochal.pipeline.model import ViewDef
+    from epochal.runtime import EpochRuntime
+
+log = logging.getLogger("epochal.runtime")
+
+
+class PipelineChanges:
+    def __init__(self, runtime: "EpochRuntime"):
+        self.runtime = runtime
+
+    def add_shadows(self) -> list[str]:
+        """Every view being rebuilt gets its new statement's twin under the shadow name, which the
+        backfill runner and the switching step run (:mod:`epochal.checkpoint.rebuilds`); the twin
+        of a rebuild that is done goes. Returns the shadows the pipeline holds now."""
+        active = self.runtime.controller.backend.transaction(rebuilds.active)
+        wanted = {r.shadow: view for view, r in active.items() if view in self.runtime.pipeline.views}
+        views = {
+            n: v for n, v in self.runtime.pipeline.views.items() if rebuilds.rebuilt_view(n) is None or n in wanted
+        }
+        for shadow, view in wanted.items():
+            views.setdefault(shadow, dataclasses.replace(views[view], name=shadow, internal_of=view))
+        if views.keys() != self.runtime.pipeline.views.keys():
+            self.runtime.pipeline = dataclasses.replace(self.runtime.pipeline, views=views)
+        return sorted(wanted)
+
+    def retire_removed(self) -> list[str]:
+        """Views whose statement left the pipeline: their meta-store rows and files are deleted
+        (the loader already refused the pipeline if anything still reads them)."""
+        # (without the shadows ``add_shadows`` put in: whether one is still needed is the meta store's call)
+        tables = {t for t in self.runtime.pipeline.tables if rebuilds.rebuilt_view(t) is None}
+
+        def retire(cur: "Cursor") -> tuple[list[str], list[str]]:
+            # A switch to a view's new statement that committed: its shadow has done its work.
+            finished = rebuilds.finish_committed(cur, q.committed_epoch(cur))
+            serving = {r.shadow for v, r in rebuilds.active(cur).items() if v in tables}
+            known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
+            known |= {b.view for b in backfill_log.all_backfills(cur)}
+            gone = sorted(known - tables - serving)
+            rebuilds.forget(cur, [t for t in gone if t not in finished])
+            # A removed sink's delivery records go too (its target keeps what it received).
+            sinks = {r[0] for r in cur.execute("SELECT DISTINCT sink FROM sink_batches").fetchall()}
+            for sink in sorted(sinks - set(self.runtime.pipeline.sinks)):
+                open_batches = cur.execute(
+                    "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "
+                    "AND state <> 'COMMITTED'",
+                    [sink],
+                ).fetchone()[0]
+                if open_batches:  # a pre-commit may still hold locks downstream: kept for its recovery
+                    log.warning("sink %s left the pipeline with %d batch(es) not finished", sink, open_batches)
+                    continue
+                cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
+                cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
+                gone.append(f"sink {sink}")
+            retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
+            return gone, retired
+
+        gone, garbage = self.runtime.controller.backend.transaction(retire)
+        # Its whole directory: what runs killed before recording a file is there too.
+        garbage += [self.runtime.warehouse.table_root(t) for t in gone if not t.startswith("sink ")]
+        if garbage:
+            self.runtime.reader.release_snapshots(garbage)
+            self.runtime.warehouse.delete(garbage, prune_parents=True)
+        if any(rebuilds.rebuilt_view(g) is not None for g in gone):
+            self.add_shadows()  # a finished rebuild's shadow leaves this process's pipeline too
+        if [g for g in gone if rebuilds.rebuilt_view(g) is None]:
+            log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
+        return gone
+
+
+def view_fingerprint(view: "ViewDef") -> str:
+    """What a view's stored rows depend on: its query (whitespace aside), columns and refresh mode."""
+    text = " ".join(view.query.split()) + "|" + ",".join(view.columns) + "|" + view.refresh
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
