@@ -5,6 +5,7 @@ view's change there, new rows minus old rows, for its readers, sinks and downstr
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -21,10 +22,14 @@ from epochal.storage.warehouse import WEIGHT
 if TYPE_CHECKING:
     from epochal.runtime import EpochRuntime
 
+log = logging.getLogger("epochal.rebuild")
+
 
 class RebuildSteps:
     def __init__(self, runtime: EpochRuntime):
         self.runtime = runtime
+        #: (view, new statement's fingerprint) -> why its switch waits, or None (``_type_change``)
+        self._type_changes: dict[tuple[str, str], str | None] = {}
 
     def run(self, epoch: int, view: str, run_id: str | None, release: bool) -> StepReport:
         runtime = self.runtime
@@ -39,7 +44,14 @@ class RebuildSteps:
         shadow = rebuild.shadow  # type: ignore[union-attr]
         runtime.changes.add_shadows()
         inputs = runtime.pipeline.views[shadow].upstreams if shadow in runtime.pipeline.views else ()
-        gap = backend.transaction(lambda cur: rebuilds.switch_gap(cur, view, epoch, inputs))
+        held = None
+        if rebuild.state is rebuilds.RebuildState.SERVING_OLD:  # type: ignore[union-attr]
+            held = self._type_change(view, shadow, epoch, rebuild.new_fingerprint)  # type: ignore[union-attr]
+            if held != rebuild.held:  # type: ignore[union-attr]
+                backend.transaction(lambda cur: rebuilds.hold(cur, view, held))
+            if held:
+                log.warning("%s keeps serving its old statement: %s", view, held)
+        gap = None if held else backend.transaction(lambda cur: rebuilds.switch_gap(cur, view, epoch, inputs))
         outside = runtime.controller.backfills.outside_alignment()
         # Its inputs' changes of this epoch come from their live steps: a stage still backfilling has none.
         ready = gap is not None and all(u in begun.collected and u not in outside for u in inputs)
@@ -58,12 +70,45 @@ class RebuildSteps:
                     "serving": "old statement",
                     "new_statement_phase": progress.get("phase", "waiting"),
                     "new_statement_epochs_behind": progress.get("epochs_behind"),
+                    **({"switch_held": held} if held else {}),
                     "rows_changed": 0,
                     "seconds": round(time.time() - started, 3),
                     "recorded": recorded,
                 },
             )
         return self._switch(epoch, view, shadow, started, run_id, release)
+
+    def _type_change(self, view: str, shadow: str, epoch: int, fingerprint: str) -> str | None:
+        """Why the switch must wait, if the new statement changes the type of a column that
+        something reads: a sink's target was made with the old types, and a view on it holds rows
+        of them (its stored files and its new changes would disagree). None when the types agree
+        or nothing reads the view. Once per statement and runtime (Spark analyses, no job runs)."""
+        if (view, fingerprint) in self._type_changes:
+            return self._type_changes[(view, fingerprint)]
+        runtime = self.runtime
+        pipeline = runtime.pipeline
+        readers = sorted(
+            [s for s, sink in pipeline.sinks.items() if sink.from_table == view]
+            + [v for v, d in pipeline.views.items() if view in d.upstreams and rebuilds.rebuilt_view(v) is None]
+        )
+        problem = None
+        old, _ = runtime.read_state(view, epoch, inclusive=False) if readers else (None, 0)
+        if old is not None:
+            old_types = {f.name: f.dataType.simpleString() for f in old.schema.fields}
+            changed = [
+                f"{f.name} {old_types[f.name]} -> {f.dataType.simpleString()}"
+                for f in runtime.query_schema(shadow).fields
+                if f.name in old_types and old_types[f.name] != f.dataType.simpleString()
+            ]
+            if changed:
+                first = changed[0].split(" ")
+                problem = (
+                    f"the new statement changes the type of {', '.join(changed)}, and {', '.join(readers)} "
+                    f"read(s) {view} with the old types. Cast to the old type in the new statement "
+                    f"(CAST(... AS {first[1]}) AS {first[0]}), or give it a new name"
+                )
+        self._type_changes[(view, fingerprint)] = problem
+        return problem
 
     def _write_ahead(self, view: str, shadow: str, gap: list[int], run_id: str | None) -> bool:
         """The new statement's change of each epoch in ``gap`` (after its backfill's position, before

@@ -77,6 +77,8 @@ class Rebuild:
     #: the new statement's snapshot of the view at ``switched_epoch``
     switch_snapshot: str | None
     started_at: float
+    #: why the switch is held (the view keeps serving its old rows), or None
+    held: str | None = None
 
     @property
     def shadow(self) -> str:
@@ -88,16 +90,18 @@ class Rebuild:
             "serving": "old statement" if self.state is RebuildState.SERVING_OLD else "new statement",
             "frozen_epoch": self.frozen_epoch,
             "switched_epoch": self.switched_epoch,
+            "held": self.held,
         }
 
 
 _COLUMNS = (
-    "view_name, state, old_fingerprint, new_fingerprint, frozen_epoch, switched_epoch, switch_snapshot, started_at"
+    "view_name, state, old_fingerprint, new_fingerprint, frozen_epoch, switched_epoch, switch_snapshot, started_at, "
+    "held"
 )
 
 
 def _record(row: tuple) -> Rebuild:
-    return Rebuild(row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7])
+    return Rebuild(row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8])
 
 
 def read(cur: Cursor, view: str) -> Rebuild | None:
@@ -108,6 +112,15 @@ def read(cur: Cursor, view: str) -> Rebuild | None:
 def active(cur: Cursor) -> dict[str, Rebuild]:
     rows = cur.execute(f"SELECT {_COLUMNS} FROM view_rebuilds WHERE state <> ?", [RebuildState.DONE.value])
     return {r.view: r for r in map(_record, rows.fetchall())}
+
+
+def hold(cur: Cursor, view: str, reason: str | None) -> None:
+    """Record why the view's switch waits (None: nothing holds it). Not a state: the old rows serve
+    as in SERVING_OLD, and the switch goes ahead once a new statement removes the reason."""
+    cur.execute(
+        "UPDATE view_rebuilds SET held = ? WHERE view_name = ? AND state = ? AND held IS DISTINCT FROM ?",
+        [reason, view, RebuildState.SERVING_OLD.value, reason],
+    )
 
 
 def _move(cur: Cursor, view: str, old: RebuildState, new: RebuildState, **extra: object) -> None:
@@ -127,7 +140,7 @@ def start(cur: Cursor, view: str, old_fingerprint: str, new_fingerprint: str, fr
     now = time.time()
     cur.execute("DELETE FROM view_rebuilds WHERE view_name = ?", [view])
     cur.execute(
-        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, NULL, ?)",
         [view, RebuildState.SERVING_OLD.value, old_fingerprint, new_fingerprint, frozen_epoch, now, now],
     )
 
@@ -135,7 +148,7 @@ def start(cur: Cursor, view: str, old_fingerprint: str, new_fingerprint: str, fr
 def restart(cur: Cursor, view: str, new_fingerprint: str) -> None:
     """The statement changed again while the shadow was backfilling: it starts over from it."""
     cur.execute(
-        "UPDATE view_rebuilds SET new_fingerprint = ?, updated_at = ? WHERE view_name = ? AND state = ?",
+        "UPDATE view_rebuilds SET new_fingerprint = ?, held = NULL, updated_at = ? WHERE view_name = ? AND state = ?",
         [new_fingerprint, time.time(), view, RebuildState.SERVING_OLD.value],
     )
 
