@@ -49,10 +49,28 @@ START_SENSOR = """
 mutation($selector: SensorSelector!) {
   startSensor(sensorSelector: $selector) {
     __typename
-    ... on Sensor { sensorState { status } }
+    ... on Sensor { id sensorState { status } }
     ... on PythonError { message }
   }
 }"""
+STOP_SENSOR = """
+mutation($id: String) {
+  stopSensor(id: $id) {
+    __typename
+    ... on StopSensorMutationResult { instigationState { status } }
+    ... on PythonError { message }
+  }
+}"""
+RUNS_IN_FLIGHT = """
+query {
+  runsOrError(filter: {statuses: [QUEUED, NOT_STARTED, STARTING, STARTED]}) {
+    __typename
+    ... on Runs { results { runId } }
+  }
+}"""
+#: after the measured minutes, how long the runs the sensor started may take to finish: stopping
+#: `dagster dev` under a run would count its interruption as a failed run
+DRAIN_S = 180.0
 
 
 def log(message: str) -> None:
@@ -234,6 +252,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{rss / 2**20 if rss else float('nan'):.0f} MiB"
                 )
             until = time.time()
+            stopped = server.graphql(STOP_SENSOR, {"id": started["id"]})["stopSensor"]
+            if stopped["__typename"] != "StopSensorMutationResult":
+                log(f"could not stop barrier_sensor: {stopped}")
+            drain_until = time.time() + DRAIN_S
+            while time.time() < drain_until:
+                flying = server.graphql(RUNS_IN_FLIGHT, {})["runsOrError"].get("results", [])
+                if not flying:
+                    break
+                time.sleep(2.0)
+            log(f"sensor off; runs in flight drained in {time.time() - until:.0f}s (not counted in the figures)")
         result["meta"] = meta_store_figures(env, since, until)
         result["runs"] = run_figures(Path(env["DAGSTER_HOME"]))
         result["minutes"] = (until - since) / 60
