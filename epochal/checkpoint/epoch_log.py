@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from epochal.checkpoint import backfill_log, definitions, rebuilds
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.epoch_claims import EpochClaims
 from epochal.checkpoint.records import (
     Collected,
     CollectResult,
@@ -31,7 +32,6 @@ from epochal.checkpoint.records import (
 from epochal.connectors.base import SplitRange
 from epochal.epoch import barrier_kind, next_epoch
 from epochal.errors import EpochalError
-from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
 
@@ -43,7 +43,7 @@ ORDER_POLL_FIRST_S = 0.05
 ORDER_POLL_MAX_S = 1.0
 
 
-class EpochLog:
+class EpochLog(EpochClaims):
     def __init__(
         self,
         settings: Settings,
@@ -264,65 +264,6 @@ class EpochLog:
 
         return self.backend.transaction(begin)
 
-    def take_waiting(self, run_id: str | None) -> list[int]:
-        """Claim for this process every epoch that is waiting for a run: injected, not failed, and
-        held by no process (the sensor injects unclaimed; a step run from the UI releases its claim).
-        The claim is one conditional UPDATE, so two runs never take one epoch. Returns the epochs
-        taken, oldest first: a run processes them in order, the order their steps need anyway."""
-
-        def take(cur: Cursor) -> list[int]:
-            rows = cur.execute(
-                "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
-                "WHERE state = 'INJECTED' AND failure IS NULL AND owner_pid IS NULL RETURNING epoch",
-                [Owner.host, os.getpid(), run_id, time.time()],
-            ).fetchall()
-            return sorted(r[0] for r in rows)
-
-        taken = self.backend.transaction(take)
-        if taken:
-            log.info("run %s takes waiting epoch(s) %s", run_id, taken)
-        return taken
-
-    def waiting(self) -> list[int]:
-        """Epochs injected and held by no process: a run started now would take them."""
-        rows = self.backend.transaction(
-            lambda cur: cur.execute(
-                "SELECT epoch FROM epochs WHERE state = 'INJECTED' AND failure IS NULL AND owner_pid IS NULL "
-                "ORDER BY epoch"
-            ).fetchall()
-        )
-        return [r[0] for r in rows]
-
-    def hold(self, epochs: Iterable[int]) -> Lease:
-        """``with log.hold(epochs):`` renews the heartbeat of every epoch a run has taken while it works
-        on the first: the ones waiting their turn in the run are alive too, not stuck."""
-        held = sorted(epochs)
-        interval = max(0.05, self.settings.epoch_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
-        return Lease(f"epochs {held}", lambda: self.renew_all(held), interval)
-
-    def lease(self, epoch: int) -> Lease:
-        """``with log.lease(epoch):`` renews the epoch's heartbeat while the block runs, so recovery
-        does not take a step that runs longer than ``EPOCHAL_EPOCH_TIMEOUT_S`` for a dead one."""
-        return self.hold([epoch])
-
-    def renew(self, epoch: int) -> bool:
-        """Move the epoch's heartbeat to now; False when it is no longer in flight."""
-        return self.renew_all([epoch])
-
-    def renew_all(self, epochs: list[int]) -> bool:
-        """Move the heartbeat of those of ``epochs`` still in flight to now; False when none is."""
-
-        def touch(cur: Cursor) -> bool:
-            marks = ", ".join("?" for _ in epochs)
-            rows = cur.execute(
-                f"UPDATE epochs SET heartbeat_at = ? WHERE epoch IN ({marks}) AND state IN {q.IN_FLIGHT} "
-                "RETURNING epoch",
-                [time.time(), *epochs],
-            ).fetchall()
-            return bool(rows)
-
-        return self.backend.transaction(touch)
-
     @staticmethod
     def _written_before(cur: Cursor, table: str, epoch: int) -> bool:
         """A snapshot, or a change file of an epoch before ``epoch`` that was not aborted: what
@@ -336,30 +277,9 @@ class EpochLog:
         ).fetchone()
         return bool(row[0])
 
-    def release(self, epoch: int) -> None:
-        """End this process's claim on ``epoch`` (it waits for others now, not for this run)."""
-        self.backend.transaction(lambda cur: self._release(cur, epoch))
-
-    def release_all(self, epochs: Iterable[int]) -> None:
-        """End this process's claim on each of ``epochs``: they wait for a run again."""
-
-        def release(cur: Cursor) -> None:
-            for epoch in epochs:
-                self._release(cur, epoch)
-
-        self.backend.transaction(release)
-
     def blocked_by(self, epoch: int) -> str | None:
         """Why an epoch older than ``epoch`` cannot finish (failed, its run died or hung), or None."""
         return self.backend.transaction(lambda cur: self._stuck(cur, before=epoch))
-
-    @staticmethod
-    def _release(cur: Cursor, epoch: int) -> None:
-        # The epoch now waits for other steps, bounded by the epoch timeout, not by this process.
-        cur.execute(
-            "UPDATE epochs SET owner_pid = NULL, heartbeat_at = ? WHERE epoch = ? AND owner_pid = ? AND owner_host = ?",
-            [time.time(), epoch, os.getpid(), Owner.host],
-        )
 
     def fail(self, epoch: int, error: str) -> bool:
         """A step failed on ``epoch``: if the epoch is in flight, record why and ask for a recovery.
