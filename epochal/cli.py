@@ -107,6 +107,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"  {view:<28} {b['phase']:<9} {b['vnodes_done']}/{b['vnodes_total']}  {b['rows']} rows  "
                 f"{b['epochs_behind'] if b['epochs_behind'] is not None else '-'} behind"
             )
+            rebuild = b.get("rebuild")
+            if rebuild:
+                print(f"  {'':<28} rebuilding: serving the {rebuild['serving']} since epoch {rebuild['frozen_epoch']}")
+                if rebuild.get("held"):
+                    print(f"  {'':<28} switch held: {rebuild['held']}")
+            if b.get("error"):
+                print(f"  {'':<28} last failure: {b['error']}")
     last = status["last_recovery"]
     if last:
         outcome = f"FAILED: {last['error']}" if last["error"] else f"aborted {last['aborted_epochs'] or 'nothing'}"

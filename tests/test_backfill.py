@@ -346,6 +346,8 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     assert "busy" in held["switch_held"] and "CAST(... AS bigint) AS top" in held["switch_held"], held
     rebuild_status = h.runtime(spark).controller.status()["backfills"]["bidder_counts"]["rebuild"]
     assert rebuild_status["held"] == held["switch_held"], rebuild_status
+    shown = h.cli("status").stdout
+    assert "serving the old statement" in shown and "switch held: the new statement changes the type of top" in shown
     views_file.write_text(original.replace("price >= 1500", "price >= 4000"))
     frozen_step = _metadata(_run(h, instance), "bidder_counts")
     assert "switch_held" not in frozen_step, "a statement that keeps the types is no longer held"
