@@ -114,7 +114,10 @@ def partial_change(
         kept.withColumn(WEIGHT, F.lit(1).cast("bigint")),
     ]
     redo = judged.where(F.col(_REDO))
-    if dry_run or not redo.isEmpty():
+    # Only a MIN/MAX or an inexact sum can need its group's input (``_merged``): without one the
+    # flag is the constant False, and asking Spark whether any group has it is a job for nothing.
+    can_redo = any(c.kind in ("min", "max") or (c.kind == "sum" and not exact[c.name]) for c in spec.columns)
+    if dry_run or (can_redo and not redo.isEmpty()):
         # The groups whose kept MIN/MAX values all went (or whose float sum lost a value): rebuilt
         # from their input rows after the epoch, read at their keys, as if every row were inserted
         # into an empty group. Over all rows there is one group, and its key is the whole input.
