@@ -138,3 +138,34 @@ def test_log_read_parses_each_line_once_on_spark_connect(
         assert_log_read_parses_once(remote, tmp_path, keyed, parses, capsys)
     finally:
         remote.stop()
+
+
+def test_a_query_over_frames_is_planned_without_a_round_trip_and_keeps_its_frames(
+    connect_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Connect a view step's queries are built as plans the server parses when they run (no
+    ``spark.sql`` round trip each): each must still read the frames it was given, even after the
+    same name is bound to another frame, keep braces in its text, and report a bad column by name
+    when analysed."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql.connect.plan import SQL
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from epochal.incremental.binding import sql_over
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    remote = ConnectSession.builder.remote(connect_url).create()
+    try:
+        inserts = remote.createDataFrame([(1, "a"), (2, "b")], "id BIGINT, item STRING")
+        deletes = remote.createDataFrame([(3, "c")], "id BIGINT, item STRING")
+        query = "SELECT o.id, orders.item, '{x}' AS braces FROM orders o JOIN orders ON orders.id = o.id"
+        plus = sql_over(remote, query, {"ORDERS": inserts})
+        minus = sql_over(remote, query, {"orders": deletes})
+        assert isinstance(plus._plan, SQL), "built locally, not sent to the server first"
+        assert sorted(map(tuple, plus.collect())) == [(1, "a", "{x}"), (2, "b", "{x}")]
+        assert [tuple(r) for r in minus.collect()] == [(3, "c", "{x}")]
+        assert sql_over(remote, "SELECT '{y}' AS v", {"orders": inserts}).first().v == "{y}"
+        with pytest.raises(AnalysisException, match="nope"):
+            sql_over(remote, "SELECT nope FROM orders", {"orders": inserts}).schema  # noqa: B018
+    finally:
+        remote.stop()
