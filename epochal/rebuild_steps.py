@@ -87,25 +87,31 @@ class RebuildSteps:
             return self._type_changes[(view, fingerprint)]
         runtime = self.runtime
         pipeline = runtime.pipeline
+        # (a planner stage of a view reading it is named as its view, the name the user wrote)
         readers = sorted(
-            [s for s, sink in pipeline.sinks.items() if sink.from_table == view]
-            + [v for v, d in pipeline.views.items() if view in d.upstreams and rebuilds.rebuilt_view(v) is None]
+            {s for s, sink in pipeline.sinks.items() if sink.from_table == view}
+            | {
+                d.internal_of or v
+                for v, d in pipeline.views.items()
+                if view in d.upstreams and rebuilds.rebuilt_view(v) is None
+            }
         )
         problem = None
         old, _ = runtime.read_state(view, epoch, inclusive=False) if readers else (None, 0)
         if old is not None:
             old_types = {f.name: f.dataType.simpleString() for f in old.schema.fields}
             changed = [
-                f"{f.name} {old_types[f.name]} -> {f.dataType.simpleString()}"
+                (f.name, old_types[f.name], f.dataType.simpleString())
                 for f in runtime.query_schema(shadow).fields
                 if f.name in old_types and old_types[f.name] != f.dataType.simpleString()
             ]
             if changed:
-                first = changed[0].split(" ")
+                name, was, _ = changed[0]
+                alias = name if name.isidentifier() else quote(name)
                 problem = (
-                    f"the new statement changes the type of {', '.join(changed)}, and {', '.join(readers)} "
-                    f"read(s) {view} with the old types. Cast to the old type in the new statement "
-                    f"(CAST(... AS {first[1]}) AS {first[0]}), or give it a new name"
+                    f"the new statement changes the type of {', '.join(f'{c} {a} -> {b}' for c, a, b in changed)}, "
+                    f"and {', '.join(readers)} read(s) {view} with the old types. Cast to the old type in the "
+                    f"new statement (CAST(... AS {was}) AS {alias}), or give it a new name"
                 )
         self._type_changes[(view, fingerprint)] = problem
         return problem
