@@ -239,6 +239,28 @@ def test_a_switch_first_writes_the_new_statements_epochs_its_backfill_has_not(
     assert not log.adopt_written(shadow, later), "nothing was written ahead there: the backfill computes it"
 
 
+def test_a_held_switch_keeps_its_reason_until_a_new_statement_clears_it(tmp_path: Path, meta_url: str) -> None:
+    """Why a changed view's switch waits is stored with its rebuild (shown by status) while it
+    serves its old rows; changing the statement again clears it, and only SERVING_OLD is held."""
+    backend = grown(tmp_path, meta_url).backend
+
+    def rebuild() -> rebuilds.Rebuild:
+        return backend.transaction(lambda cur: rebuilds.read(cur, "v1"))
+
+    backend.transaction(lambda cur: rebuilds.start(cur, "v1", "a", "a2", 7))
+    backend.transaction(lambda cur: rebuilds.hold(cur, "v1", "the new statement changes the type of n"))
+    assert rebuild().as_status()["held"] == "the new statement changes the type of n"
+    backend.transaction(lambda cur: rebuilds.hold(cur, "v1", None))
+    assert rebuild().held is None
+    backend.transaction(lambda cur: rebuilds.hold(cur, "v1", "still"))
+    backend.transaction(lambda cur: rebuilds.restart(cur, "v1", "a3"))
+    assert rebuild().held is None and rebuild().new_fingerprint == "a3", "a new statement is checked again"
+    old, new = RebuildState.SERVING_OLD, RebuildState.SWITCHED
+    backend.transaction(lambda cur: rebuilds._move(cur, "v1", old, new, switched_epoch=9, switch_snapshot="/s"))
+    backend.transaction(lambda cur: rebuilds.hold(cur, "v1", "late"))
+    assert rebuild().held is None, "a switched rebuild is not held"
+
+
 def test_the_rebuild_rules() -> None:
     assert REBUILD_TRANSITIONS[RebuildState.DONE] == frozenset()
     rebuilds.check_rebuild("v", RebuildState.SERVING_OLD, RebuildState.SWITCHED)
