@@ -39,10 +39,12 @@ def sql_over(spark: SparkSession, query: str, tables: Mapping[str, DataFrame]) -
     names = tuple(sorted({name.lower() for name in tables}))
     template, used = _template(query, names)
     if not used:  # spark.sql formats (and un-doubles braces) only when given frames
-        return _connect_plan(spark, query, {}) or spark.sql(query)
+        planned = _connect_plan(spark, query, {})
+        return planned if planned is not None else spark.sql(query)
     frames = {name.lower(): frame for name, frame in tables.items()}
     bound = {_MARKER.format(i): frames[names[i]] for i in used}
-    return _connect_plan(spark, template, bound) or spark.sql(template, **bound)
+    planned = _connect_plan(spark, template, bound)
+    return planned if planned is not None else spark.sql(template, **bound)
 
 
 def _connect_plan(spark: SparkSession, template: str, frames: Mapping[str, DataFrame]) -> DataFrame | None:

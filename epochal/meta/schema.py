@@ -193,10 +193,10 @@ DDL = (
         started_at DOUBLE PRECISION NOT NULL,
         updated_at DOUBLE PRECISION NOT NULL
     )""",
-    # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     # Why a rebuild cannot switch yet, shown by `epochal status` (e.g. its new statement changes the
     # type of a column that a sink or a view reads); NULL when nothing holds it.
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS held VARCHAR",
+    # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",
     "CREATE INDEX IF NOT EXISTS sink_batches_by_state ON sink_batches (sink, state, last_epoch)",
