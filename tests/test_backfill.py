@@ -348,6 +348,8 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     assert rebuild_status["held"] == held["switch_held"], rebuild_status
     shown = h.cli("status").stdout
     assert "serving the old statement" in shown and "switch held: the new statement changes the type of top" in shown
+    pending = [b.view for b in BackfillRunner(h.runtime(spark)).pending()]
+    assert "bidder_counts__rebuild" not in pending, "a held statement is not backfilled: its fix starts over"
     views_file.write_text(original.replace("price >= 1500", "price >= 4000"))
     frozen_step = _metadata(_run(h, instance), "bidder_counts")
     assert "switch_held" not in frozen_step, "a statement that keeps the types is no longer held"
@@ -361,6 +363,7 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     entry = status["backfills"]["bidder_counts"]
     assert entry["phase"] in ("snapshot", "waiting") and entry["rebuild"]["serving"] == "old statement", entry
     assert entry["rebuild"]["held"] is None, entry
+    assert "bidder_counts__rebuild" in [b.view for b in BackfillRunner(runtime).pending()]
     assert "busy" not in status["backfills"], "a view built on it is not rebuilt: it receives the difference"
     assert status["tables"]["bidder_counts"] == status["committed_epoch"], "it stays in commit alignment"
     # The old version serves, frozen: readers and the sink see the rows of the epoch the statement changed.

@@ -96,11 +96,13 @@ class BackfillRunner:
         """Active backfills of views in the pipeline, upstreams first: a changed view's new
         statement under its shadow name too, until the view switched to it."""
         self.runtime.changes.add_shadows()
-        serving_old = {
-            r.shadow
-            for r in self.runtime.controller.backend.transaction(rebuilds.active).values()
-            if r.state is rebuilds.RebuildState.SERVING_OLD
-        }
+        rebuilding = self.runtime.controller.backend.transaction(rebuilds.active).values()
+        # A held switch (the new statement changes a type a reader relies on) waits for the user
+        # to change the statement again, which starts its backfill over: work on it now is lost.
+        for r in rebuilding:
+            if r.held:
+                log.info("backfill of %s waits: the switch of %s is held (%s)", r.shadow, r.view, r.held)
+        serving_old = {r.shadow for r in rebuilding if r.state is rebuilds.RebuildState.SERVING_OLD and not r.held}
         order = {name: i for i, name in enumerate(self.runtime.pipeline.view_order())}
         # A shadow whose view switched has done its work (it is retired at the next injection).
         active = [
