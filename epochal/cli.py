@@ -37,6 +37,13 @@ def _runtime():  # noqa: ANN202 - imported lazily so `epochal --help` stays inst
     return EpochRuntime(settings, pipeline, spark)
 
 
+def _splits_shown(backfill: dict) -> str:
+    """``  splits 3/4 read`` for a backfill reading SOURCE inputs from their splits, else nothing."""
+    if not backfill.get("splits_total"):
+        return ""
+    return f"  splits {backfill['splits_done']}/{backfill['splits_total']} read"
+
+
 def _sink_start(start: dict | None) -> str:
     """How a sink started, when it did not start with the first epoch."""
     if not start:
@@ -105,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         for view, b in status["backfills"].items():
             print(
                 f"  {view:<28} {b['phase']:<9} {b['vnodes_done']}/{b['vnodes_total']}  {b['rows']} rows  "
-                f"{b['epochs_behind'] if b['epochs_behind'] is not None else '-'} behind"
+                f"{b['epochs_behind'] if b['epochs_behind'] is not None else '-'} behind{_splits_shown(b)}"
             )
             rebuild = b.get("rebuild")
             if rebuild:
@@ -275,6 +282,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             print(
                 f"{view:<28} {b['phase']:<9} vnodes {b['vnodes_done']}/{b['vnodes_total']}  rows {b['rows']}  "
                 f"epochs behind {b['epochs_behind'] if b['epochs_behind'] is not None else '-'}"
+                + _splits_shown(b)
                 + (f"  rate limit {b['rate_limit']:g}/s" if b["rate_limit"] is not None else "")
                 + (f"  last error: {b['error']}" if b["error"] else "")
                 + (f"  stages: {', '.join(f'{s} {p}' for s, p in b['stages'].items())}" if b.get("stages") else "")

@@ -19,6 +19,8 @@ FAULT_POINTS = (
     "sink-pending",  # a sink batch is PENDING; nothing committed downstream
     "sink-commit-midway",  # some of a batch's writers are committed downstream, not all
     "sink-committed",  # the target committed the batch; COMMITTED not marked
+    "backfill-split-read",  # a chunk of a source split is written for a backfill; its offset not recorded
+    "backfill-split-recorded",  # that chunk and the split's new offset are recorded; the next not read
     "backfill-range-moved",  # a backfill range's files are in the snapshot directory; not recorded DONE
     "backfill-range-done",  # a backfill range is recorded DONE; the next not started
     "backfill-epoch-written",  # a backfill wrote a committed epoch's change file; not recorded

@@ -133,8 +133,10 @@ def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.Complet
 
 @pytest.mark.slow
 def test_a_killed_backfill_resumes_where_it_stopped(spark, tmp_path: Path, postgres_url: str, monkeyenv) -> None:
-    """SIGKILL after a range is recorded, with a range's files moved but not recorded, and in the
-    log-store phase: each run goes on from what the meta store (PostgreSQL here) recorded."""
+    """SIGKILL after a source split's chunk is recorded, with a chunk written but not recorded,
+    after a range is recorded, with a range's files moved but not recorded, and in the log-store
+    phase: each run goes on from what the meta store (PostgreSQL here) recorded. A chunk or range
+    a killed run left unrecorded would double rows, which the oracle would see."""
     monkeyenv.setenv("EPOCHAL_META_URL", postgres_url)
     h = make_harness(tmp_path)
     instance = dg.DagsterInstance.ephemeral()
@@ -142,6 +144,18 @@ def test_a_killed_backfill_resumes_where_it_stopped(spark, tmp_path: Path, postg
     views = {"bidder_counts": NEW_VIEWS["bidder_counts"], "cheap_bids": NEW_VIEWS["cheap_bids"]}
     (h.pipeline_dir / "new.sql").write_text(_views_file(views))
     _run(h, instance)  # registers the backfills; this epoch is one the log-store phase writes
+
+    # bid is a SOURCE: its history is read split by split from the connector first.
+    killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-split-recorded")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    shown = h.runtime(spark).controller.status()["backfills"]["cheap_bids"]
+    assert (shown["splits_done"], shown["splits_total"]) == (1, 2), shown["splits"]
+    read_before = shown["rows"]
+    assert read_before > 0
+    killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-split-read")  # written, not recorded
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    shown = h.runtime(spark).controller.status()["backfills"]["cheap_bids"]
+    assert (shown["splits_done"], shown["rows"]) == (1, read_before)  # resumed at the recorded offsets
 
     killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-range-done")
     assert killed.returncode == -9, killed.stderr[-2000:]

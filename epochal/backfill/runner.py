@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from epochal.backfill import source_splits
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
 from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
@@ -65,6 +66,9 @@ class Progress:
     note: str = ""
     caught_up_epoch: int | None = None
     snapshot_epoch: int | None = None
+    #: splits of the SOURCE inputs read from their connector that are done reading, of how many
+    splits_done: int = 0
+    splits_total: int = 0
 
     def metadata(self) -> dict[str, Any]:
         rate = round(self.rows_read / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -72,6 +76,8 @@ class Progress:
             "phase": self.phase,
             "vnodes_done": self.vnodes_done,
             "vnodes_total": VNODES_TOTAL,
+            "splits_done": self.splits_done,
+            "splits_total": self.splits_total,
             "rows_read": self.rows_read,
             "rows_written": self.rows_written,
             "rows_per_second": rate,
@@ -156,6 +162,8 @@ class BackfillRunner:
         status = self.log.status().get(progress.view, {})
         progress.phase = status.get("phase", progress.phase)
         progress.vnodes_done = status.get("vnodes_done", progress.vnodes_done)
+        progress.splits_done = status.get("splits_done", progress.splits_done)
+        progress.splits_total = status.get("splits_total", progress.splits_total)
         progress.epochs_behind = status.get("epochs_behind")
         progress.caught_up_epoch = status.get("caught_up_epoch")
         progress.snapshot_epoch = status.get("snapshot_epoch")
@@ -188,7 +196,7 @@ class BackfillRunner:
             return float(written)
         return self.runtime.settings.backfill_rate_limit
 
-    def _throttle(self, view: str, rows: int, seconds: float, deadline: float) -> bool:
+    def throttle(self, view: str, rows: int, seconds: float, deadline: float) -> bool:
         """Sleep so the rows read stay within the rate limit; False when paused (rate 0)."""
         rate = self.rate_limit(view)
         if rate is None:
@@ -210,12 +218,20 @@ class BackfillRunner:
         target = f"{root}/snapshot"
         done = self.log.done_ranges(view)
         known = {nonce for _, nonce in done}
+        # SOURCE inputs first: their history is read split by split from the connector.
+        from_splits = source_splits.split_sources(self, backfill, vnodes_started=bool(done))
+        if from_splits and not source_splits.read_splits(self, backfill, root, deadline, progress):
+            return False
         # What a runner that died left: files of ranges never recorded, and its staging.
         self._clean_unrecorded(target, known)
         warehouse.delete([f"{root}/staging"])
-        # One input: its ranges are the snapshots' own vnodes, so a range opens only its directories.
-        # (Ranges a runner recorded under the type-independent hash stay with it: "r" nonces.)
-        storage = len(self.runtime.pipeline.views[view].upstreams) == 1 and not any(n.startswith("r") for n in known)
+        # One stored input: its ranges are the snapshots' own vnodes, so a range opens only its
+        # directories. (Ranges a runner recorded under the type-independent hash stay with it: "r".)
+        storage = (
+            len(self.runtime.pipeline.views[view].upstreams) == 1
+            and not from_splits
+            and not any(n.startswith("r") for n in known)
+        )
         chunking = chunk_keys(self.runtime, view, storage)
         width = self._range_width(backfill) if chunking is not None else VNODES_TOTAL
         while True:
@@ -252,7 +268,7 @@ class BackfillRunner:
                 elapsed,
                 rows_read / elapsed if elapsed > 0 else 0.0,
             )
-            if not self._throttle(view, rows_read, time.time() - started, deadline):
+            if not self.throttle(view, rows_read, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return False
         if not warehouse.exists(target):  # a view with no rows at all
@@ -265,6 +281,8 @@ class BackfillRunner:
         schema = written or self.runtime.query_schema(view)
         self.log.finish_snapshot(view, target, key, schema.json(), rows, len(files))
         warehouse.delete([f"{root}/staging"])
+        if from_splits:  # the view's snapshot is published: the sources' rows read for it are done with
+            warehouse.delete([f"{root}/splits"])
         log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
         return True
 
@@ -272,7 +290,13 @@ class BackfillRunner:
         """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS input rows (fewer under
         a rate limit: progress about every 10 s). The inputs' size comes from file footers."""
         inputs = self.runtime.pipeline.views[backfill.view].upstreams
-        total = sum(self._stored_rows(u, backfill.snapshot_epoch) for u in inputs)
+        from_splits = set(self.log.split_sources(backfill.view) or ())
+        total = sum(
+            source_splits.source_rows(self, backfill.view, u)[1]
+            if u in from_splits
+            else self._stored_rows(u, backfill.snapshot_epoch)
+            for u in inputs
+        )
         wanted = self.runtime.settings.backfill_chunk_rows
         rate = self.rate_limit(backfill.view)
         if rate:
@@ -314,8 +338,17 @@ class BackfillRunner:
         states: dict[str, DataFrame] = {}
         total = 0
         columns = chunk_columns(runtime, backfill.view) if storage and vnodes.size < VNODES_TOTAL else None
+        from_splits = set(self.log.split_sources(backfill.view) or ())
         for upstream in view.upstreams:
             ranged = None
+            if upstream in from_splits:
+                state, read = source_splits.source_rows(self, backfill.view, upstream)
+                total += read
+                hashed = None if chunking is None else chunking.get(upstream)
+                if hashed is not None and vnodes.size < VNODES_TOTAL:
+                    state = state.where(hashed(state).between(vnodes.lo, vnodes.hi - 1))
+                states[upstream] = state
+                continue
             if columns is not None:
                 ranged = runtime.reader.read_vnode_range(upstream, epoch, columns[upstream], vnodes.lo, vnodes.hi)
             if ranged is not None:  # only the range's vnode directories were read
@@ -431,7 +464,7 @@ class BackfillRunner:
             )
             progress.rows_read += recorded[0].rows_in or 0
             progress.rows_written += recorded[0].rows_out or 0
-            if not self._throttle(view, recorded[0].rows_in or 0, time.time() - started, deadline):
+            if not self.throttle(view, recorded[0].rows_in or 0, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return
 

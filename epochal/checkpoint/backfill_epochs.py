@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from epochal.backfill.state import Backfill, BackfillPhase
+from epochal.checkpoint import backfill_splits
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation
 from epochal.meta.backend import Cursor
@@ -38,6 +39,8 @@ def _check_next(cur: Cursor, b: Backfill, epoch: int, doing: str) -> None:
 
 
 def _advance(cur: Cursor, view: str, epoch: int, rows_in: int, rows_out: int) -> None:
+    # The splits of the SOURCEs it read from the connector move on with the epoch it takes.
+    backfill_splits.on_epoch(cur, view, epoch)
     now = time.time()
     cur.execute(
         "UPDATE backfills SET caught_up_epoch = ?, rows_read = rows_read + ?, rows_written = rows_written + ?, "

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 
+from epochal.backfill.splits import SplitBackfill
 from epochal.backfill.state import (
     VNODES_TOTAL,
     Backfill,
@@ -31,9 +32,10 @@ from epochal.backfill.state import (
     VnodeRange,
     check_transition,
 )
-from epochal.checkpoint import backfill_epochs, rebuilds
+from epochal.checkpoint import backfill_epochs, backfill_splits, rebuilds
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import InvariantViolation, Owner
+from epochal.connectors.base import SplitRange
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.pipeline.model import STAGE_SEPARATOR
@@ -132,11 +134,15 @@ def register_new(
     return started
 
 
-def forget(cur: Cursor, tables: Iterable[str]) -> None:
-    """Delete the backfill rows of views that left the pipeline."""
+def forget(cur: Cursor, tables: Iterable[str]) -> list[str]:
+    """Delete the backfill rows of views that left the pipeline; returns the files only they name
+    (the chunks read from a SOURCE's splits)."""
+    tables = list(tables)
+    garbage = backfill_splits.forget(cur, tables)
     for table in tables:
         cur.execute("DELETE FROM backfill_chunks WHERE view_name = ?", [table])
         cur.execute("DELETE FROM backfills WHERE view_name = ?", [table])
+    return garbage
 
 
 def _transition(cur: Cursor, view: str, old: BackfillPhase, new: BackfillPhase, **extra: object) -> None:
@@ -176,17 +182,35 @@ def status(cur: Cursor) -> dict[str, dict]:
                 "SELECT count(*) FROM epochs WHERE state = 'COMMITTED' AND epoch > ? AND epoch <= ?",
                 [since, committed],
             ).fetchone()[0]
-        shown[b.view] = b.as_status(behind)
+        shown[b.view] = {**b.as_status(behind), **_split_status(cur, b.view)}
     # A changed view's new statement backfills under its shadow name: shown as the view's entry.
     for view, rebuild in rebuilds.active(cur).items():
         if rebuild.shadow in shown:
             shown[view] = {**shown.pop(rebuild.shadow), "rebuild": rebuild.as_status()}
-    # A view's internal stages backfill with it, under its asset: shown inside its entry, by phase.
+    # A view's internal stages backfill with it, under its asset: shown inside its entry, by phase,
+    # with the source splits a stage reads (the stage that reads a SOURCE is the one reading it).
     for name in sorted(shown):
         view = name.split(STAGE_SEPARATOR)[0]
         if view != name and view in shown:
-            shown[view].setdefault("stages", {})[name] = shown.pop(name)["phase"]
+            stage, entry = shown.pop(name), shown[view]
+            entry.setdefault("stages", {})[name] = stage["phase"]
+            for source, splits in stage.get("splits", {}).items():
+                for split, state in splits.items():
+                    entry["splits"].setdefault(source, {}).setdefault(split, state)
+            entry.update(_split_counts(entry["splits"]))
     return shown
+
+
+def _split_status(cur: Cursor, view: str) -> dict:
+    """The splits of the SOURCEs the view reads from their connector, by source, and how many
+    have finished reading (a split reading its history is the only one not done)."""
+    splits = backfill_splits.status(cur, view)
+    return {"splits": splits, **_split_counts(splits)}
+
+
+def _split_counts(splits: dict[str, dict[str, dict]]) -> dict[str, int]:
+    every = [s for by_split in splits.values() for s in by_split.values()]
+    return {"splits_done": sum(1 for s in every if s["phase"] != "backfilling"), "splits_total": len(every)}
 
 
 class BackfillLog:
@@ -354,6 +378,39 @@ class BackfillLog:
 
         self.backend.transaction(finish)
 
+    # ------------------------------------------------------------------ source splits (backfill_splits)
+
+    def begin_splits(self, view: str, candidates: list[str], vnodes_started: bool) -> list[str]:
+        """The SOURCE inputs the view reads from their splits (decided once, splits started)."""
+
+        def begin(cur: Cursor) -> list[str]:
+            b = self._check_owner(cur, view)
+            return backfill_splits.begin(cur, view, b.snapshot_epoch, candidates, vnodes_started)
+
+        return self.backend.transaction(begin)
+
+    def split_sources(self, view: str) -> list[str] | None:
+        """The inputs the view reads from their splits; None while undecided."""
+        return self.backend.transaction(lambda cur: backfill_splits.sources(cur, view))
+
+    def split_states(self, view: str) -> list[SplitBackfill]:
+        return self.backend.transaction(lambda cur: backfill_splits.states(cur, view))
+
+    def split_chunks(self, view: str, source: str | None = None) -> list[str]:
+        """The files of the chunks read from the splits (of ``source``) so far."""
+        return self.backend.transaction(lambda cur: backfill_splits.chunk_locations(cur, view, source))
+
+    def record_split_read(
+        self, view: str, state: SplitBackfill, chunk: SplitRange, rows: int, location: str
+    ) -> SplitBackfill:
+        def record(cur: Cursor) -> SplitBackfill:
+            b = self._check_owner(cur, view)
+            if b.phase is not BackfillPhase.SNAPSHOT:
+                raise InvariantViolation(f"backfill of {view} reads a source split in phase {b.phase.value}")
+            return backfill_splits.record_read(cur, view, state, chunk, rows, location)
+
+        return self.backend.transaction(record)
+
     def next_epoch(self, view: str) -> int | None:
         """The next committed epoch the view has to write in the log-store phase, or None when it
         has written the committed epoch."""
@@ -402,6 +459,7 @@ class BackfillLog:
                 if view not in done and set(b.upstreams) <= done:
                     pending.append(r.epoch)
             _transition(cur, view, BackfillPhase.LOG_STORE, BackfillPhase.JOINED, joined_epoch=committed)
+            backfill_splits.on_join(cur, view)
             cur.execute(
                 "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
                 "ON CONFLICT (table_name) DO UPDATE SET committed_epoch = excluded.committed_epoch",
@@ -459,8 +517,7 @@ class BackfillLog:
                 raise EpochalError(f"{view} has joined the pipeline: there is no backfill to restart")
             garbage = _view_files(cur, view)
             drop_state(cur, view)
-            forget(cur, [view])
-            return garbage
+            return garbage + forget(cur, [view])
 
         return self.backend.transaction(drop)
 
@@ -476,7 +533,7 @@ class BackfillLog:
         def drop(cur: Cursor) -> list[str]:
             garbage = _view_files(cur, view)
             drop_state(cur, view)
-            forget(cur, [view])
+            garbage += forget(cur, [view])
             cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
             # A rebuild that kept the old rows serving is moot: its new statement is built in place.
             garbage += retire(cur, [rebuilds.shadow_name(view)])
@@ -528,6 +585,6 @@ def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
     for table in tables:
         garbage += _view_files(cur, table)
         drop_state(cur, table)
-        forget(cur, [table])
+        garbage += forget(cur, [table])
         cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
     return garbage

@@ -169,9 +169,10 @@ class EpochLog(EpochClaims):
                             "INSERT INTO epoch_offsets VALUES (?, ?, ?, ?, ?)", [epoch, source, r.split, r.start, r.end]
                         )
                         cur.execute(
-                            "INSERT INTO split_frontier (source, split, reserved_end) VALUES (?, ?, ?) "
-                            "ON CONFLICT (source, split) DO UPDATE SET reserved_end = excluded.reserved_end",
-                            [source, r.split, r.end],
+                            "INSERT INTO split_frontier (source, split, reserved_end, first_offset) "
+                            "VALUES (?, ?, ?, ?) ON CONFLICT (source, split) "
+                            "DO UPDATE SET reserved_end = excluded.reserved_end",
+                            [source, r.split, r.end, r.start],
                         )
                 q.set_flag(cur, "barrier_seq", str(seq + 1))
                 return EpochRecord(epoch, prev, kind, EpochState.INJECTED, now)

@@ -196,6 +196,35 @@ DDL = (
     # Why a rebuild cannot switch yet, shown by `epochal status` (e.g. its new statement changes the
     # type of a column that a sink or a view reads); NULL when nothing holds it.
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS held VARCHAR",
+    # Source backfill (epochal/checkpoint/backfill_splits.py): where each split's history starts
+    # (the first offset the source ever planned for it: 0, or the end of the log under
+    # scan.startup.mode = 'latest'), set when the split is first seen; NULL in older stores.
+    "ALTER TABLE split_frontier ADD COLUMN IF NOT EXISTS first_offset BIGINT",
+    # The SOURCE inputs a backfill reads from their splits (JSON list; NULL until decided).
+    "ALTER TABLE backfills ADD COLUMN IF NOT EXISTS split_sources VARCHAR",
+    # Per split of those sources, its state (epochal/backfill/splits.py) and how far it is read.
+    """CREATE TABLE IF NOT EXISTS backfill_splits (
+        view_name VARCHAR NOT NULL,
+        source VARCHAR NOT NULL,
+        split VARCHAR NOT NULL,
+        phase VARCHAR NOT NULL,
+        read_offset BIGINT NOT NULL,
+        target BIGINT NOT NULL,
+        rows_read BIGINT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (view_name, source, split)
+    )""",
+    # The files each chunk read from a split went to, recorded with the split's new offset.
+    """CREATE TABLE IF NOT EXISTS backfill_split_chunks (
+        view_name VARCHAR NOT NULL,
+        source VARCHAR NOT NULL,
+        split VARCHAR NOT NULL,
+        start_offset BIGINT NOT NULL,
+        end_offset BIGINT NOT NULL,
+        rows_read BIGINT NOT NULL,
+        location VARCHAR NOT NULL,
+        PRIMARY KEY (view_name, location)
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

@@ -232,6 +232,13 @@ class Warehouse:
                     dropped.append(attempt.path)
         return dropped
 
+    def child_dirs(self, location: str) -> list[str]:
+        """The directories directly below ``location``, as locations; none when it does not exist."""
+        if not self.exists(location):
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self._path(location)))
+        return sorted(f"{location}/{i.base_name}" for i in infos if i.type == pafs.FileType.Directory)
+
     def exists(self, location: str) -> bool:
         return self.fs.get_file_info(self._path(location)).type != pafs.FileType.NotFound
 
