@@ -63,12 +63,13 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
     epoch = controller.epoch_log.committed_epoch()
     con = duckdb.connect()
     backfills = {b.view: b for b in controller.backfills.all() if b.phase is not BackfillPhase.JOINED}
+    shown = controller.backfills.status() if backfills else {}
     for table in runtime.pipeline.tables:
         columns = _columns_of(runtime, table)
         cols = ", ".join(quote(n, DUCKDB) for n, _ in columns)
         if table in backfills:
             # Not joined yet: its rows are not at the committed epoch. Reading it fails, saying how far it is.
-            message = _not_joined(backfills[table]).replace("'", "''")
+            message = _not_joined(backfills[table], shown.get(table, {})).replace("'", "''")
             typed = _empty_view(columns).removesuffix(" WHERE false")
             con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS {typed} FROM range(1) WHERE error('{message}')")
             continue
@@ -102,7 +103,7 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
     return con, epoch
 
 
-def _not_joined(backfill: "Backfill") -> str:
+def _not_joined(backfill: "Backfill", shown: dict) -> str:
     if backfill.phase is BackfillPhase.CANCELLED:
         return (
             f"view {backfill.view} has no rows: its backfill was cancelled. Restart it with "
@@ -110,7 +111,8 @@ def _not_joined(backfill: "Backfill") -> str:
         )
     return (
         f"view {backfill.view} is backfilling and has not joined the pipeline yet: phase {backfill.phase.shown}, "
-        f"{backfill.vnodes_done}/256 vnodes, {backfill.rows_read} rows read, written up to epoch "
+        + (f"{shown['splits_done']}/{shown['splits_total']} source splits read, " if shown.get("splits_total") else "")
+        + f"{backfill.vnodes_done}/256 vnodes, {backfill.rows_read} rows read, written up to epoch "
         f"{backfill.caught_up_epoch}. Run backfill_job (or `epochal backfill {backfill.view} --run`) to advance it"
     )
 

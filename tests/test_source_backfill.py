@@ -12,6 +12,8 @@ import dagster as dg
 import pytest
 
 from epochal.backfill.runner import BackfillRunner
+from epochal.errors import EpochalError
+from epochal.query import run_query
 from tests.consistency import assert_views_match_batch
 from tests.epochal_harness import make_harness
 
@@ -36,8 +38,8 @@ def _run(h, instance) -> None:  # noqa: ANN001
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    # 4 records a chunk: the busy split's history takes several chunks, each persisted.
-    monkeypatch.setenv("EPOCHAL_BACKFILL_CHUNK_ROWS", "4")
+    # The smallest chunk: the busy split's history (3,300 records) takes four, each persisted.
+    monkeypatch.setenv("EPOCHAL_BACKFILL_CHUNK_ROWS", "1000")
     return monkeypatch
 
 
@@ -51,7 +53,7 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     h.produce([order(1, "c1", 12.0), order(2, "c2", 40.0)], split="idle")
     (h.home / "data" / "orders" / "empty.jsonl").touch()
     for epoch in range(3):
-        h.produce([order(10 * epoch + j, f"c{j % 3}", 5.0 + 7 * j) for j in range(6)], split="busy")
+        h.produce([order(1000 * epoch + j, f"c{j % 5}", 5.0 + j % 40) for j in range(1100)], split="busy")
         _run(h, instance)
     report = h.runtime(spark).compact(every=1)
     assert report.metadata["failures"] == "none", report.metadata
@@ -59,36 +61,45 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     (h.pipeline_dir / "new.sql").write_text(
         "\n".join(f"CREATE MATERIALIZED VIEW {name} AS {query};" for name, query in VIEWS.items())
     )
-    h.produce([order(100, "c1", 3.0)], split="busy")
+    h.produce([order(5000, "c1", 3.0)], split="busy")
     _run(h, instance)  # registers the backfills at the committed epoch; this epoch is after it
 
     # A bounded run reads some chunks of one view; the idle and empty splits are not waited for.
     runtime = h.runtime(spark)
     runner = BackfillRunner(runtime)
-    runner.advance(views=["order_totals"], budget_s=3)
-    shown = runtime.controller.status()["backfills"]["order_totals"]
+    runner.advance(views=["cheap_orders"], budget_s=3)
+    shown = runtime.controller.status()["backfills"]["cheap_orders"]
     splits = shown["splits"]["orders"]
     assert set(splits) == {"busy", "idle", "empty"}, splits
     assert splits["empty"] == {"phase": "caching_up", "offset": 0, "target": 0, "rows": 0}
-    assert splits["busy"]["target"] == 18  # the committed end at the snapshot epoch, not the live one
+    assert splits["busy"]["target"] == 3300  # the committed end at the snapshot epoch, not the live one
     assert shown["splits_total"] == 3 and shown["splits_done"] >= 1
-    assert "bid" not in shown["splits"]  # a stored input is read from its snapshot, not its splits
+    assert set(shown["splits"]) == {"orders"}  # only the SOURCE inputs it reads
+    with pytest.raises(EpochalError, match=r"cheap_orders is backfilling.*\d/3 source splits read"):
+        run_query(runtime, "SELECT count(*) FROM cheap_orders")
 
     # A split appears while the backfills run, and live epochs commit meanwhile.
-    h.produce([order(200, "c4", 8.0), order(201, "c1", 70.0)], split="late")
-    h.produce([order(202, "c2", 9.0)], split="busy")
+    h.produce([order(6000, "c4", 8.0), order(6001, "c1", 70.0)], split="late")
+    h.produce([order(6002, "c2", 9.0)], split="busy")
     _run(h, instance)
 
     reports = BackfillRunner(h.runtime(spark)).advance(budget_s=600)
     by_view = {r.view: r for r in reports}
-    assert by_view["order_totals"].metadata()["splits_total"] == 4
+    assert by_view["cheap_orders"].metadata()["splits_total"] == 4
+    # bid, a SOURCE too (nexmark, two splits), is read per split by the join.
+    assert set(status_splits := h.runtime(spark).controller.status()["backfills"]["order_bids"]["splits"]) == {
+        "orders",
+        "bid",
+    }, status_splits
+    assert set(status_splits["bid"]) == {"0", "1"}
     runtime = h.runtime(spark)
     status = runtime.controller.status()
     for name in VIEWS:
         entry = status["backfills"][name]
         assert entry["phase"] == "done", entry
-        assert entry["splits_done"] == entry["splits_total"] == 4, entry["splits"]
-        assert {s["phase"] for s in entry["splits"]["orders"].values()} == {"finished"}
+        assert set(entry["splits"]["orders"]) == {"busy", "idle", "empty", "late"}, entry["splits"]
+        assert entry["splits_done"] == entry["splits_total"], entry["splits"]
+        assert {s["phase"] for by_split in entry["splits"].values() for s in by_split.values()} == {"finished"}
         # The split that appeared after the snapshot epoch had nothing to read: its records came
         # with the epochs the view took.
         assert entry["splits"]["orders"]["late"]["target"] == 0
@@ -101,7 +112,7 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     assert_views_match_batch(runtime, VIEWS)
 
     for i in range(2):
-        h.produce([order(300 + i, "c1", 11.0)], split="late")
-        h.produce([order(400 + i, "c3", 2.0)], split="idle")
+        h.produce([order(7000 + i, "c1", 11.0)], split="late")
+        h.produce([order(8000 + i, "c3", 2.0)], split="idle")
         _run(h, instance)
         assert_views_match_batch(h.runtime(spark), VIEWS)
