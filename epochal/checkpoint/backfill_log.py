@@ -30,10 +30,17 @@ from epochal.backfill.state import (
     BackfillPhase,
     ChunkState,
     VnodeRange,
-    check_transition,
 )
 from epochal.checkpoint import backfill_epochs, backfill_splits, rebuilds
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.backfill_control import BackfillControl
+from epochal.checkpoint.backfill_rows import COLUMNS, all_backfills, read, transition
+from epochal.checkpoint.backfill_rows import aligned as aligned  # re-exported: the epoch log's commit rule
+from epochal.checkpoint.backfill_rows import drop_state as drop_state
+from epochal.checkpoint.backfill_rows import forget as forget
+from epochal.checkpoint.backfill_rows import needed_from as needed_from
+from epochal.checkpoint.backfill_rows import outside_alignment as outside_alignment
+from epochal.checkpoint.backfill_rows import retire as retire
 from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.connectors.base import SplitRange
 from epochal.errors import EpochalError
@@ -42,60 +49,9 @@ from epochal.pipeline.model import STAGE_SEPARATOR
 
 log = logging.getLogger("epochal.backfill")
 
-_COLUMNS = (
-    "view_name, upstreams, phase, snapshot_epoch, caught_up_epoch, vnodes_done, rows_read, rows_written, "
-    "rate_limit, started_at, updated_at, joined_epoch, error, snapshot_location"
-)
-
 
 class BackfillLost(EpochalError):
     """Another runner took the backfill over (this one was silent too long): stop, it goes on."""
-
-
-def _record(row: tuple) -> Backfill:
-    return Backfill(
-        view=row[0],
-        upstreams=tuple(json.loads(row[1])),
-        phase=BackfillPhase(row[2]),
-        snapshot_epoch=row[3],
-        caught_up_epoch=row[4],
-        vnodes_done=row[5],
-        rows_read=row[6],
-        rows_written=row[7],
-        rate_limit=row[8],
-        started_at=row[9],
-        updated_at=row[10],
-        joined_epoch=row[11],
-        error=row[12],
-        snapshot_location=row[13],
-    )
-
-
-def read(cur: Cursor, view: str) -> Backfill | None:
-    row = cur.execute(f"SELECT {_COLUMNS} FROM backfills WHERE view_name = ?", [view]).fetchone()
-    return _record(row) if row else None
-
-
-def all_backfills(cur: Cursor) -> list[Backfill]:
-    return [
-        _record(r) for r in cur.execute(f"SELECT {_COLUMNS} FROM backfills ORDER BY started_at, view_name").fetchall()
-    ]
-
-
-def outside_alignment(cur: Cursor) -> set[str]:
-    """Views that are not committed with the others: backfilling, or cancelled."""
-    return {
-        r[0]
-        for r in cur.execute(
-            "SELECT view_name FROM backfills WHERE phase <> ?", [BackfillPhase.JOINED.value]
-        ).fetchall()
-    }
-
-
-def aligned(cur: Cursor, tables: Iterable[str]) -> list[str]:
-    """``tables`` without the views outside alignment: the tables an epoch's commit waits for."""
-    outside = outside_alignment(cur)
-    return [t for t in tables if t not in outside]
 
 
 def register_new(
@@ -124,7 +80,7 @@ def register_new(
         waits = any(u in backfilling and backfilling[u].phase.active for u in inputs)
         phase = BackfillPhase.WAITING if waits else BackfillPhase.SNAPSHOT
         cur.execute(
-            f"INSERT INTO backfills ({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, 0, 0, 0, NULL, ?, ?, NULL, NULL, NULL)",
+            f"INSERT INTO backfills ({COLUMNS}) VALUES (?, ?, ?, ?, NULL, 0, 0, 0, NULL, ?, ?, NULL, NULL, NULL)",
             [table, json.dumps(list(inputs)), phase.value, committed, now, now],
         )
         backfilling[table] = read(cur, table)  # type: ignore[assignment]
@@ -132,41 +88,6 @@ def register_new(
     if started:
         log.info("backfill started for %s at snapshot epoch %s", started, committed)
     return started
-
-
-def forget(cur: Cursor, tables: Iterable[str]) -> list[str]:
-    """Delete the backfill rows of views that left the pipeline; returns the files only they name
-    (the chunks read from a SOURCE's splits)."""
-    tables = list(tables)
-    garbage = backfill_splits.forget(cur, tables)
-    for table in tables:
-        cur.execute("DELETE FROM backfill_chunks WHERE view_name = ?", [table])
-        cur.execute("DELETE FROM backfills WHERE view_name = ?", [table])
-    return garbage
-
-
-def _transition(cur: Cursor, view: str, old: BackfillPhase, new: BackfillPhase, **extra: object) -> None:
-    """The only place a backfill's phase changes: checked against the table, and against the row."""
-    check_transition(view, old, new)
-    sets = ", ".join(f"{k} = ?" for k in extra)
-    done = cur.execute(
-        f"UPDATE backfills SET phase = ?, updated_at = ?{', ' + sets if sets else ''} "
-        "WHERE view_name = ? AND phase = ? RETURNING view_name",
-        [new.value, time.time(), *extra.values(), view, old.value],
-    ).fetchall()
-    if not done:
-        raise InvariantViolation(f"backfill of {view} is not in phase {old.value} any more")
-
-
-def needed_from(cur: Cursor, table: str) -> int | None:
-    """The oldest epoch whose state of ``table`` an active backfill still reads (its snapshot epoch,
-    or in the log-store phase the newest epoch it wrote), or None: retention keeps what follows."""
-    row = cur.execute(
-        "SELECT min(CASE WHEN phase = 'LOG_STORE' THEN caught_up_epoch ELSE snapshot_epoch END) FROM backfills "
-        "WHERE phase IN ('WAITING', 'SNAPSHOT', 'LOG_STORE') AND upstreams LIKE ?",
-        [f'%"{table}"%'],
-    ).fetchone()
-    return row[0] if row else None
 
 
 def status(cur: Cursor) -> dict[str, dict]:
@@ -213,7 +134,7 @@ def _split_counts(splits: dict[str, dict[str, dict]]) -> dict[str, int]:
     return {"splits_done": sum(1 for s in every if s["phase"] != "backfilling"), "splits_total": len(every)}
 
 
-class BackfillLog:
+class BackfillLog(BackfillControl):
     def __init__(self, backend: Backend, claim_timeout_s: float):
         self.backend = backend
         self.claim_timeout_s = claim_timeout_s
@@ -320,7 +241,7 @@ class BackfillLog:
                     )
                 if other.caught_up_epoch is None or other.caught_up_epoch < b.snapshot_epoch:
                     return False
-            _transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT)
+            transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT)
             return True
 
         return self.backend.transaction(move)
@@ -367,7 +288,7 @@ class BackfillLog:
                 [location, view, b.snapshot_epoch, json.dumps(list(distribution_key)), schema, rows, files]
                 + [b.started_at, now, now],
             )
-            _transition(
+            transition(
                 cur,
                 view,
                 BackfillPhase.SNAPSHOT,
@@ -458,7 +379,7 @@ class BackfillLog:
                 done = {a for (a,) in cur.execute("SELECT asset FROM collected WHERE epoch = ?", [r.epoch]).fetchall()}
                 if view not in done and set(b.upstreams) <= done:
                     pending.append(r.epoch)
-            _transition(cur, view, BackfillPhase.LOG_STORE, BackfillPhase.JOINED, joined_epoch=committed)
+            transition(cur, view, BackfillPhase.LOG_STORE, BackfillPhase.JOINED, joined_epoch=committed)
             backfill_splits.on_join(cur, view)
             cur.execute(
                 "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "
@@ -469,122 +390,3 @@ class BackfillLog:
 
         return self.backend.transaction(attempt)
 
-    # ------------------------------------------------------------------ control
-
-    def set_rate_limit(self, view: str, rows_per_second: float | None) -> Backfill:
-        if rows_per_second is not None and rows_per_second < 0:
-            raise EpochalError(f"backfill rate limit {rows_per_second} is negative: give rows per second, 0 pauses")
-
-        def update(cur: Cursor) -> Backfill:
-            b = self._require(cur, view)
-            cur.execute(
-                "UPDATE backfills SET rate_limit = ?, updated_at = ? WHERE view_name = ?",
-                [rows_per_second, time.time(), view],
-            )
-            return read(cur, view) or b
-
-        return self.backend.transaction(update)
-
-    def rate_limit(self, view: str) -> float | None:
-        return self.backend.transaction(
-            lambda cur: (
-                cur.execute("SELECT rate_limit FROM backfills WHERE view_name = ?", [view]).fetchone() or [None]
-            )[0]
-        )
-
-    def cancel(self, view: str) -> tuple[Backfill, list[str]]:
-        """Stop the backfill and forget its partial state; returns the locations to delete. The view
-        stays out of the flow until it is removed from the pipeline or restarted."""
-
-        def stop(cur: Cursor) -> tuple[Backfill, list[str]]:
-            b = self._require(cur, view)
-            if not b.phase.active:
-                raise EpochalError(f"the backfill of {view} is {b.phase.shown}: there is nothing to cancel")
-            garbage = _view_files(cur, view)
-            drop_state(cur, view)
-            cur.execute("DELETE FROM backfill_chunks WHERE view_name = ?", [view])
-            _transition(cur, view, b.phase, BackfillPhase.CANCELLED, owner=None)
-            return b, garbage
-
-        return self.backend.transaction(stop)
-
-    def restart(self, view: str) -> list[str]:
-        """Forget a cancelled (or stuck) backfill: the next injection starts it again from a new snapshot."""
-
-        def drop(cur: Cursor) -> list[str]:
-            b = self._require(cur, view)
-            if b.phase is BackfillPhase.JOINED:
-                raise EpochalError(f"{view} has joined the pipeline: there is no backfill to restart")
-            garbage = _view_files(cur, view)
-            drop_state(cur, view)
-            return garbage + forget(cur, [view])
-
-        return self.backend.transaction(drop)
-
-    def rebuild(self, view: str, readers: list[str]) -> list[str]:
-        """Drop a joined view's state so the next injection backfills it from its current statement.
-        Refused while something reads it: a sink or view downstream holds rows of the old version."""
-        if readers:
-            raise EpochalError(
-                f"cannot rebuild {view} in place: {', '.join(readers)} read it and hold rows of its old version. "
-                f"Give the new statement a new name instead, and move {', '.join(readers)} to it"
-            )
-
-        def drop(cur: Cursor) -> list[str]:
-            garbage = _view_files(cur, view)
-            drop_state(cur, view)
-            garbage += forget(cur, [view])
-            cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
-            # A rebuild that kept the old rows serving is moot: its new statement is built in place.
-            garbage += retire(cur, [rebuilds.shadow_name(view)])
-            rebuilds.forget(cur, [view])
-            return garbage
-
-        return self.backend.transaction(drop)
-
-    def record_error(self, view: str, error: str | None) -> None:
-        self.backend.transaction(
-            lambda cur: cur.execute(
-                "UPDATE backfills SET error = ?, updated_at = ? WHERE view_name = ?", [error, time.time(), view]
-            )
-        )
-
-    @staticmethod
-    def _require(cur: Cursor, view: str) -> Backfill:
-        b = read(cur, view)
-        if b is None:
-            known = [r.view for r in all_backfills(cur)]
-            raise EpochalError(
-                f"{view} has no backfill (backfills: {', '.join(known) or 'none'}): a view backfills when it is "
-                "added to a pipeline that has committed epochs"
-            )
-        return b
-
-
-def _view_files(cur: Cursor, view: str) -> list[str]:
-    rows = cur.execute(
-        "SELECT location FROM collected WHERE asset = ? AND location IS NOT NULL "
-        "UNION SELECT location FROM snapshots WHERE table_name = ?",
-        [view, view],
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
-def drop_state(cur: Cursor, view: str) -> None:
-    """Forget every row of ``view``'s state: its change files, snapshots, retention, alignment."""
-    cur.execute("DELETE FROM collected WHERE asset = ?", [view])
-    cur.execute("DELETE FROM snapshots WHERE table_name = ?", [view])
-    cur.execute("DELETE FROM table_retention WHERE table_name = ?", [view])
-    cur.execute("DELETE FROM table_epochs WHERE table_name = ?", [view])
-
-
-def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
-    """Views that left the pipeline: every meta-store row of theirs goes; returns their file
-    locations for deletion."""
-    garbage: list[str] = []
-    for table in tables:
-        garbage += _view_files(cur, table)
-        drop_state(cur, table)
-        garbage += forget(cur, [table])
-        cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
-    return garbage

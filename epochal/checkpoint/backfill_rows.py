@@ -1,0 +1,131 @@
+"""A backfill's rows in the meta store: reading them, the one place its phase changes, and
+forgetting a view's backfill and state. Every function runs in the caller's transaction; the
+steps a runner takes are :mod:`epochal.checkpoint.backfill_log`, the user's controls
+:mod:`epochal.checkpoint.backfill_control`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+
+from epochal.backfill.state import Backfill, BackfillPhase, check_transition
+from epochal.checkpoint import backfill_splits
+from epochal.checkpoint.records import InvariantViolation
+from epochal.meta.backend import Cursor
+
+COLUMNS = (
+    "view_name, upstreams, phase, snapshot_epoch, caught_up_epoch, vnodes_done, rows_read, rows_written, "
+    "rate_limit, started_at, updated_at, joined_epoch, error, snapshot_location"
+)
+
+
+def _record(row: tuple) -> Backfill:
+    return Backfill(
+        view=row[0],
+        upstreams=tuple(json.loads(row[1])),
+        phase=BackfillPhase(row[2]),
+        snapshot_epoch=row[3],
+        caught_up_epoch=row[4],
+        vnodes_done=row[5],
+        rows_read=row[6],
+        rows_written=row[7],
+        rate_limit=row[8],
+        started_at=row[9],
+        updated_at=row[10],
+        joined_epoch=row[11],
+        error=row[12],
+        snapshot_location=row[13],
+    )
+
+
+def read(cur: Cursor, view: str) -> Backfill | None:
+    row = cur.execute(f"SELECT {COLUMNS} FROM backfills WHERE view_name = ?", [view]).fetchone()
+    return _record(row) if row else None
+
+
+def all_backfills(cur: Cursor) -> list[Backfill]:
+    return [
+        _record(r) for r in cur.execute(f"SELECT {COLUMNS} FROM backfills ORDER BY started_at, view_name").fetchall()
+    ]
+
+
+def outside_alignment(cur: Cursor) -> set[str]:
+    """Views that are not committed with the others: backfilling, or cancelled."""
+    return {
+        r[0]
+        for r in cur.execute(
+            "SELECT view_name FROM backfills WHERE phase <> ?", [BackfillPhase.JOINED.value]
+        ).fetchall()
+    }
+
+
+def aligned(cur: Cursor, tables: Iterable[str]) -> list[str]:
+    """``tables`` without the views outside alignment: the tables an epoch's commit waits for."""
+    outside = outside_alignment(cur)
+    return [t for t in tables if t not in outside]
+
+
+def forget(cur: Cursor, tables: Iterable[str]) -> list[str]:
+    """Delete the backfill rows of views that left the pipeline; returns the files only they name
+    (the chunks read from a SOURCE's splits)."""
+    tables = list(tables)
+    garbage = backfill_splits.forget(cur, tables)
+    for table in tables:
+        cur.execute("DELETE FROM backfill_chunks WHERE view_name = ?", [table])
+        cur.execute("DELETE FROM backfills WHERE view_name = ?", [table])
+    return garbage
+
+
+def transition(cur: Cursor, view: str, old: BackfillPhase, new: BackfillPhase, **extra: object) -> None:
+    """The only place a backfill's phase changes: checked against the table, and against the row."""
+    check_transition(view, old, new)
+    sets = ", ".join(f"{k} = ?" for k in extra)
+    done = cur.execute(
+        f"UPDATE backfills SET phase = ?, updated_at = ?{', ' + sets if sets else ''} "
+        "WHERE view_name = ? AND phase = ? RETURNING view_name",
+        [new.value, time.time(), *extra.values(), view, old.value],
+    ).fetchall()
+    if not done:
+        raise InvariantViolation(f"backfill of {view} is not in phase {old.value} any more")
+
+
+def needed_from(cur: Cursor, table: str) -> int | None:
+    """The oldest epoch whose state of ``table`` an active backfill still reads (its snapshot epoch,
+    or in the log-store phase the newest epoch it wrote), or None: retention keeps what follows."""
+    row = cur.execute(
+        "SELECT min(CASE WHEN phase = 'LOG_STORE' THEN caught_up_epoch ELSE snapshot_epoch END) FROM backfills "
+        "WHERE phase IN ('WAITING', 'SNAPSHOT', 'LOG_STORE') AND upstreams LIKE ?",
+        [f'%"{table}"%'],
+    ).fetchone()
+    return row[0] if row else None
+
+
+def view_files(cur: Cursor, view: str) -> list[str]:
+    rows = cur.execute(
+        "SELECT location FROM collected WHERE asset = ? AND location IS NOT NULL "
+        "UNION SELECT location FROM snapshots WHERE table_name = ?",
+        [view, view],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def drop_state(cur: Cursor, view: str) -> None:
+    """Forget every row of ``view``'s state: its change files, snapshots, retention, alignment."""
+    cur.execute("DELETE FROM collected WHERE asset = ?", [view])
+    cur.execute("DELETE FROM snapshots WHERE table_name = ?", [view])
+    cur.execute("DELETE FROM table_retention WHERE table_name = ?", [view])
+    cur.execute("DELETE FROM table_epochs WHERE table_name = ?", [view])
+
+
+def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
+    """Views that left the pipeline: every meta-store row of theirs goes; returns their file
+    locations for deletion."""
+    garbage: list[str] = []
+    for table in tables:
+        garbage += view_files(cur, table)
+        drop_state(cur, table)
+        garbage += forget(cur, [table])
+        cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
+    return garbage
