@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epochal.backfill")
 
+#: held switches this process has logged (shadow, reason)
+_TOLD_HELD: set[tuple[str, str]] = set()
+
 
 @dataclass
 class Progress:
@@ -106,7 +109,9 @@ class BackfillRunner:
         # A held switch (the new statement changes a type a reader relies on) waits for the user
         # to change the statement again, which starts its backfill over: work on it now is lost.
         for r in rebuilding:
-            if r.held:
+            if r.held and (r.shadow, r.held) not in _TOLD_HELD:
+                # once per reason and process: the barrier sensor asks every tick
+                _TOLD_HELD.add((r.shadow, r.held))
                 log.info("backfill of %s waits: the switch of %s is held (%s)", r.shadow, r.view, r.held)
         serving_old = {r.shadow for r in rebuilding if r.state is rebuilds.RebuildState.SERVING_OLD and not r.held}
         order = {name: i for i, name in enumerate(self.runtime.pipeline.view_order())}
@@ -159,7 +164,9 @@ class BackfillRunner:
 
     def _finish(self, progress: Progress, started: float) -> Progress:
         progress.seconds = time.time() - started
-        status = self.log.status().get(progress.view, {})
+        # A view's entry holds its stages' splits; a stage or a changed view's new statement,
+        # which status shows inside their view's entry, report their own.
+        status = self.log.status().get(progress.view) or self.log.entry(progress.view)
         progress.phase = status.get("phase", progress.phase)
         progress.vnodes_done = status.get("vnodes_done", progress.vnodes_done)
         progress.splits_done = status.get("splits_done", progress.splits_done)
@@ -342,8 +349,8 @@ class BackfillRunner:
         for upstream in view.upstreams:
             ranged = None
             if upstream in from_splits:
-                state, read = source_splits.source_rows(self, backfill.view, upstream)
-                total += read
+                # (its rows were counted as read when they came from the connector)
+                state, _ = source_splits.source_rows(self, backfill.view, upstream)
                 hashed = None if chunking is None else chunking.get(upstream)
                 if hashed is not None and vnodes.size < VNODES_TOTAL:
                     state = state.where(hashed(state).between(vnodes.lo, vnodes.hi - 1))

@@ -94,16 +94,7 @@ def status(cur: Cursor) -> dict[str, dict]:
     """Per view: phase, vnodes done, rows, epochs behind (committed epochs it has still to write),
     and the phase of each of its internal stages."""
     committed = q.committed_epoch(cur)
-    shown = {}
-    for b in all_backfills(cur):
-        behind = 0 if b.phase is BackfillPhase.JOINED else None
-        if b.phase.active and committed is not None:
-            since = b.caught_up_epoch if b.caught_up_epoch is not None else -1
-            behind = cur.execute(
-                "SELECT count(*) FROM epochs WHERE state = 'COMMITTED' AND epoch > ? AND epoch <= ?",
-                [since, committed],
-            ).fetchone()[0]
-        shown[b.view] = {**b.as_status(behind), **_split_status(cur, b.view)}
+    shown = {b.view: _entry(cur, b, committed) for b in all_backfills(cur)}
     # A changed view's new statement backfills under its shadow name: shown as the view's entry.
     for view, rebuild in rebuilds.active(cur).items():
         if rebuild.shadow in shown:
@@ -120,6 +111,18 @@ def status(cur: Cursor) -> dict[str, dict]:
                     entry["splits"].setdefault(source, {}).setdefault(split, state)
             entry.update(_split_counts(entry["splits"]))
     return shown
+
+
+def _entry(cur: Cursor, b: Backfill, committed: int | None) -> dict:
+    """One backfill's own status: its progress, epochs behind and source splits."""
+    behind = 0 if b.phase is BackfillPhase.JOINED else None
+    if b.phase.active and committed is not None:
+        since = b.caught_up_epoch if b.caught_up_epoch is not None else -1
+        behind = cur.execute(
+            "SELECT count(*) FROM epochs WHERE state = 'COMMITTED' AND epoch > ? AND epoch <= ?",
+            [since, committed],
+        ).fetchone()[0]
+    return {**b.as_status(behind), **_split_status(cur, b.view)}
 
 
 def _split_status(cur: Cursor, view: str) -> dict:
@@ -154,6 +157,16 @@ class BackfillLog(BackfillControl):
     def status(self) -> dict[str, dict]:
         """Per view, what `epochal status --json` shows under ``backfills``."""
         return self.backend.transaction(status)
+
+    def entry(self, view: str) -> dict:
+        """``view``'s own status (a stage's or a shadow's too, which ``status`` shows inside their
+        view's entry); empty when it has no backfill."""
+
+        def one(cur: Cursor) -> dict:
+            b = read(cur, view)
+            return {} if b is None else _entry(cur, b, q.committed_epoch(cur))
+
+        return self.backend.transaction(one)
 
     def recorded_locations(self, view: str) -> list[str]:
         """Every change-file location recorded for ``view``."""
