@@ -176,3 +176,17 @@ def test_a_restarted_backfill_forgets_its_splits_and_hands_back_their_files(tmp_
     ctl.backfills.record_split_read("v3", state, SplitRange(state.split, 0, 4), 4, "/d/chunk")
     assert "/d/chunk" in ctl.backfills.restart("v3")
     assert ctl.backfills.split_states("v3") == [] and ctl.backfills.split_chunks("v3") == []
+
+
+def test_a_chunk_the_split_no_longer_holds_is_refused_not_read_short(tmp_path: Path) -> None:
+    from epochal.backfill.source_splits import check_still_there
+    from epochal.connectors.log import LogConfig, LogSource, append_records
+    from epochal.errors import EpochalError
+    from epochal.pipeline.model import Column
+
+    append_records(tmp_path, ['{"id": 1}', '{"id": 2}', '{"id": 3}'], split="a")
+    connector = LogSource(LogConfig(tmp_path), (Column("id", "BIGINT"),))
+    check_still_there(connector, "orders", SplitRange("a", 0, 3))  # all there
+    (tmp_path / "a.jsonl").write_text('{"id": 1}\n')  # truncated since the epochs read it
+    with pytest.raises(EpochalError, match="split a no longer holds records \\[0, 3\\)"):
+        check_still_there(connector, "orders", SplitRange("a", 0, 3))

@@ -17,7 +17,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from epochal.backfill.splits import next_chunk
-from epochal.errors import require
+from epochal.connectors.base import SourceConnector, SplitRange
+from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
 
 if TYPE_CHECKING:
@@ -69,7 +70,9 @@ def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline:
         chunk = next_chunk(state, chunk_rows(runner, view))
         require(chunk is not None, f"split {state.split} of {state.source}, still backfilling, has records to read")
         started = time.time()
-        batch = runtime.connector(state.source).read(runtime.spark, [chunk])
+        connector = runtime.connector(state.source)
+        check_still_there(connector, state.source, chunk)
+        batch = connector.read(runtime.spark, [chunk])
         location = f"{directory}/{state.source}/{chunk.split}-{chunk.start}-{uuid.uuid4().hex[:8]}"
         rows = runtime.warehouse.write(batch.rows, location)
         fault_point("backfill-split-read")
@@ -93,6 +96,19 @@ def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline:
         if not runner.throttle(view, rows, elapsed, deadline):
             progress.note = "paused (backfill_rate_limit = 0)"
             return False
+
+
+def check_still_there(connector: SourceConnector, source: str, chunk: SplitRange) -> None:
+    """Refuse to read a chunk the split no longer holds (a log file truncated or replaced since
+    the source read it): reading would silently return fewer records. The connector's own planning
+    guard says so: planning from the chunk's end fails when the split holds fewer records."""
+    try:
+        connector.plan({chunk.split: chunk.end})
+    except EpochalError as error:
+        raise EpochalError(
+            f"source {source} cannot be backfilled from its connector: split {chunk.split} no longer holds "
+            f"records [{chunk.start}, {chunk.end}) that its committed epochs read ({error})"
+        ) from error
 
 
 def chunk_rows(runner: BackfillRunner, view: str) -> int:
