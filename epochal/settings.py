@@ -176,7 +176,8 @@ class Settings:
     backfill_chunk_rows: int = setting(
         "EPOCHAL_BACKFILL_CHUNK_ROWS",
         "2000000",
-        "Input rows a backfill's snapshot phase reads per vnode range; progress is saved after each range.",
+        "Input rows a backfill's snapshot phase reads per vnode range, and records per chunk it reads from a "
+        "SOURCE's split; progress is saved after each.",
         minimum=1000,
     )
     state_cache: bool = setting(
