@@ -190,3 +190,28 @@ def test_a_chunk_the_split_no_longer_holds_is_refused_not_read_short(tmp_path: P
     (tmp_path / "a.jsonl").write_text('{"id": 1}\n')  # truncated since the epochs read it
     with pytest.raises(EpochalError, match="split a no longer holds records \\[0, 3\\)"):
         check_still_there(connector, "orders", SplitRange("a", 0, 3))
+
+
+def test_a_split_history_starts_where_the_source_first_read_it(tmp_path: Path, meta_url: str) -> None:
+    """scan.startup.mode = 'latest': the source's first epoch starts at the log's end (100 here),
+    and a split that appears later starts at 0. The backfill reads from there, never before."""
+    from epochal.controller import CheckpointController
+    from tests.test_backfill_log import UPSTREAMS
+    from tests.test_controller import settings
+    from tests.test_controller import start as bootstrap
+
+    def latest(source: str, starts: dict[str, int]) -> list:
+        first = {"0": starts.get("0", 100), "1": starts.get("1", 0)}
+        return [SplitRange(split, at, at + 5) for split, at in first.items() if split == "0" or starts]
+
+    old = CheckpointController(settings(tmp_path, meta_url), ["src"], ["v1", "v2"], upstreams=UPSTREAMS)
+    bootstrap(old)
+    for _ in range(2):  # split "1" appears in the second epoch
+        epoch = old.epoch_log.inject(latest).epoch
+        collect_all(old, epoch)
+    ctl = grown(tmp_path, meta_url)
+    ctl.epoch_log.inject(latest)
+    assert ctl.backfills.claim("v3")
+    ctl.backfills.begin_splits("v3", ["src"], vnodes_started=False)
+    states = {s.split: (s.offset, s.target) for s in ctl.backfills.split_states("v3")}
+    assert states == {"0": (100, 110), "1": (0, 5)}
