@@ -319,8 +319,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         print(f"{args.view} is rebuilt from its current statement, by a backfill that starts at the next epoch")
         return 0
     if args.restart:
+        before = backfills.get(target or args.view)
         garbage = backfills.restart(target or args.view)
         runtime.warehouse.delete(garbage, prune_parents=True)
+        if before is not None:  # with what no row names: ranges and source chunks of an unpublished snapshot
+            runtime.warehouse.delete([runtime.warehouse.backfill_root(before.view, before.snapshot_epoch)])
         print(f"the backfill of {args.view} starts again from a new snapshot at the next epoch")
         return 0
     if args.rate_limit is not None:

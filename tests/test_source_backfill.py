@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from epochal.backfill.runner import BackfillRunner
+from epochal.cli import main
 from epochal.errors import EpochalError
 from epochal.query import run_query
 from tests.consistency import assert_views_match_batch
@@ -77,6 +78,16 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     assert set(shown["splits"]) == {"orders"}  # only the SOURCE inputs it reads
     with pytest.raises(EpochalError, match=r"cheap_orders is backfilling.*\d/3 source splits read"):
         run_query(runtime, "SELECT count(*) FROM cheap_orders")
+    # A restart forgets the chunks read, files included; the next epoch starts it again.
+    for key, value in h.env.items():
+        small_chunks.setenv(key, value)
+    old_root = runtime.warehouse.backfill_root(
+        "cheap_orders", runtime.controller.backfills.get("cheap_orders").snapshot_epoch
+    )
+    assert runtime.warehouse.child_dirs(f"{old_root}/splits")
+    assert main(["backfill", "cheap_orders", "--restart"]) == 0
+    assert not runtime.warehouse.exists(old_root)
+    assert h.runtime(spark).controller.backfills.split_states("cheap_orders") == []
 
     # A split appears while the backfills run, and live epochs commit meanwhile.
     h.produce([order(6000, "c4", 8.0), order(6001, "c1", 70.0)], split="late")
