@@ -203,6 +203,17 @@ class BackfillRunner:
             return float(written)
         return self.runtime.settings.backfill_rate_limit
 
+    def must_stop(self, view: str, deadline: float, progress: Progress, resumes: str) -> bool:
+        """Whether to stop before the next piece of work: the time budget is used (``resumes``
+        says where the next run goes on) or the backfill is paused; the reason goes in the note."""
+        if time.monotonic() >= deadline:
+            progress.note = f"time budget used; {resumes}"
+            return True
+        if self.rate_limit(view) == 0:
+            progress.note = "paused (backfill_rate_limit = 0)"
+            return True
+        return False
+
     def throttle(self, view: str, rows: int, seconds: float, deadline: float) -> bool:
         """Sleep so the rows read stay within the rate limit; False when paused (rate 0)."""
         rate = self.rate_limit(view)
@@ -240,21 +251,21 @@ class BackfillRunner:
             and not any(n.startswith("r") for n in known)
         )
         chunking = chunk_keys(self.runtime, view, storage)
-        width = self._range_width(backfill) if chunking is not None else VNODES_TOTAL
+        # The SOURCE inputs' rows as read from their splits, once for every range.
+        read_rows = {u: source_splits.source_rows(self, view, u) for u in from_splits}
+        width = self._range_width(backfill, read_rows) if chunking is not None else VNODES_TOTAL
         while True:
             ranges = [r for r, _ in done]
             vnodes = next_range(ranges, width if chunking is not None else VNODES_TOTAL)
             if vnodes is None:
                 break
-            if time.monotonic() >= deadline:
-                progress.note = "time budget used; the next run resumes at the next vnode range"
-                return False
-            if self.rate_limit(view) == 0:
-                progress.note = "paused (backfill_rate_limit = 0)"
+            if self.must_stop(view, deadline, progress, "the next run resumes at the next vnode range"):
                 return False
             started = time.time()
             nonce = f"{'v' if storage else 'r'}{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
-            rows_read, rows_written = self._write_range(backfill, vnodes, chunking, storage, root, target, nonce)
+            rows_read, rows_written = self._write_range(
+                backfill, vnodes, chunking, storage, root, target, nonce, read_rows
+            )
             fault_point("backfill-range-moved")
             self.log.record_chunk(view, vnodes, nonce, rows_read, rows_written)
             fault_point("backfill-range-done")
@@ -293,17 +304,12 @@ class BackfillRunner:
         log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
         return True
 
-    def _range_width(self, backfill: Backfill) -> int:
+    def _range_width(self, backfill: Backfill, read_rows: dict[str, tuple[DataFrame, int]]) -> int:
         """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS input rows (fewer under
         a rate limit: progress about every 10 s). The inputs' size comes from file footers."""
         inputs = self.runtime.pipeline.views[backfill.view].upstreams
-        from_splits = set(self.log.split_sources(backfill.view) or ())
-        total = sum(
-            source_splits.source_rows(self, backfill.view, u)[1]
-            if u in from_splits
-            else self._stored_rows(u, backfill.snapshot_epoch)
-            for u in inputs
-        )
+        epoch = backfill.snapshot_epoch
+        total = sum(read_rows[u][1] if u in read_rows else self._stored_rows(u, epoch) for u in inputs)
         wanted = self.runtime.settings.backfill_chunk_rows
         rate = self.rate_limit(backfill.view)
         if rate:
@@ -334,6 +340,7 @@ class BackfillRunner:
         root: str,
         target: str,
         nonce: str,
+        read_rows: dict[str, tuple[DataFrame, int]],
     ) -> tuple[int, int]:
         """The view's rows at the snapshot epoch for one vnode range, into ``target``. Returns
         (input rows read, rows written)."""
@@ -345,12 +352,11 @@ class BackfillRunner:
         states: dict[str, DataFrame] = {}
         total = 0
         columns = chunk_columns(runtime, backfill.view) if storage and vnodes.size < VNODES_TOTAL else None
-        from_splits = set(self.log.split_sources(backfill.view) or ())
         for upstream in view.upstreams:
             ranged = None
-            if upstream in from_splits:
+            if upstream in read_rows:
                 # (its rows were counted as read when they came from the connector)
-                state, _ = source_splits.source_rows(self, backfill.view, upstream)
+                state = read_rows[upstream][0]
                 hashed = None if chunking is None else chunking.get(upstream)
                 if hashed is not None and vnodes.size < VNODES_TOTAL:
                     state = state.where(hashed(state).between(vnodes.lo, vnodes.hi - 1))
@@ -446,11 +452,7 @@ class BackfillRunner:
                 # A changed view's step wrote its new statement's change there ahead (to switch).
                 progress.epochs_written += 1
                 continue
-            if time.monotonic() >= deadline:
-                progress.note = "time budget used; the next run goes on from the next epoch"
-                return
-            if self.rate_limit(view) == 0:
-                progress.note = "paused (backfill_rate_limit = 0)"
+            if self.must_stop(view, deadline, progress, "the next run goes on from the next epoch"):
                 return
             started = time.time()
             recorded: list[Collected] = []

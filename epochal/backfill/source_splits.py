@@ -59,11 +59,7 @@ def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline:
         progress.splits_done = len(states) - len(pending)
         if not pending:
             return True
-        if time.monotonic() >= deadline:
-            progress.note = "time budget used; the next run resumes each split at its recorded offset"
-            return False
-        if runner.rate_limit(view) == 0:
-            progress.note = "paused (backfill_rate_limit = 0)"
+        if runner.must_stop(view, deadline, progress, "the next run resumes each split at its recorded offset"):
             return False
         # The split with the least read first: splits advance together, as RisingWave's readers do.
         state = min(pending, key=lambda s: (s.rows, s.source, s.split))
