@@ -21,7 +21,7 @@ import pytest
 from epochal.connectors.log import append_records
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import make_harness
-from tests.test_connectors import assert_log_read_parses_once
+from tests.test_connectors import assert_log_read_parses_once, assert_log_reads_ranges
 from tests.test_incremental_views import EPOCHS, SOURCES, VIEWS
 
 # One view per way a step computes its change, so that each reaches the server at least once:
@@ -167,5 +167,18 @@ def test_a_query_over_frames_is_planned_without_a_round_trip_and_keeps_its_frame
         assert sql_over(remote, "SELECT '{y}' AS v", {"orders": inserts}).first().v == "{y}"
         with pytest.raises(AnalysisException, match="nope"):
             sql_over(remote, "SELECT nope FROM orders", {"orders": inserts}).schema  # noqa: B018
+    finally:
+        remote.stop()
+
+
+def test_log_pieces_are_read_by_the_connect_servers_workers(connect_url: str, tmp_path: Path, monkeypatch) -> None:
+    """A large log read registers the Python data source with the server, whose workers read the
+    pieces: the same rows as through the driver."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    remote = ConnectSession.builder.remote(connect_url).create()
+    try:
+        assert_log_reads_ranges(remote, tmp_path, monkeypatch, "executors")
     finally:
         remote.stop()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.log_lines import LineIndex, LinePiece, open_index, read_lines
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
 from epochal.sql import quote
@@ -49,7 +50,6 @@ UPSERT_OPS = ("insert", "upsert", "update")
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 _CORRUPT = "__epochal_corrupt_record"
 _SHOWN_VALUE_CHARS = 80
-_COUNT_CHUNK = 1 << 20
 
 
 def valid_split_name(split: str) -> bool:
@@ -131,22 +131,14 @@ class LogConnectorSpec:
 # --- planning (no Spark) --------------------------------------------------------------------------
 
 
-@dataclass
-class _Scanned:
-    """How far a file has been counted: the file is append-only, so counting can resume there."""
-
-    inode: int
-    size: int
-    lines: int
-
-
 class LogSource:
     def __init__(self, config: LogConfig, columns: "tuple[Column, ...]", primary_key: tuple[str, ...] = ()):
         self.config = config
         self.columns = columns
         #: with a key, records upsert or delete rows (see ``read``); without one, they are appended
         self.primary_key = primary_key
-        self._scanned: dict[str, _Scanned] = {}
+        #: per split, where its lines start, counted as far as the file was last seen
+        self._indexes: dict[str, LineIndex] = {}
 
     def splits(self) -> list[str]:
         """Names of the splits that exist now (file stems), sorted."""
@@ -168,23 +160,14 @@ class LogSource:
 
     def complete_lines(self, split: str) -> int:
         """Lines of ``split`` that end with a newline; a half-written last line is not counted."""
-        path = split_path(self.config.directory, split)
         try:
-            with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                known = self._scanned.get(split)
-                if known is None or known.inode != stat.st_ino or known.size > stat.st_size:
-                    known = _Scanned(stat.st_ino, 0, 0)  # new, replaced or truncated: count afresh
-                f.seek(known.size)
-                lines, size = known.lines, known.size
-                while chunk := f.read(_COUNT_CHUNK):
-                    lines += chunk.count(b"\n")
-                    size += len(chunk)
+            f, index = open_index(split_path(self.config.directory, split), self._indexes.get(split))
         except FileNotFoundError:
-            self._scanned.pop(split, None)
+            self._indexes.pop(split, None)
             return 0
-        self._scanned[split] = _Scanned(stat.st_ino, size, lines)
-        return lines
+        f.close()
+        self._indexes[split] = index
+        return index.lines
 
     def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
         # 'latest' applies once, when the source has read no split yet: a split that appears later
@@ -212,29 +195,17 @@ class LogSource:
     def read(self, spark: "SparkSession", ranges: list[SplitRange]) -> SourceBatch:
         from pyspark.sql import functions as F
 
-        frames = []
+        pieces = []
         for r in ranges:
-            if r.count <= 0:
-                continue
-            path = split_path(self.config.directory, r.split)
-            # wholetext: one row per file, so line numbers are array positions; slice before
-            # exploding so only the range's lines become rows
-            text = spark.read.text(str(path), wholetext=True)
-            in_range = F.slice(F.split(F.col("value"), "\n"), r.start + 1, r.count)
-            frames.append(
-                text.select(F.posexplode(in_range).alias("pos", "line")).select(
-                    F.lit(r.split).alias("split"),
-                    (F.col("pos") + F.lit(r.start)).cast("bigint").alias("offset"),
-                    F.regexp_replace("line", "\r$", "").alias("raw"),  # tolerate CRLF producers
-                )
-            )
-        if not frames:
-            # an empty epoch still goes through the parser below, so both frames get their schema
-            frames.append(
-                spark.range(0).select(F.lit("").alias("split"), F.col("id").alias("offset"), F.lit("").alias("raw"))
-            )
+            if r.count > 0:
+                path = split_path(self.config.directory, r.split)
+                pieces.extend((str(path), piece) for piece in self._pieces(path, r))
+        # only the ranges' bytes are read, never the rest of the file (see log_lines)
+        lines = read_lines(spark, pieces).select(
+            "split", "offset", F.regexp_replace("raw", "\r$", "").alias("raw")  # tolerate CRLF producers
+        )
         # blank lines keep their offset but are not records (what append_records skips, too)
-        lines = reduce(lambda a, b: a.unionAll(b), frames).where(~F.col("raw").rlike(r"^\s*$"))
+        lines = lines.where(~F.col("raw").rlike(r"^\s*$"))
         if self.primary_key:
             return self._read_keyed(lines)
 
@@ -249,6 +220,27 @@ class LogSource:
             return rejected.select("split", "offset", "raw", _reason(F.col("raw"), columns).alias("reason"))
 
         return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain)
+
+    def _pieces(self, path: Path, r: SplitRange) -> list[LinePiece]:
+        """Where ``r``'s lines are in the file, found from the split's line index. A file that no
+        longer has them was truncated or replaced: refused, never read short."""
+        try:
+            f, index = open_index(path, self._indexes.get(r.split))
+        except FileNotFoundError:
+            index, f = None, None
+        try:
+            if index is None or f is None or index.lines < r.end:
+                have = 0 if index is None else index.lines
+                raise EpochalError(
+                    f"log split '{r.split}' has {have} complete line(s) but lines {r.start}..{r.end - 1} were "
+                    f"planned for this read: {path} was truncated, replaced or deleted; log files are "
+                    f"append-only, so restore it"
+                )
+            self._indexes[r.split] = index
+            return index.pieces(f, r.split, r.start, r.end)
+        finally:
+            if f is not None:
+                f.close()
 
     def _read_keyed(self, lines: "DataFrame") -> SourceBatch:
         """Records of a source with a primary key: the declared columns, then ``_op`` ('upsert' or
