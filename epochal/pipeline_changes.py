@@ -11,7 +11,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING
 
-from epochal.checkpoint import backfill_log, rebuilds
+from epochal.checkpoint import backfill_log, backfill_rows, rebuilds
 from epochal.checkpoint import queries as q
 
 if TYPE_CHECKING:
@@ -83,6 +83,21 @@ class PipelineChanges:
         if [g for g in gone if rebuilds.rebuilt_view(g) is None]:
             log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
         return gone
+
+
+    def delete_dropped(self) -> int:
+        """Delete the files of views whose statement changed (``backfill_rows.drop_for_rebuild``
+        listed them in the transaction that dropped their rows); returns the locations deleted."""
+        backend, warehouse = self.runtime.controller.backend, self.runtime.warehouse
+        locations, roots = backend.transaction(backfill_rows.dropped_files)
+        if not locations and not roots:
+            return 0
+        doomed = [*locations, *(warehouse.backfill_root(view, epoch) for view, epoch in roots)]
+        self.runtime.reader.release_snapshots(doomed)
+        warehouse.delete(doomed, prune_parents=True)
+        backend.transaction(lambda cur: backfill_rows.clear_dropped(cur, locations, roots))
+        log.info("deleted %d location(s) of views rebuilt after their statement changed", len(doomed))
+        return len(doomed)
 
 
 def view_fingerprint(view: "ViewDef") -> str:

@@ -183,6 +183,7 @@ class EpochRuntime:
         if reason:
             report = self.recover(reason)
         self.changes.retire_removed()
+        self.changes.delete_dropped()
         return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
 
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:

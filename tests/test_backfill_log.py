@@ -5,6 +5,7 @@ joins only when it has written the committed epoch, and then every commit waits 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,8 @@ from epochal.checkpoint.definitions import DefinitionChanged
 from epochal.checkpoint.rebuilds import REBUILD_TRANSITIONS, RebuildState
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
 from epochal.controller import CheckpointController
+from epochal.pipeline_changes import PipelineChanges
+from epochal.storage.warehouse import Warehouse
 from tests.test_controller import collect_all, plan_ten, settings, start
 
 UPSTREAMS = {"v1": ("src",), "v2": ("v1",), "v3": ("src",), "v4": ("v3",)}
@@ -164,6 +167,44 @@ def test_a_changed_definition_restarts_a_backfill_or_serves_the_old_rows_until_t
     assert shadows == ["v1__rebuild"]
     assert rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.DONE
     assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "v1 is its new statement"
+
+
+def test_a_backfill_that_starts_again_leaves_no_files_behind(tmp_path: Path, meta_url: str) -> None:
+    """A view whose statement changed while it backfilled starts again: the transaction that forgets
+    its rows lists its backfill's directory, and the next run deletes it. A restart at the same
+    snapshot epoch works in the same directory, which then stays."""
+    fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
+    history(tmp_path, meta_url, fingerprints)
+    ctl = grown(tmp_path, meta_url, fingerprints, sink_inputs={})
+    collect_all(ctl, ctl.epoch_log.inject(plan_ten).epoch)
+    first = ctl.backfills.get("v3").snapshot_epoch
+    warehouse = Warehouse(str(tmp_path / "warehouse"))
+
+    def work_in(root: str) -> Path:
+        path = Path(root) / "vnodes=0-51" / "part-0.parquet"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"rows")
+        return path.parent.parent
+
+    old = work_in(warehouse.backfill_root("v3", first))
+    changed = grown(tmp_path, meta_url, {**fingerprints, "v3": "c2"}, sink_inputs={})
+    changed.epoch_log.inject(plan_ten)
+    second = changed.backfills.get("v3").snapshot_epoch
+    assert second > first
+    new = work_in(warehouse.backfill_root("v3", second))
+    runtime = SimpleNamespace(controller=changed, warehouse=warehouse, reader=SimpleNamespace(release_snapshots=list))
+    assert PipelineChanges(runtime).delete_dropped() == 1  # type: ignore[arg-type]
+    assert not old.exists() and new.exists()
+    assert PipelineChanges(runtime).delete_dropped() == 0, "listed once, deleted once"  # type: ignore[arg-type]
+
+    # changed again before another commit: the new backfill starts at the same epoch, in `new`
+    again = grown(tmp_path, meta_url, {**fingerprints, "v3": "c3"}, sink_inputs={})
+    again.epoch_log.can_inject()
+    assert again.backfills.get("v3").snapshot_epoch == second
+    runtime.controller = again
+    assert PipelineChanges(runtime).delete_dropped() == 0  # type: ignore[arg-type]
+    assert new.exists()
+    assert again.backend.transaction(lambda cur: cur.execute("SELECT count(*) FROM dropped_files").fetchone()[0]) == 0
 
 
 def test_a_changed_view_a_sink_reads_must_keep_its_columns(tmp_path: Path, meta_url: str) -> None:

@@ -119,6 +119,48 @@ def drop_state(cur: Cursor, view: str) -> None:
     cur.execute("DELETE FROM table_epochs WHERE table_name = ?", [view])
 
 
+def drop_for_rebuild(cur: Cursor, view: str) -> None:
+    """Forget ``view``'s state and backfill so that it backfills afresh, listing the files they
+    named, and its backfill's directory, in ``dropped_files``: the transaction cannot delete files
+    (it may roll back), so the next run deletes them (``dropped_files`` / ``clear_dropped``)."""
+    backfill = read(cur, view)
+    garbage = view_files(cur, view)
+    drop_state(cur, view)
+    garbage += forget(cur, [view])
+    now = time.time()
+    for location in garbage:
+        cur.execute(
+            "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, ?, NULL, ?)",
+            [view, location, now],
+        )
+    if backfill is not None:
+        cur.execute(
+            "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, NULL, ?, ?)",
+            [view, backfill.snapshot_epoch, now],
+        )
+
+
+def dropped_files(cur: Cursor) -> tuple[list[str], list[tuple[str, int]]]:
+    """What ``drop_for_rebuild`` listed: file locations, and ``(view, snapshot epoch)`` of backfill
+    directories. A new backfill of the view at the same snapshot epoch works in the same directory:
+    that entry is forgotten here instead."""
+    active = {b.view: b.snapshot_epoch for b in all_backfills(cur)}
+    for view, epoch in active.items():
+        cur.execute("DELETE FROM dropped_files WHERE table_name = ? AND backfill_epoch = ?", [view, epoch])
+    rows = cur.execute("SELECT table_name, location, backfill_epoch FROM dropped_files").fetchall()
+    locations = [r[1] for r in rows if r[1] is not None]
+    roots = sorted({(r[0], r[2]) for r in rows if r[2] is not None})
+    return locations, roots
+
+
+def clear_dropped(cur: Cursor, locations: Iterable[str], roots: Iterable[tuple[str, int]]) -> None:
+    """Forget the entries whose files were deleted."""
+    for location in locations:
+        cur.execute("DELETE FROM dropped_files WHERE location = ?", [location])
+    for view, epoch in roots:
+        cur.execute("DELETE FROM dropped_files WHERE table_name = ? AND backfill_epoch = ?", [view, epoch])
+
+
 def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
     """Views that left the pipeline: every meta-store row of theirs goes; returns their file
     locations for deletion."""
@@ -128,4 +170,5 @@ def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
         drop_state(cur, table)
         garbage += forget(cur, [table])
         cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
+        cur.execute("DELETE FROM dropped_files WHERE table_name = ?", [table])  # its whole directory goes
     return garbage

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint import rebuilds
-from epochal.checkpoint.backfill_log import drop_state, forget, read
+from epochal.checkpoint.backfill_rows import drop_for_rebuild, read
 from epochal.errors import EpochalError
 from epochal.meta.backend import Cursor
 from epochal.pipeline.model import STAGE_SEPARATOR
@@ -58,8 +58,7 @@ def check_definitions(
             if fingerprint != rebuild.new_fingerprint and rebuild.state is rebuilds.RebuildState.SERVING_OLD:
                 _check_sink_columns([view], sink_inputs or {}, stored_columns, columns)
                 log.warning("view %s changed again while its new statement was backfilling: that starts again", view)
-                drop_state(cur, rebuild.shadow)
-                forget(cur, [rebuild.shadow])
+                drop_for_rebuild(cur, rebuild.shadow)
                 rebuilds.restart(cur, view, fingerprint)
             # (A switch in flight commits first; the injection after it sees the newer statement.)
             continue
@@ -72,8 +71,7 @@ def check_definitions(
             _remember(cur, view, fingerprint, columns.get(view))
         elif b is not None and b.phase.active:
             log.warning("view %s changed while it was backfilling: its backfill starts again", view)
-            drop_state(cur, view)
-            forget(cur, [view])
+            drop_for_rebuild(cur, view)
             _remember(cur, view, fingerprint, columns.get(view))
         else:
             changed.append(view)
@@ -195,8 +193,7 @@ def _rebuild_in_place(
     cur: Cursor, view: str, fingerprints: Mapping[str, str], columns: Mapping[str, Sequence[str]]
 ) -> None:
     """Forget the view's state: the injection registers it as a new view, which backfills."""
-    drop_state(cur, view)
-    forget(cur, [view])
+    drop_for_rebuild(cur, view)
     if view in fingerprints:
         _remember(cur, view, fingerprints[view], columns.get(view))
 

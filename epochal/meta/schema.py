@@ -225,6 +225,15 @@ DDL = (
         location VARCHAR NOT NULL,
         PRIMARY KEY (view_name, location)
     )""",
+    # Files of a view's state dropped when its statement changed (epochal/checkpoint/definitions.py),
+    # listed in the dropping transaction and deleted by the next run: a location, or the directory
+    # of the backfill at ``backfill_epoch`` (its unpublished ranges and chunks are named by no row).
+    """CREATE TABLE IF NOT EXISTS dropped_files (
+        table_name VARCHAR NOT NULL,
+        location VARCHAR,
+        backfill_epoch BIGINT,
+        dropped_at DOUBLE PRECISION NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",
