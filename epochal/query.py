@@ -4,6 +4,10 @@ Every source and view becomes a DuckDB view over its newest snapshot at the epoc
 files after it, netted by ``_weight`` (a snapshot alone is read as it is); each source's dead
 letters are ``<source>__dead_letters``. The committed epoch is read once and every table is cut at
 it, so a query joining two tables never mixes epochs even while new epochs commit underneath.
+
+A SOURCE that stores nothing (``epochal.incremental.state_needs``) is read from its connector at
+the committed offsets, through Spark, as RisingWave's batch read of a source; only when the query
+names it, since that starts Spark and reads the source's whole history.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epochal.backfill.state import BackfillPhase
+from epochal.checkpoint.records import StateCompacted
 from epochal.errors import EpochalError
 from epochal.sql import DUCKDB, quote, string_list
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
@@ -55,8 +60,10 @@ def _columns_of(runtime: "EpochRuntime", table: str) -> list[tuple[str, str]]:
     return [(c, "string") for c in pipeline.views[table].columns]
 
 
-def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConnection", int | None]:
-    """An in-memory DuckDB connection with one view per table, all cut at the same committed epoch."""
+def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckdb.DuckDBPyConnection", int | None]:
+    """An in-memory DuckDB connection with one view per table, all cut at the same committed epoch.
+    ``sql``: the query, so that a SOURCE that stores nothing is read from its connector only if
+    the query names it."""
     import duckdb
 
     controller, warehouse = runtime.controller, runtime.warehouse
@@ -74,7 +81,13 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
             con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS {typed} FROM range(1) WHERE error('{message}')")
             continue
         # The newest snapshot at the epoch plus the change files after it, as the Spark readers do.
-        parts = controller.catalog.state_parts(table, epoch, inclusive=True) if epoch is not None else None
+        try:
+            parts = controller.catalog.state_parts(table, epoch, inclusive=True) if epoch is not None else None
+        except StateCompacted:
+            if epoch is None or not runtime.reader.history or not runtime.reader.history.covers(table):
+                raise
+            _from_connector(runtime, con, table, epoch, named=table.lower() in _tables_named(sql))
+            continue
         snapshot = [] if parts is None or parts.snapshot is None else warehouse.snapshot_files(parts.snapshot.location)
         changes = [] if parts is None else [f for _, loc in parts.changes for f in warehouse.parquet_files(loc)]
         if not snapshot and not changes:
@@ -101,6 +114,38 @@ def committed_connection(runtime: "EpochRuntime") -> tuple["duckdb.DuckDBPyConne
         )
         con.execute(f"CREATE VIEW {quote(dead_letter_table(source), DUCKDB)} AS {body}")
     return con, epoch
+
+
+def _tables_named(sql: str) -> set[str]:
+    """The table names ``sql`` mentions (lower case); every word when it does not parse, so a
+    table is never missed."""
+    import re
+
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        return {t.name.lower() for tree in sqlglot.parse(sql, read="duckdb") if tree for t in tree.find_all(exp.Table)}
+    except sqlglot.errors.ParseError:
+        return {w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", sql)}
+
+
+def _from_connector(
+    runtime: "EpochRuntime", con: "duckdb.DuckDBPyConnection", table: str, epoch: int, named: bool
+) -> None:
+    """``table``, a SOURCE that stores nothing, as its connector's records at ``epoch``."""
+    name = quote(table, DUCKDB)
+    if not named:
+        # (never read: the query does not name it; if it reaches it anyway, it says why)
+        message = f"source {table} stores nothing and is read from its connector: name it in the query".replace(
+            "'", "''"
+        )
+        typed = _empty_view(_columns_of(runtime, table)).removesuffix(" WHERE false")
+        con.execute(f"CREATE VIEW {name} AS {typed} FROM range(1) WHERE error('{message}')")
+        return
+    rows, _ = runtime.reader.read_state(table, epoch, inclusive=True)
+    con.register(f"__epochal_rows_{table}", rows.toArrow())
+    con.execute(f"CREATE VIEW {name} AS SELECT * FROM {quote(f'__epochal_rows_{table}', DUCKDB)}")
 
 
 def _not_joined(backfill: "Backfill", shown: dict) -> str:
@@ -130,7 +175,7 @@ def run_query(runtime: "EpochRuntime", sql: str) -> tuple[list[str], list[tuple]
     kind = statements[0].type.name
     if kind not in READ_ONLY:
         raise EpochalError(f"epochal query is read-only: {kind} is not allowed, only SELECT (and EXPLAIN)")
-    con, epoch = committed_connection(runtime)
+    con, epoch = committed_connection(runtime, sql)
     try:
         result = con.execute(sql)
     except duckdb.Error as exc:

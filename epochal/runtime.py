@@ -37,6 +37,7 @@ from epochal.rebuild_steps import RebuildSteps
 from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
+from epochal.source_history import SourceHistory
 from epochal.sql import quote, unquote
 from epochal.step_report import StepReport
 from epochal.storage.state_cache import StateCache
@@ -96,7 +97,12 @@ class EpochRuntime:
         registry = settings.home / "spark" / "state_cache.json"
         self.state_cache = StateCache(enabled=settings.state_cache, registry=registry)
         self.reader = StateReader(
-            lambda: self.spark, self.controller.catalog, self.warehouse, self.state_cache, self.query_schema
+            lambda: self.spark,
+            self.controller.catalog,
+            self.warehouse,
+            self.state_cache,
+            self.query_schema,
+            SourceHistory(self),
         )
         self._connectors: dict[str, SourceConnector] = {}
         self._query_schemas: dict[str, "StructType"] = {}
@@ -524,6 +530,7 @@ class EpochRuntime:
     ) -> StepReport:
         """Snapshot the tables that need it (``epochal/storage/compaction.py``); never raises for a
         table's failure, which is logged and reported in the metadata: the epoch is committed."""
+        from epochal.incremental.state_needs import sources_storing_nothing
         from epochal.storage.compaction import Layout, compact_tables
 
         # A backfilling view's state is not at the committed epoch yet: it is snapshotted once it joins.
@@ -532,6 +539,7 @@ class EpochRuntime:
             [t for t in self.pipeline.tables if t not in outside],
             self.distribution_key,
             lambda table: [name for name, sink in self.pipeline.sinks.items() if sink.from_table == table],
+            frozenset(sources_storing_nothing(self.pipeline)),
         )
         report = compact_tables(
             self.reader,

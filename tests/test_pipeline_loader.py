@@ -410,16 +410,16 @@ def test_create_table_with_a_key_is_a_stored_input(tmp_path: Path) -> None:
         },
     )
     orders, events = pipeline.sources["orders"], pipeline.sources["events"]
-    assert (orders.kind, orders.primary_key, orders.stored) == ("table", ("id",), True)
-    assert (events.kind, events.primary_key, events.stored) == ("table", (), True)
+    assert (orders.kind, orders.primary_key) == ("table", ("id",))
+    assert (events.kind, events.primary_key) == ("table", ())
     assert orders.connector == "log" and orders.options == {"connector": "log", "path": "data/orders"}
     assert pipeline.tables == ["orders", "events"]
 
 
-def test_a_source_is_stored_too_for_now(tmp_path: Path) -> None:
-    # RisingWave's source stores nothing; Epochal does not build that yet, so the kind is only recorded
+def test_a_source_keeps_its_kind(tmp_path: Path) -> None:
+    # what it stores follows from its readers (tests/test_source_storage.py)
     bid = load(tmp_path, {"s.sql": BID_SOURCE}).sources["bid"]
-    assert (bid.kind, bid.stored) == ("source", True)
+    assert (bid.kind, bid.primary_key) == ("source", ())
 
 
 @pytest.mark.parametrize(

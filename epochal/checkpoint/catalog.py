@@ -40,6 +40,32 @@ def _dropped_upto(cur: Cursor, table: str) -> int | None:
     return row[0] if row else None
 
 
+def _delivered_by(cur: Cursor, sinks: Iterable[str], horizon: int) -> int:
+    """``horizon`` lowered to what every sink in ``sinks`` still reads as change files (nothing
+    before its snapshot batch)."""
+    for sink in sinks:
+        floor = q.sink_retention_floor(cur, sink)
+        horizon = horizon if floor is None else min(horizon, floor)
+    return horizon
+
+
+def _drop_changes(cur: Cursor, table: str, horizon: int) -> list[str]:
+    """Forget ``table``'s change files up to ``horizon`` (reads before it need a snapshot, or a
+    SOURCE's connector); returns their locations, for the caller to delete after the commit."""
+    changes = cur.execute(
+        "SELECT location FROM collected WHERE asset = ? AND epoch <= ? AND location IS NOT NULL", [table, horizon]
+    ).fetchall()
+    cur.execute(
+        "UPDATE collected SET location = NULL WHERE asset = ? AND epoch <= ? AND location IS NOT NULL", [table, horizon]
+    )
+    cur.execute(
+        "INSERT INTO table_retention (table_name, changes_dropped_upto) VALUES (?, ?) "
+        "ON CONFLICT (table_name) DO UPDATE SET changes_dropped_upto = excluded.changes_dropped_upto",
+        [table, horizon],
+    )
+    return [r[0] for r in changes]
+
+
 def _check_not_compacted(cur: Cursor, table: str, after: int | None, what: str) -> None:
     dropped = _dropped_upto(cur, table)
     if dropped is not None and (after is None or after < dropped):
@@ -279,29 +305,13 @@ class SnapshotCatalog:
             horizon = kept[-1][0]
             if pinned is not None:
                 horizon = min(horizon, pinned)
-            for sink in sinks:
-                # what the sink still reads as change files (nothing, before its snapshot batch)
-                floor = q.sink_retention_floor(cur, sink)
-                horizon = horizon if floor is None else min(horizon, floor)
+            horizon = _delivered_by(cur, sinks, horizon)
             dropped = _dropped_upto(cur, table)
             if horizon < 0 or (dropped is not None and horizon <= dropped):
                 return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=dropped)
-            changes = cur.execute(
-                "SELECT epoch, location FROM collected WHERE asset = ? AND epoch <= ? AND location IS NOT NULL",
-                [table, horizon],
-            ).fetchall()
             # The locations go in the same transaction that records the snapshot, so a deleted file
             # is never listed again; a crash before the files are deleted leaves garbage recovery sweeps.
-            cur.execute(
-                "UPDATE collected SET location = NULL WHERE asset = ? AND epoch <= ? AND location IS NOT NULL",
-                [table, horizon],
-            )
-            cur.execute(
-                "INSERT INTO table_retention (table_name, changes_dropped_upto) VALUES (?, ?) "
-                "ON CONFLICT (table_name) DO UPDATE SET changes_dropped_upto = excluded.changes_dropped_upto",
-                [table, horizon],
-            )
-            garbage += [loc for _, loc in changes]
+            garbage += _drop_changes(cur, table, horizon)
             return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=horizon)
 
         return self.backend.transaction(publish)
@@ -327,6 +337,33 @@ class SnapshotCatalog:
         return self.backend.transaction(self.reap_abandoned)
 
     # ------------------------------------------------------------------ history
+
+    def release_changes(self, table: str, sinks: Iterable[str] = ()) -> list[str]:
+        """A SOURCE that stores nothing (``epochal.incremental.state_needs``): forget its change
+        files of committed epochs that every sink in ``sinks`` delivered and no backfill reads, and
+        any snapshot of it from when a view read it as state; returns the locations to delete.
+        Its rows at those epochs are read back from its connector from then on."""
+
+        def release(cur: Cursor) -> list[str]:
+            committed = q.committed_epoch(cur)
+            if committed is None:
+                return []
+            horizon = _delivered_by(cur, sinks, committed)
+            needed = backfill_log.needed_from(cur, table)
+            if needed is not None:  # a backfill reads the changes after its epoch (and maybe a snapshot)
+                horizon = min(horizon, needed)
+            dropped = _dropped_upto(cur, table)
+            if horizon < 0 or (dropped is not None and horizon <= dropped):
+                return []
+            garbage = _drop_changes(cur, table, horizon)
+            if needed is None:
+                old = cur.execute("SELECT location FROM snapshots WHERE table_name = ? AND state = 'READY'", [table])
+                for (location,) in old.fetchall():
+                    cur.execute("DELETE FROM snapshots WHERE location = ?", [location])
+                    garbage.append(location)
+            return garbage
+
+        return self.backend.transaction(release)
 
     def prune_history(self, tables: Iterable[str], sinks: Iterable[str], keep_epochs: int) -> int:
         """Delete the meta-store rows of old epochs that no reader can reach any more, so the store

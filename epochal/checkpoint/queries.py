@@ -174,3 +174,31 @@ def sink_retention_floor(cur: Cursor, sink: str) -> int | None:
         [sink, SNAPSHOT_FIRST_EPOCH],
     ).fetchone()[0]
     return pending
+
+
+def source_history(cur: Cursor, source: str, epoch: int, inclusive: bool) -> list[SplitRange] | None:
+    """Per split of ``source``, the offsets of every record the source took up to ``epoch``
+    (its records included when ``inclusive``): from where the split's history starts to where
+    ``epoch``'s range ends (or starts). None when ``epoch``'s offsets are not in the store (it was
+    pruned, or never injected). What a SOURCE that stores nothing reads back from its connector."""
+    ranges = offsets(cur, epoch, source) if _has_offsets(cur, epoch, source) else None
+    if ranges is None:
+        return None
+    firsts = dict(
+        cur.execute(
+            "SELECT f.split, coalesce(f.first_offset, (SELECT min(o.start_offset) FROM epoch_offsets o "
+            "WHERE o.source = f.source AND o.split = f.split)) FROM split_frontier f WHERE f.source = ?",
+            [source],
+        ).fetchall()
+    )
+    history = []
+    for r in ranges:
+        first = firsts.get(r.split)
+        end = r.end if inclusive else r.start
+        history.append(SplitRange(r.split, min(first if first is not None else r.start, end), end))
+    return history
+
+
+def _has_offsets(cur: Cursor, epoch: int, source: str) -> bool:
+    row = cur.execute("SELECT state FROM epochs WHERE epoch = ?", [epoch]).fetchone()
+    return row is not None and row[0] != "ABORTED"

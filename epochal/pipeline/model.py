@@ -43,8 +43,8 @@ class SourceDef:
     #: option keys lower-cased, values as written (quotes removed)
     options: Mapping[str, str]
     location: Location
-    #: as declared. In RisingWave a table stores its rows and a source stores nothing; Epochal
-    #: stores both for now (see ``stored``), but only a table may have a PRIMARY KEY
+    #: as declared. As in RisingWave a table stores its rows, and a source stores nothing unless a
+    #: view reads it as state (epochal/incremental/state_needs.py); only a table may have a PRIMARY KEY
     kind: Literal["table", "source"] = "source"
     primary_key: tuple[str, ...] = ()
 
@@ -53,12 +53,6 @@ class SourceDef:
             raise ValueError(f"{self.name}: kind must be 'table' or 'source', not {self.kind!r}")
         if self.primary_key and self.kind != "table":
             raise ValueError(f"source {self.name}: a PRIMARY KEY needs kind 'table' (upserts replace stored rows)")
-
-    @property
-    def stored(self) -> bool:
-        """Whether its rows are kept per epoch (change files, snapshots). True for both kinds today:
-        a SOURCE that stores nothing (views reading the connector directly) is not built yet."""
-        return True
 
     @property
     def column_names(self) -> tuple[str, ...]:

@@ -44,7 +44,8 @@ KEEP_SNAPSHOTS = 2
 class TableCompaction:
     table: str
     epoch: int
-    #: "compacted", "lost a race" or "failed: <error>"
+    #: "compacted", "released" (a SOURCE that stores nothing let go of delivered change files),
+    #: "lost a race" or "failed: <error>"
     outcome: str
     rows: int = 0
     files_before: int = 0
@@ -73,6 +74,7 @@ class CompactionReport:
         return {
             "epoch": self.committed_epoch,
             "tables_compacted": ", ".join(f"{t.table}@{t.epoch}" for t in done) or "none",
+            "sources_released": ", ".join(t.table for t in self.tables if t.outcome == "released") or "none",
             "rows_in_snapshots": sum(t.rows for t in done),
             "files_before": sum(t.files_before for t in self.tables),
             "files_after": sum(t.files_after for t in self.tables),
@@ -93,6 +95,9 @@ class Layout:
     distribution_key: Callable[[str], tuple[str, ...]]
     #: the sinks reading a table: retention keeps change files until they delivered them
     sinks_of: Callable[[str], list[str]]
+    #: SOURCEs that store nothing (epochal/incremental/state_needs.py): never snapshotted, their
+    #: change files released once delivered
+    store_nothing: frozenset[str] = frozenset()
 
 
 def plan(reader: StateReader, every: int, tables: list[str]) -> list[tuple[str, int]]:
@@ -104,6 +109,23 @@ def plan(reader: StateReader, every: int, tables: list[str]) -> list[tuple[str, 
         if committed is not None and pending >= every and (latest is None or committed > latest):
             todo.append((table, committed))
     return todo
+
+
+def release_table(reader: StateReader, layout: Layout, table: str) -> TableCompaction | None:
+    """Let go of the delivered change files of a SOURCE that stores nothing; None if none were due."""
+    started = time.time()
+    garbage = reader.catalog.release_changes(table, layout.sinks_of(table))
+    if not garbage:
+        return None
+    files_before = reader.warehouse.table_file_count(table)
+    reader.release_snapshots(garbage)  # (a snapshot from when a view read it as state)
+    reader.warehouse.delete(garbage, prune_parents=True)
+    files_after = reader.warehouse.table_file_count(table)
+    log.info("%s stores nothing: released %d delivered location(s)", table, len(garbage))
+    return TableCompaction(
+        table, reader.catalog.committed_epoch() or 0, "released", 0, files_before, files_after, len(garbage),
+        seconds=time.time() - started,
+    )
 
 
 def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -> TableCompaction:
@@ -183,18 +205,28 @@ def compact_tables(
             log.warning("removed %d snapshot(s) a dead compaction left unpublished", len(reaped))
         report.reaped = len(reaped)
         report.committed_epoch = catalog.committed_epoch()
-        todo = plan(reader, every, tables if tables is not None else layout.tables)
+        chosen = tables if tables is not None else layout.tables
+        todo = plan(reader, every, [t for t in chosen if t not in layout.store_nothing])
+        released = [t for t in chosen if t in layout.store_nothing]
     except Exception as exc:  # the meta store or the warehouse is unreachable: try again next epoch
         log.exception("compaction could not plan")
         report.tables.append(TableCompaction("*", 0, f"failed: {type(exc).__name__}: {exc}"[:500]))
-        todo = []
+        todo, released = [], []
+    for table in released:
+        try:
+            done = release_table(reader, layout, table)
+        except Exception as exc:
+            log.exception("releasing the change files of %s failed", table)
+            done = TableCompaction(table, 0, f"failed: {type(exc).__name__}: {exc}"[:500])
+        if done is not None:
+            report.tables.append(done)
     for table, epoch in todo:
         try:
             report.tables.append(compact_table(reader, layout, table, epoch))
         except Exception as exc:
             log.exception("compaction of %s at epoch %s failed", table, epoch)
             report.tables.append(TableCompaction(table, epoch, f"failed: {type(exc).__name__}: {exc}"[:500]))
-    if prune is not None and todo:
+    if prune is not None and (todo or any(t.outcome == "released" for t in report.tables)):
         try:
             report.pruned_epochs = prune()
         except Exception as exc:

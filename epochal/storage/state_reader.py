@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epochal.checkpoint.catalog import SnapshotCatalog
-from epochal.checkpoint.records import Snapshot, StateParts
+from epochal.checkpoint.records import Snapshot, StateCompacted, StateParts
 from epochal.errors import EpochalError
 from epochal.sql import quote
 from epochal.storage.changes import net_rows
@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 
+class SourceRows(Protocol):
+    """A SOURCE's rows read back from its connector (``epochal.source_history.SourceHistory``)."""
+
+    def covers(self, table: str) -> bool: ...
+
+    def read(self, table: str, epoch: int, inclusive: bool) -> tuple[DataFrame, int]: ...
+
+
 class StateReader:
     def __init__(
         self,
@@ -31,6 +39,7 @@ class StateReader:
         warehouse: Warehouse,
         cache: StateCache,
         schema_of: Callable[[str], StructType],
+        history: SourceRows | None = None,
     ):
         self._spark = spark
         self.catalog = catalog
@@ -38,6 +47,8 @@ class StateReader:
         self.cache = cache
         #: a table's columns and types, for a table that has no file yet
         self.schema_of = schema_of
+        #: where a SOURCE's rows come from once its change files are gone (epochal/source_history.py)
+        self.history = history
 
     @property
     def spark(self) -> SparkSession:
@@ -55,7 +66,15 @@ class StateReader:
         ``restrict = (columns, keys)`` keeps only rows whose ``columns`` equal (null-safe) a row of
         the small DataFrame ``keys``; it is applied before netting, and when ``columns`` is the
         snapshot's distribution key only the keys' vnode directories of the snapshot are read."""
-        weighted, rows_read = self.read_weighted(self.catalog.state_parts(table, epoch, inclusive), restrict)
+        try:
+            parts = self.catalog.state_parts(table, epoch, inclusive)
+        except StateCompacted:
+            if self.history is None or not self.history.covers(table):
+                raise
+            # A SOURCE that stores nothing: its connector reads the records again.
+            rows, records = self.history.read(table, epoch, inclusive)
+            return (rows if restrict is None else semi_join(rows, restrict)), records
+        weighted, rows_read = self.read_weighted(parts, restrict)
         if weighted is None:
             # No change file yet (every epoch so far was idle, or none ran): the table is empty.
             return self.spark.createDataFrame([], self.schema_of(table)), 0
@@ -75,7 +94,10 @@ class StateReader:
 
         from epochal.storage.vnode import vnode_column
 
-        parts = self.catalog.state_parts(table, epoch, inclusive=True)
+        try:
+            parts = self.catalog.state_parts(table, epoch, inclusive=True)
+        except StateCompacted:
+            return None  # (read_state reads it, from a SOURCE's connector)
         snapshot = parts.snapshot
         if snapshot is None:
             return None
