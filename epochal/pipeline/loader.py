@@ -193,8 +193,7 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
         connector = parsed.options.values.get("connector", "").lower()
         if parsed.primary_key and parsed.kind != "table":
             # RisingWave's rule: upserts and deletes by key replace stored rows, and a table is what
-            # stores its rows (a source may not). Epochal stores both today; the rule is kept so
-            # that a source can later store nothing without changing what a pipeline means.
+            # stores its rows (a source stores nothing unless a view reads it as state).
             issues.add(
                 where.file,
                 parsed.primary_key_line,
