@@ -65,9 +65,13 @@ def _when(ts: float | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from epochal.incremental.state_needs import sources_storing_nothing
     from epochal.redaction import redact_url
 
-    status = _runtime().controller.status()
+    runtime = _runtime()
+    status = runtime.controller.status()
+    # CREATE SOURCEs no view reads as state: their rows are read back from their connectors
+    status["sources_storing_nothing"] = sorted(sources_storing_nothing(runtime.pipeline))
     # The store's URL may carry a password (user:pw@ or ?password=): never print it.
     status["meta_store"] = redact_url(str(status.get("meta_store", "")))
     if args.json:
@@ -96,7 +100,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for table, epoch in status["tables"].items():
         snap = status["snapshots"].get(table)
         shown = "no snapshot"
-        if snap is not None:
+        if table in status["sources_storing_nothing"]:
+            shown = "stores nothing (no view reads it as state): read from its connector"
+        elif snap is not None:
             shown = f"snapshot @ {snap['epoch']} ({snap['rows']} rows, {snap['files']} files)"
         print(f"  {table:<28} {epoch}  {shown}")
     if status["sinks"]:

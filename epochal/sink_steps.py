@@ -210,6 +210,9 @@ class SinkSteps:
             catalog.state_parts(table, at, inclusive=True)
             return at
         except StateCompacted:
+            history = self.runtime.reader.history
+            if history is not None and history.covers(table) and history.records(table, at, True) is not None:
+                return at  # a SOURCE's rows at any epoch whose offsets are kept: read from its connector
             committed = catalog.committed_epoch()
             require(committed is not None, f"sink {name}: a snapshot start but no committed epoch")
             moved = self.runtime.controller.sink_coordinator.move_snapshot(name, at, committed)

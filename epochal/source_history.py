@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import StateCompacted
+from epochal.sql import quote
+from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from epochal.connectors.base import SplitRange
     from epochal.runtime import EpochRuntime
 
 
@@ -31,13 +34,37 @@ class SourceHistory:
         source = self.runtime.pipeline.sources.get(table)
         return source is not None and source.kind == "source"
 
-    def read(self, table: str, epoch: int, inclusive: bool) -> tuple[DataFrame, int]:
-        """``table``'s rows inside ``epoch`` (its records included when ``inclusive``), and how
-        many records the connector reads for them."""
+    def records(self, table: str, epoch: int, inclusive: bool) -> int | None:
+        """How many records ``read`` would read (lines or events, no Spark), or None when the
+        epoch's offsets are gone: the rows cannot be read again."""
+        ranges = self._ranges(table, epoch, inclusive)
+        return None if ranges is None else sum(r.count for r in ranges)
+
+    def change(self, table: str, epoch: int) -> DataFrame:
+        """``table``'s change in ``epoch`` once its file is gone (a committed epoch run again):
+        the records of the epoch's own ranges, each an insert, as the source step wrote them."""
         from pyspark.sql import functions as F
 
         runtime = self.runtime
-        ranges = runtime.controller.backend.transaction(lambda cur: q.source_history(cur, table, epoch, inclusive))
+        ranges = runtime.controller.backend.transaction(lambda cur: q.offsets(cur, epoch, table))
+        rows = self._typed(runtime.connector(table).read(runtime.spark, [r for r in ranges if r.count > 0]).rows, table)
+        return rows.withColumn(WEIGHT, F.lit(1).cast("bigint"))
+
+    def _typed(self, rows: DataFrame, table: str) -> DataFrame:
+        """``rows`` with the stored rows' columns and types, so a reader cannot tell where they came from."""
+        from pyspark.sql import functions as F
+
+        schema = self.runtime.query_schema(table)
+        return rows.select(*(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields))
+
+    def _ranges(self, table: str, epoch: int, inclusive: bool) -> list[SplitRange] | None:
+        return self.runtime.controller.backend.transaction(lambda cur: q.source_history(cur, table, epoch, inclusive))
+
+    def read(self, table: str, epoch: int, inclusive: bool) -> tuple[DataFrame, int]:
+        """``table``'s rows inside ``epoch`` (its records included when ``inclusive``), and how
+        many records the connector reads for them."""
+        runtime = self.runtime
+        ranges = self._ranges(table, epoch, inclusive)
         if ranges is None:
             raise StateCompacted(
                 f"source {table} stores nothing, and the offsets of epoch {epoch} are no longer in the meta "
@@ -47,7 +74,5 @@ class SourceHistory:
         schema = runtime.query_schema(table)
         if not wanted:
             return runtime.spark.createDataFrame([], schema), 0
-        rows = runtime.connector(table).read(runtime.spark, wanted).rows
-        # typed as the stored rows are, so a reader cannot tell where they came from
-        typed = rows.select(*(F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in schema.fields))
-        return typed, sum(r.count for r in wanted)
+        rows = self._typed(runtime.connector(table).read(runtime.spark, wanted).rows, table)
+        return rows, sum(r.count for r in wanted)

@@ -179,6 +179,11 @@ class ViewSteps:
             # compaction cleared has rows and still raises below.
             weighted = StructType([*self.runtime.query_schema(upstream).fields, StructField(WEIGHT, LongType())])
             return self.runtime.spark.createDataFrame([], weighted)
+        history = self.runtime.reader.history
+        if entry is not None and entry.location is None and history is not None and history.covers(upstream):
+            # A SOURCE that stores nothing let go of the file after the commit (this epoch is run
+            # again): the connector reads the epoch's records again.
+            return history.change(upstream, epoch)
         if entry is None or entry.location is None:
             raise _not_written(view, upstream, epoch)
         return self.runtime.warehouse.read(self.runtime.spark, [entry.location])

@@ -6,11 +6,13 @@ batch oracle, which reads the log files itself."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
 
 from epochal.backfill.runner import BackfillRunner
+from epochal.cli import main
 from epochal.incremental.state_needs import inputs_read_as_state, sources_kept_as_state, sources_storing_nothing
 from epochal.pipeline.loader import load_pipeline
 from epochal.query import run_query
@@ -74,7 +76,7 @@ CREATE MATERIALIZED VIEW over_t AS SELECT k, max(v) AS hi FROM t GROUP BY k;
     assert sources_storing_nothing(load_pipeline(pipeline_dir)) == {"s", "j"}
 
 
-def test_a_source_stores_nothing_until_a_view_reads_it_as_state(spark, tmp_path: Path) -> None:
+def test_a_source_stores_nothing_until_a_view_reads_it_as_state(spark, tmp_path: Path, monkeypatch, capsys) -> None:
     h = make_harness(tmp_path)
     (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW order_totals AS {TOTALS};")
     views = {"big_orders": VIEW_QUERIES["big_orders"], "big_bids": VIEW_QUERIES["big_bids"], "order_totals": TOTALS}
@@ -90,6 +92,13 @@ def test_a_source_stores_nothing_until_a_view_reads_it_as_state(spark, tmp_path:
     assert runtime.controller.catalog.snapshots("orders") == []
     assert _stored_files(runtime, "orders") == 0 and _stored_files(runtime, "bid") == 0
     assert assert_source_exact(runtime, "orders") == 180
+    for key, value in h.env.items():
+        monkeypatch.setenv(key, value)
+    main(["status"])
+    shown = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "stores nothing" in line]
+    assert shown == ["bid", "orders"]
+    main(["status", "--json"])
+    assert json.loads(capsys.readouterr().out)["sources_storing_nothing"] == ["bid", "orders"]
     oracle_rows = Oracle(runtime).source_rows("orders")
     total = sum(row[2] for row in oracle_rows)
     _, [(count, amount)], _ = run_query(runtime, "SELECT count(*), sum(amount) FROM orders")
@@ -100,6 +109,12 @@ def test_a_source_stores_nothing_until_a_view_reads_it_as_state(spark, tmp_path:
     # A keyed view over orders: backfilled from the connector's splits, then it reads orders' rows
     # every epoch, so orders keeps them again (its first snapshot read from the connector).
     (h.pipeline_dir / "top.sql").write_text(f"CREATE MATERIALIZED VIEW top2 AS {TOP2};")
+    # and a sink over orders itself: its snapshot batch is orders' rows before it, which its files
+    # no longer hold, so they come from the connector too
+    (h.pipeline_dir / "raw.sql").write_text(
+        "CREATE SINK raw_orders FROM orders WITH (connector = 'duckdb', database = 'out/raw.duckdb', "
+        "table = 'raw_orders', type = 'append-only');"
+    )
     _produce(h, 3)
     _run(h, instance)
     BackfillRunner(h.runtime(spark)).advance(budget_s=600)
@@ -113,6 +128,7 @@ def test_a_source_stores_nothing_until_a_view_reads_it_as_state(spark, tmp_path:
     assert snapshots and snapshots[-1].epoch == runtime.controller.epoch_log.committed_epoch()
     assert assert_source_exact(runtime, "orders") == 360
     assert_views_match_batch(runtime, {**views, "top2": TOP2})
+    assert assert_sink_exactly_once(runtime, "raw_orders") == 360
 
     # Without it, orders stores nothing again: its snapshots and change files go.
     (h.pipeline_dir / "top.sql").unlink()
@@ -125,3 +141,4 @@ def test_a_source_stores_nothing_until_a_view_reads_it_as_state(spark, tmp_path:
     assert assert_source_exact(runtime, "orders") == 420
     assert_views_match_batch(runtime, views)
     assert_sink_exactly_once(runtime, "orders_out")
+    assert assert_sink_exactly_once(runtime, "raw_orders") == 420

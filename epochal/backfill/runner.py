@@ -34,7 +34,7 @@ from epochal.backfill import source_splits
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
 from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
-from epochal.checkpoint.records import Collected
+from epochal.checkpoint.records import Collected, StateCompacted
 from epochal.errors import require
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
@@ -323,7 +323,14 @@ class BackfillRunner:
     def _stored_rows(self, table: str, epoch: int) -> int:
         """The rows ``table``'s state at ``epoch`` is stored in, from the meta store and file footers:
         no Spark job (reading the state to count it would scan, or cache, the whole table)."""
-        parts = self.runtime.controller.catalog.state_parts(table, epoch, inclusive=True)
+        try:
+            parts = self.runtime.controller.catalog.state_parts(table, epoch, inclusive=True)
+        except StateCompacted:
+            history = self.runtime.reader.history
+            records = history.records(table, epoch, True) if history and history.covers(table) else None
+            if records is None:
+                raise
+            return records  # a SOURCE that stores nothing: its records at the epoch, from the meta store
         rows = parts.snapshot.rows if parts.snapshot is not None else 0
         return rows + sum(self.runtime.warehouse.row_count(location) for _, location in parts.changes)
 
