@@ -4,6 +4,7 @@
     python benchmarks/bench_daemon.py                    # 10 minutes at the 10 s barrier interval
     python benchmarks/bench_daemon.py --minutes 3        # a shorter look
     python benchmarks/bench_daemon.py --spark-mode local # every run starts its own JVM, for the ratio
+    python benchmarks/bench_daemon.py --standby both --minutes 6  # without, then with, the standby run
 
 It starts, in a temporary directory: Epochal's Spark Connect server (`epochal spark start`), then
 `dagster dev` with its own DAGSTER_HOME (webserver, daemon, code server: what a user runs), turns the
@@ -19,7 +20,9 @@ the meta store (epochs injected and committed, recoveries, sink batches) and the
 * event-to-sink freshness per epoch: from its injection to the last sink having committed it
   (target: at most 30 s);
 * the Spark server's peak and final resident memory, and its memory at the end of each minute
-  (bounded: the last minutes do not keep growing).
+  (bounded: the last minutes do not keep growing);
+* with `--standby both`, the same measured twice in one invocation, without the standby run
+  (EPOCHAL_STANDBY_RUN=off) and then with it, and the ratios of the two.
 
 Results also go to a JSON file under benchmarks/results/.
 """
@@ -160,7 +163,7 @@ def run_figures(dagster_home: Path) -> dict[str, Any]:
             statuses[record.dagster_run.status.value] = statuses.get(record.dagster_run.status.value, 0) + 1
             if record.dagster_run.status == DagsterRunStatus.SUCCESS and record.start_time and record.end_time:
                 durations.append(record.end_time - record.start_time)
-        taken = []
+        taken, stood_by = [], []
         for record in records:
             events = instance.all_logs(record.dagster_run.run_id)
             partitions = {
@@ -171,6 +174,10 @@ def run_figures(dagster_home: Path) -> dict[str, Any]:
                 and e.dagster_event.step_materialization_data.materialization.asset_key.path == ["epoch_commit"]
             }
             taken.append(len(partitions))
+            stood = [
+                float(e.user_message.split()[2].rstrip("s")) for e in events if e.user_message.startswith("stood by ")
+            ]
+            stood_by.append(stood[0] if stood else 0.0)
         # why a run failed: its failed steps' errors, or the run's own failure message
         failures = []
         for record in records:
@@ -183,9 +190,16 @@ def run_figures(dagster_home: Path) -> dict[str, Any]:
                 for e in instance.all_logs(record.dagster_run.run_id)
                 if e.dagster_event is not None and (e.dagster_event.is_step_failure or e.dagster_event.is_run_failure)
             ]
-            failures.append({"run_id": record.dagster_run.run_id, "tags": dict(record.dagster_run.tags),
-                             "reasons": reasons})
-    return {"statuses": statuses, "durations_s": durations, "epochs_per_run": taken, "failures": failures}
+            failures.append(
+                {"run_id": record.dagster_run.run_id, "tags": dict(record.dagster_run.tags), "reasons": reasons}
+            )
+    return {
+        "statuses": statuses,
+        "durations_s": durations,
+        "epochs_per_run": taken,
+        "stood_by_s": stood_by,
+        "failures": failures,
+    }
 
 
 def describe(values: list[float], unit: str = "s") -> str:
@@ -199,15 +213,9 @@ def describe(values: list[float], unit: str = "s") -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=10.0, help="how long the sensor drives epochs (default 10)")
-    p.add_argument("--interval-ms", type=int, default=10_000, help="EPOCHAL_BARRIER_INTERVAL_MS (default 10000)")
-    p.add_argument("--spark-mode", choices=["server", "local"], default="server")
-    p.add_argument("--json", help="result file (default benchmarks/results/bench_daemon-<time>.json)")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    args = p.parse_args(argv)
-
+def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
+    """One measurement: a new home, the Spark server, `dagster dev` with the sensor on for
+    ``args.minutes``, then the figures from the meta store and the Dagster instance."""
     root = Path(tempfile.mkdtemp(prefix="bench_daemon-"))
     env = isolated_env(root)
     env.update(
@@ -215,17 +223,21 @@ def main(argv: list[str] | None = None) -> int:
             "EPOCHAL_SPARK_MODE": args.spark_mode,
             "EPOCHAL_SPARK_PORT": str(free_port()),
             "EPOCHAL_BARRIER_INTERVAL_MS": str(args.interval_ms),
+            "EPOCHAL_STANDBY_RUN": standby,
         }
     )
     home = Path(env["EPOCHAL_HOME"])
-    log(f"root {root}; Spark {args.spark_mode}; barrier every {args.interval_ms} ms for {args.minutes} min")
+    log(
+        f"root {root}; Spark {args.spark_mode}; barrier every {args.interval_ms} ms for {args.minutes} min; "
+        f"standby run {standby}"
+    )
     if args.spark_mode == "server":
         started = time.time()
         spark_server("start", env)
         log(f"Spark server started in {time.time() - started:.1f}s")
     sampler = MemorySampler(home)
     sampler.start()
-    result: dict[str, Any] = {"args": vars(args), "root": str(root)}
+    result: dict[str, Any] = {"args": vars(args), "standby": standby, "root": str(root)}
     try:
         command = [PY, "-m", "dagster", "dev", "-w", "workspace.yaml"]
         with dagster_dev(command, env, root / "dagster_dev.log") as server:
@@ -272,18 +284,29 @@ def main(argv: list[str] | None = None) -> int:
             spark_server("stop", env)
     peak = max((b for _, b in sampler.samples), default=None)
     result["server_peak_mib"] = round(peak / 2**20) if peak else None
+    if not args.keep:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    return result
 
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> float:
+    """Print one measurement's figures; returns its epochs committed per minute."""
     meta, runs = result["meta"], result["runs"]
     per_minute = meta["committed"] / result["minutes"]
     goal = 60_000 / args.interval_ms
     print()
-    print(f"== {args.minutes:g} min of barrier_sensor at {args.interval_ms} ms, Spark {args.spark_mode}")
+    print(
+        f"== {args.minutes:g} min of barrier_sensor at {args.interval_ms} ms, Spark {args.spark_mode}, "
+        f"standby run {result['standby']}"
+    )
     print(
         f"epochs: {meta['injected']} injected, {meta['committed']} committed, {meta['aborted']} aborted; "
         f"{per_minute:.2f} committed/min against {goal:.2f}/min at the interval ({per_minute / goal:.2f}x)"
     )
     print(f"recoveries: {len(meta['recoveries'])} {meta['recoveries'][:3]}")
     print(f"epoch_job runs: {runs['statuses']}; durations {describe(runs['durations_s'])}")
+    if any(runs["stood_by_s"]):
+        print(f"  of which standing by for the working run: {describe(runs['stood_by_s'])}")
     for failure in runs["failures"]:
         print(f"  failed run {failure['run_id'][:8]}: " + (" | ".join(failure["reasons"]) or "no failure event"))
     print(f"epochs per run: {describe([float(n) for n in runs['epochs_per_run']], '')}")
@@ -294,14 +317,43 @@ def main(argv: list[str] | None = None) -> int:
             f"Spark server RSS: peak {result['server_peak_mib']} MiB; by minute "
             + ", ".join(f"{m} MiB" for _, m in result["memory_mib"])
         )
+    return per_minute
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="how long the sensor drives epochs (default 10)")
+    p.add_argument("--interval-ms", type=int, default=10_000, help="EPOCHAL_BARRIER_INTERVAL_MS (default 10000)")
+    p.add_argument("--spark-mode", choices=["server", "local"], default="server")
+    p.add_argument(
+        "--standby",
+        choices=["on", "off", "both"],
+        default="on",
+        help="EPOCHAL_STANDBY_RUN; both: measure off, then on, and print the ratios (default on)",
+    )
+    p.add_argument("--json", help="result file (default benchmarks/results/bench_daemon-<time>.json)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = p.parse_args(argv)
+
+    modes = ["off", "on"] if args.standby == "both" else [args.standby]
+    results = [measure(args, mode) for mode in modes]
+    rates = [report(args, result) for result in results]
+    if len(results) == 2:
+        fresh = [
+            statistics.median(r["meta"]["freshness_s"]) if r["meta"]["freshness_s"] else float("nan") for r in results
+        ]
+        print()
+        print(
+            f"standby on / off, same invocation: committed/min {rates[1]:.2f} / {rates[0]:.2f} = "
+            f"{rates[1] / rates[0]:.2f}x; freshness median {fresh[1]:.1f}s / {fresh[0]:.1f}s = "
+            f"{fresh[1] / fresh[0]:.2f}x"
+        )
     out = (
         Path(args.json) if args.json else BENCH_DIR / "results" / f"bench_daemon-{time.strftime('%Y%m%d-%H%M%S')}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str))
+    out.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=str))
     print(f"results: {out}")
-    if not args.keep:
-        subprocess.run(["rm", "-rf", str(root)], check=False)
     return 0
 
 

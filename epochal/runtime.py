@@ -63,6 +63,8 @@ class RunEpochs:
 
     epochs: list[int]
     recovery: RecoveryReport | None = None
+    #: how long the run stood by for a working run before it took its epochs
+    stood_by_s: float = 0.0
 
 
 def _lag_seconds(epoch: int | None) -> float | None:
@@ -208,19 +210,29 @@ class EpochRuntime:
         epoch_log = self.controller.epoch_log
         recovery = None
         own: list[int] = []
+        stood_by = 0.0
         if partition is None:
             record, recovery = self.start_epoch(run_id, None)
             own = [record.epoch]
+        elif self.settings.standby_run:
+            stood_by = epoch_log.stand_by(self.settings.max_epoch_runs, on_wait=self._warm_up)
         taken = sorted({*own, *epoch_log.take_waiting(run_id)})
         if not taken:
-            return RunEpochs([], recovery)  # without the plans' check: a run with nothing to do ends now
+            return RunEpochs([], recovery, stood_by)  # without the plans' check: a run with nothing to do ends now
         try:
             self.check_plans()  # before any step: a plan Spark refuses is an error, never a failed epoch
         except BaseException:
             epoch_log.release_all(taken)  # waiting again (for a run with a fixed pipeline), not dead
             raise
         self._held.enter_context(epoch_log.hold(taken))
-        return RunEpochs(taken, recovery)
+        return RunEpochs(taken, recovery, stood_by)
+
+    def _warm_up(self, working: list[str]) -> None:
+        """While standing by for ``working``: do what the run's first step would, so the run starts
+        warm when it takes its epochs (a refused plan fails it here, before it takes any)."""
+        log.info("standing by while %s work(s) on epochs: warming up", ", ".join(working))
+        self.check_plans()
+        self.spark  # noqa: B018 (attaching to Spark is the point)
 
     def begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
         """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an

@@ -136,6 +136,13 @@ class Settings:
         "next run takes all of them. Raise it when Spark has cores to run epochs side by side.",
         minimum=1,
     )
+    standby_run: bool = setting(
+        "EPOCHAL_STANDBY_RUN",
+        "on",
+        "`on`: while EPOCHAL_MAX_EPOCH_RUNS epoch_job runs work, the barrier sensor starts one more that stands "
+        "by, its process and Spark attach ready, and takes the waiting epochs the moment a working run has "
+        "committed its own (no launch gap between runs); `off`: a run is started only when one is needed.",
+    )
     partition_window: int = setting(
         "EPOCHAL_PARTITION_WINDOW",
         "10000",

@@ -40,6 +40,8 @@ def barrier(context: OpExecutionContext, checkpoint: CheckpointControllerResourc
             f"{recovery.aborted or 'nothing'}, discarded {len(recovery.discarded_locations)} location(s), "
             f"{recovery.attempts} attempt(s), {recovery.seconds:.2f}s"
         )
+    if taken.stood_by_s:
+        context.log.info(f"stood by {taken.stood_by_s:.1f}s while another run worked on its epochs")
     for epoch in taken.epochs:
         checkpoint.ensure_partition(context.instance, epoch)
     if not taken.epochs:

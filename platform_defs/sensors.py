@@ -3,8 +3,10 @@
 It is the barrier worker's timer. It recovers first when something failed, and injects unless
 injection is paused or the in-flight limit is reached. Runs take every epoch waiting for a run when
 they start, so it requests a run only when none is queued: a run that starts late processes the
-epochs that queued up behind it, in order, in one process. The newest waiting epoch is the run_key,
-so a tick that is evaluated twice can never start two runs for the same epochs.
+epochs that queued up behind it, in order, in one process. One run more than EPOCHAL_MAX_EPOCH_RUNS
+may be going: it stands by, warm, until a working run has committed, then takes what waits. The
+newest waiting epoch is the run_key, so a tick that is evaluated twice can never start two runs for
+the same epochs.
 """
 
 from dagster import (
@@ -81,11 +83,13 @@ _ACTIVE = [*_QUEUED, DagsterRunStatus.STARTED]
 
 def _room_for_a_run(context: SensorEvaluationContext, job_name: str, settings: Settings) -> bool:
     """Whether a new run would take the waiting epochs: no run of ``job_name`` is queued or starting
-    (its first op will see this tick's epoch), and fewer than EPOCHAL_MAX_EPOCH_RUNS are going. Runs
-    side by side share the cores: on a laptop one run taking several epochs beats several runs."""
+    (its first op will see this tick's epoch), and fewer than EPOCHAL_MAX_EPOCH_RUNS are going, plus
+    one that stands by (EPOCHAL_STANDBY_RUN): it starts while they work and takes the epochs waiting
+    once one of them has committed, so no launch gap opens between runs. Runs side by side share
+    the cores: on a laptop one run taking several epochs beats several runs."""
     active = context.instance.get_run_records(RunsFilter(job_name=job_name, statuses=_ACTIVE))
     queued = [r for r in active if r.dagster_run.status in _QUEUED]
-    return not queued and len(active) < settings.max_epoch_runs
+    return not queued and len(active) < settings.max_epoch_runs + int(settings.standby_run)
 
 
 def _epoch_tags(epoch: int) -> dict[str, str]:

@@ -302,6 +302,57 @@ def test_a_run_takes_every_waiting_epoch_once_and_keeps_them_alive(tmp_path: Pat
     assert "no progress" in (ctl.epoch_log.recovery_reason() or "")
 
 
+def test_a_standby_run_waits_for_the_working_run_then_takes_what_waits(tmp_path: Path, meta_url: str) -> None:
+    """The sensor starts a run ahead of need: it stands by while another live process works on
+    epochs, and takes the epochs waiting the moment that process has committed its own. A dead
+    owner, a silent one, or room for more runs (EPOCHAL_MAX_EPOCH_RUNS) never makes it wait."""
+    import threading
+
+    ctl = controller(tmp_path, meta_url, EPOCHAL_EPOCH_TIMEOUT_S="30")
+    start(ctl)
+    working = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        first = ctl.epoch_log.inject(plan_ten).epoch
+        ctl.backend.transaction(  # another process (the working run) took the first epoch
+            lambda cur: cur.execute(
+                "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = 'run-a', heartbeat_at = ? "
+                "WHERE epoch = ?",
+                [Owner.host, working.pid, time.time(), first],
+            )
+        )
+        later = [ctl.epoch_log.inject(plan_ten).epoch for _ in range(2)]
+        assert ctl.epoch_log.working_runs() == ["run run-a"]
+        assert ctl.epoch_log.stand_by(2) == 0.0  # room for a second working run: no wait
+
+        seen: list[list[str]] = []
+        threading.Timer(1.0, lambda: collect_all(ctl, first)).start()  # run-a commits its epoch
+        waited = ctl.epoch_log.stand_by(1, on_wait=seen.append)
+        assert 0.9 < waited < 10 and seen == [["run run-a"]]
+        assert ctl.epoch_log.working_runs() == []
+        assert ctl.epoch_log.take_waiting("run-b") == later  # what waited, taken at once
+
+        # this process's own claims never make it wait for itself
+        assert ctl.epoch_log.stand_by(1) == 0.0
+        for epoch in later:
+            collect_all(ctl, epoch)
+
+        # a dead owner is recovery's business: a standby run does not wait for it
+        stuck = ctl.epoch_log.inject(plan_ten).epoch
+        working.kill()
+        working.wait()
+        ctl.backend.transaction(
+            lambda cur: cur.execute(
+                "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = 'run-c', heartbeat_at = ? "
+                "WHERE epoch = ?",
+                [Owner.host, working.pid, time.time(), stuck],
+            )
+        )
+        assert ctl.epoch_log.working_runs() == []
+        assert ctl.epoch_log.stand_by(1) == 0.0
+    finally:
+        working.kill()
+
+
 def test_a_failed_rerun_of_a_committed_epoch_requests_no_recovery(tmp_path: Path, meta_url: str) -> None:
     ctl = controller(tmp_path, meta_url)
     start(ctl)

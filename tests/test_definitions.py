@@ -71,7 +71,9 @@ def test_dagster_loads_the_demo_and_reports_a_broken_pipeline(tmp_path: Path) ->
 
 
 def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("EPOCHAL_MAX_IN_FLIGHT", "2")
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    monkeypatch.setenv("EPOCHAL_MAX_IN_FLIGHT", "3")
     h = make_harness(tmp_path)
     defs = h.definitions()
     sensor = defs.get_sensor_def("barrier_sensor")
@@ -87,23 +89,45 @@ def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, mon
             cursor[0] = result.cursor  # as the daemon keeps it between ticks
         return result
 
+    runs: list[DagsterRun] = []
+
+    def started_run() -> None:  # an epoch_job run the daemon launched and that is working
+        runs.append(DagsterRun(job_name="epoch_job", status=DagsterRunStatus.STARTED))
+        instance.add_run(runs[-1])
+
     first = tick()
     assert len(first.run_requests) == 1
     key = first.run_requests[0].run_key
     assert first.run_requests[0].tags["dagster/partition"] == key
     assert first.run_requests[0].tags["epochal/take"] == "waiting"  # the run takes every waiting epoch
     assert first.dynamic_partitions_requests[0].partition_keys == [key]
+    started_run()
+    # One run works (EPOCHAL_MAX_EPOCH_RUNS=1): one more is started to stand by for it...
     second = tick()
     assert int(second.run_requests[0].run_key) > int(key)
+    started_run()
+    # ...and no third: the standby takes whatever waits once the working run has committed.
+    third = tick()
+    assert third.run_requests == [] and len(third.dynamic_partitions_requests[0].partition_keys) == 1
     blocked = tick()
     assert isinstance(blocked, dg.SkipReason) and "EPOCHAL_MAX_IN_FLIGHT" in blocked.skip_message
     from epochal.cli import main
 
     monkeypatch.setenv("EPOCHAL_HOME", str(h.home))
     monkeypatch.setenv("EPOCHAL_PIPELINE", str(h.pipeline_dir))
-    assert main(["recover"]) == 0  # aborts both in-flight epochs
+    assert main(["recover"]) == 0  # aborts the in-flight epochs
+    for run in runs:
+        instance.report_run_failed(run)  # the two runs ended with the recovery
     assert main(["pause"]) == 0
     paused = tick()
     assert isinstance(paused, dg.SkipReason) and "paused" in paused.skip_message
     assert main(["resume"]) == 0
     assert len(tick().run_requests) == 1
+
+    # Without the standby run, a second run is only started once the first has ended.
+    monkeypatch.setenv("EPOCHAL_STANDBY_RUN", "off")
+    cursor[0] = None
+    sensor = h.definitions().get_sensor_def("barrier_sensor")
+    started_run()
+    assert tick().run_requests == []
+

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import Owner
@@ -17,6 +17,9 @@ from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
 
 log = logging.getLogger("epochal.controller")
+
+#: How often a standing-by run asks whether a working run is done: the gap it leaves between runs.
+STANDBY_POLL_S = 0.25
 
 
 class EpochClaims:
@@ -51,6 +54,49 @@ class EpochClaims:
             ).fetchall()
         )
         return [r[0] for r in rows]
+
+    def working_runs(self) -> list[str]:
+        """The other processes working on epochs: each holds an in-flight epoch, is not known dead
+        (same host, pid gone) and renewed its heartbeat within the epoch timeout. A run that has
+        committed its epochs holds none, even while its sinks deliver."""
+        now = time.time()
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                "SELECT owner_host, owner_pid, owner_run, max(heartbeat_at) FROM epochs "
+                f"WHERE state IN {q.IN_FLIGHT} AND owner_pid IS NOT NULL "
+                "GROUP BY owner_host, owner_pid, owner_run ORDER BY owner_run"
+            ).fetchall()
+        )
+        working = []
+        for host, pid, run, heartbeat in rows:
+            if host == Owner.host and pid == os.getpid():
+                continue
+            if host == Owner.host and not Owner.pid_alive(pid):
+                continue
+            if heartbeat is not None and now - heartbeat > self.settings.epoch_timeout_s:
+                continue
+            working.append(f"run {run}" if run else f"pid {pid} on {host}")
+        return working
+
+    def stand_by(self, runs: int, on_wait: Callable[[list[str]], None] | None = None) -> float:
+        """Wait while ``runs`` or more other processes work on epochs; returns the seconds waited.
+
+        A run the barrier sensor starts ahead calls this before it takes the waiting epochs: its
+        process start, imports and Spark attach overlap the working run, and it takes the epochs
+        the moment that run has committed its own, instead of a new run being launched then. Never
+        longer than the epoch timeout: past it, a silent run is recovery's business, not ours."""
+        started = time.time()
+        working = self.working_runs()
+        if len(working) < runs:
+            return 0.0
+        if on_wait is not None:
+            on_wait(working)
+        while len(working) >= runs and time.time() - started < self.settings.epoch_timeout_s:
+            time.sleep(STANDBY_POLL_S)
+            working = self.working_runs()
+        waited = time.time() - started
+        log.info("stood by %.1fs; %s", waited, f"still working: {working}" if working else "taking the waiting epochs")
+        return waited
 
     def hold(self, epochs: Iterable[int]) -> Lease:
         """``with log.hold(epochs):`` renews the heartbeat of every epoch a run has taken while it works
