@@ -7,6 +7,7 @@ functions and their returned metadata onto materializations.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -113,22 +114,35 @@ class EpochRuntime:
         self.rebuild_steps = RebuildSteps(self)
         self.changes = PipelineChanges(self)
         self._plans_checked = False
-        #: set by ``recording_for_backfill`` while a backfill writes a committed epoch of a view
-        self._record_backfill: Callable[[Collected], None] | None = None
-        self.backfill_root: str | None = None
+        # A run's steps may run on several threads (``platform_defs.executor``): what one step sets
+        # for itself (``recording_for_backfill``) is per thread, and lazy set-up happens once.
+        self._per_thread = threading.local()
+        self._lock = threading.RLock()
         #: the run-long lease on the epochs ``take_epochs`` took; ended by ``close``
         self._held = ExitStack()
+
+    @property
+    def _record_backfill(self) -> Callable[[Collected], None] | None:
+        """Set by ``recording_for_backfill`` while this thread writes a committed epoch for a backfill."""
+        return getattr(self._per_thread, "record_backfill", None)
+
+    @property
+    def backfill_root(self) -> str | None:
+        return getattr(self._per_thread, "backfill_root", None)
 
     def check_plans(self) -> None:
         """Once per runtime, before its first step touches data: Spark analyses every plan of the
         pipeline over empty inputs, so that one it refuses is an error naming its view, never a
         failed epoch (:mod:`epochal.incremental.analysis`; skipped, without starting Spark, when
         EPOCHAL_HOME holds the fingerprint of these plans already analysed)."""
-        if not self._plans_checked:
-            from epochal.incremental.analysis import check_pipeline
+        if self._plans_checked:
+            return
+        with self._lock:
+            if not self._plans_checked:
+                from epochal.incremental.analysis import check_pipeline
 
-            check_pipeline(lambda: self.spark, self.pipeline, self.query_schema, self.settings.home)
-            self._plans_checked = True
+                check_pipeline(lambda: self.spark, self.pipeline, self.query_schema, self.settings.home)
+                self._plans_checked = True
 
     def close(self) -> None:
         """Release what this runtime holds: the lease on the epochs its run took, and its cached
@@ -142,6 +156,10 @@ class EpochRuntime:
         return self._spark_factory()
 
     def connector(self, source: str) -> SourceConnector:
+        with self._lock:
+            return self._connector(source)
+
+    def _connector(self, source: str) -> SourceConnector:
         if source not in self._connectors:
             from epochal.connectors.registry import connector_spec
 
@@ -398,11 +416,11 @@ class EpochRuntime:
         """Within the block, a view step writes its change under ``root`` (a backfill's directory,
         which recovery's sweep never lists) and hands what it collected to ``record`` instead of
         the epoch's collect: the backfill writes epochs that committed without the view."""
-        self._record_backfill, self.backfill_root = record, root
+        self._per_thread.record_backfill, self._per_thread.backfill_root = record, root
         try:
             yield
         finally:
-            self._record_backfill, self.backfill_root = None, None
+            self._per_thread.record_backfill, self._per_thread.backfill_root = None, None
 
     def view_epoch(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         """The view's step for ``epoch``, without the epoch's lease (``run_view`` holds it; the

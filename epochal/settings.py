@@ -136,6 +136,13 @@ class Settings:
         "next run takes all of them. Raise it when Spark has cores to run epochs side by side.",
         minimum=1,
     )
+    step_threads: int = setting(
+        "EPOCHAL_STEP_THREADS",
+        "2",
+        "Most steps of one epoch_job run working at once, on threads of its process: views whose inputs "
+        "are ready overlap one's driver work with another's Spark job. `1`: one step at a time.",
+        minimum=1,
+    )
     standby_run: bool = setting(
         "EPOCHAL_STANDBY_RUN",
         "on",

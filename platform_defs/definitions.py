@@ -5,12 +5,13 @@ Loading fails with the pipeline's errors (file:line and the fix) before any epoc
 
 from __future__ import annotations
 
-from dagster import Definitions, in_process_executor
+from dagster import Definitions
 
 from assets.epoch_assets import build_epoch_assets
 from epochal.pipeline.loader import load_pipeline
 from epochal.settings import Settings
 from platform_defs.backfill import build_backfill_job
+from platform_defs.executor import threaded_executor_def
 from platform_defs.jobs import build_epoch_job
 from platform_defs.sensors import build_barrier_sensor
 from resources.checkpoint import CheckpointControllerResource
@@ -24,13 +25,14 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     checkpoint = CheckpointControllerResource(
         spark=spark, home=str(settings.home), pipeline_dir=str(settings.pipeline_dir)
     )
-    job = build_epoch_job(pipeline)
+    job = build_epoch_job(pipeline, settings.step_threads)
     backfill = build_backfill_job()
     return Definitions(
         assets=build_epoch_assets(pipeline),
         jobs=[job, backfill],
         sensors=[build_barrier_sensor(settings, job, backfill)],
         resources={"spark": spark, "checkpoint": checkpoint},
-        # Asset materializations from the UI run in-process too: one JVM per run, not per step.
-        executor=in_process_executor,
+        # Asset materializations from the UI run in one process too (one Spark attach per run, not
+        # per step), their ready steps on threads.
+        executor=threaded_executor_def(settings.step_threads),
     )

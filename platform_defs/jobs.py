@@ -10,11 +10,12 @@ to run a partitioned asset job without one); its ops report partitioned material
 same assets, so the UI's partition view shows its epochs like any other materialization.
 """
 
-from dagster import In, JobDefinition, Nothing, OpDefinition, OpExecutionContext, Out, in_process_executor, job, op
+from dagster import In, JobDefinition, Nothing, OpDefinition, OpExecutionContext, Out, job, op
 
 from assets.epoch_assets import COMMIT_ASSET, COMPACTION_ASSET
 from assets.materialization import record_materialization
 from epochal.pipeline.model import Pipeline
+from platform_defs.executor import threaded_executor_def
 from resources.checkpoint import CheckpointControllerResource
 
 PARTITION_TAG = "dagster/partition"
@@ -82,18 +83,19 @@ def _step_op(op_name: str, asset: str, step: str) -> OpDefinition:
     return _step
 
 
-def build_epoch_job(pipeline: Pipeline) -> JobDefinition:
+def build_epoch_job(pipeline: Pipeline, step_threads: int = 1) -> JobDefinition:
     sources = {name: _step_op(f"source__{name}", name, "source") for name in pipeline.sources}
     views = {name: _step_op(f"view__{name}", name, "view") for name in pipeline.views}
     commit = _step_op("commit", COMMIT_ASSET, "commit")
     sinks = {name: _step_op(f"sink__{name}", name, "sink") for name in pipeline.sinks}
     compaction = _step_op("compaction", COMPACTION_ASSET, "compaction")
 
-    # In-process: one epoch is one process and one JVM, however many steps it has. The
-    # multiprocess executor would start a JVM per step (measured in the README).
+    # One process, one Spark attach, however many steps: the multiprocess executor would attach
+    # (or start a JVM) and load the pipeline per step. Steps whose inputs are ready run on threads
+    # (EPOCHAL_STEP_THREADS), so one view's driver work overlaps another's Spark job.
     @job(
         name="epoch_job",
-        executor_def=in_process_executor,
+        executor_def=threaded_executor_def(step_threads),
         tags={"epochal/kind": "epoch"},
         description="Recover if needed, inject the next epoch and process it, with any epochs waiting for a run, "
         "to commit and into the sinks. "

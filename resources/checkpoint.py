@@ -6,6 +6,7 @@ source of truth), and older keys retire past a window so partitions never grow w
 
 
 import logging
+import threading
 
 from dagster import ConfigurableResource, DagsterInstance, InitResourceContext
 from pydantic import Field, PrivateAttr
@@ -27,6 +28,8 @@ class CheckpointControllerResource(ConfigurableResource):
     spark: EpochalSparkResource
 
     _runtime: "EpochRuntime | None" = PrivateAttr(default=None)
+    #: a run's steps run on threads (platform_defs.executor): the runtime is made once per run
+    _runtime_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def settings(self) -> Settings:
         import os
@@ -53,12 +56,13 @@ class CheckpointControllerResource(ConfigurableResource):
 
     @property
     def runtime(self) -> EpochRuntime:
-        if self._runtime is None:
-            settings = self.settings()
-            self._runtime = EpochRuntime(
-                settings, load_pipeline(settings.pipeline_dir), lambda: self.spark.spark_session
-            )
-        return self._runtime
+        with self._runtime_lock:
+            if self._runtime is None:
+                settings = self.settings()
+                self._runtime = EpochRuntime(
+                    settings, load_pipeline(settings.pipeline_dir), lambda: self.spark.spark_session
+                )
+            return self._runtime
 
     # ------------------------------------------------------------------ partitions mirror
 

@@ -86,8 +86,7 @@ class Harness:
         tags = {"dagster/partition": partition} if partition else {}
         if take_waiting:
             tags["epochal/take"] = "waiting"
-        resources = {"spark": spark, "checkpoint": checkpoint}
-        return job.execute_in_process(instance=instance, resources=resources, tags=tags or None, raise_on_error=False)
+        return execute_with_own_executor(job, {"spark": spark, "checkpoint": checkpoint}, instance, tags)
 
     def run_subprocess(self, *extra_args: str, fault: str | None = None, timeout: int = 300,
                        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -122,6 +121,32 @@ class Harness:
         from epochal.connectors.log import append_records
 
         append_records(self.home / "data" / "orders", lines, split)
+
+
+def execute_with_own_executor(
+    job: dg.JobDefinition, resources: dict, instance: dg.DagsterInstance, tags: dict[str, str]
+) -> dg.ExecuteInProcessResult:
+    """``job.execute_in_process``, but with the job's own executor (Epochal's threads), which
+    ``execute_in_process`` always replaces with the one-step-at-a-time in-process executor: the
+    tests run steps as real runs do."""
+    from dagster._core.definitions.job_base import InMemoryJob
+    from dagster._core.execution.build_resources import wrap_resources_for_execution
+    from dagster._core.execution.execute_in_process import core_execute_in_process
+
+    own = job.graph.to_job(
+        name=job.name,
+        executor_def=job.executor_def,
+        resource_defs=wrap_resources_for_execution(resources),
+        tags=job.tags,
+    )
+    return core_execute_in_process(
+        run_config={},
+        job=InMemoryJob(own),
+        instance=instance,
+        output_capturing_enabled=True,
+        raise_on_error=False,
+        run_tags=tags,
+    )
 
 
 def make_harness(root: Path, files: dict[str, str] | None = None) -> Harness:

@@ -41,6 +41,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,8 @@ class StateCache:
         self.enabled = enabled
         self.registry = registry
         self._by_table: dict[str, _Entry] = {}
+        #: a run's steps may run on threads: one of them at a time replaces a table's entry
+        self._lock = threading.RLock()
         #: reads answered from a cached snapshot (tests check what the cache served)
         self.hits = 0
 
@@ -122,6 +125,15 @@ class StateCache:
         """Cache ``rows`` (the whole snapshot at ``location``, read as ``plan``) for ``table``;
         returns the cached frame. Persisting is lazy: the first query that scans it fills the cache
         as it goes (or finds it filled by an earlier run on the same server)."""
+        with self._lock:
+            existing = self._by_table.get(table)
+            if existing is not None and existing.location == location:
+                return existing.rows  # another thread cached it first
+            return self._put(table, location, rows, plan, build)
+
+    def _put(
+        self, table: str, location: str, rows: DataFrame, plan: SnapshotPlan | None, build: PlanBuilder | None
+    ) -> DataFrame:
         from pyspark import StorageLevel
 
         self.evict(table)
@@ -138,7 +150,8 @@ class StateCache:
         return cached
 
     def evict(self, table: str) -> None:
-        entry = self._by_table.pop(table, None)
+        with self._lock:
+            entry = self._by_table.pop(table, None)
         if entry is not None:
             entry.rows.unpersist()
 

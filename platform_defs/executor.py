@@ -1,0 +1,186 @@
+"""A Dagster executor that runs a run's independent steps on threads of one process.
+
+Dagster has an in-process executor (one step at a time) and a multiprocess one (a process, and for
+Epochal a JVM attach and a pipeline load, per step); it has no threaded one
+(dagster-io/dagster#4041). An epoch's view steps are mostly waits on Spark: a query planned on the
+driver, a job on the server, a Parquet commit, a meta-store transaction. Steps whose inputs are
+ready therefore overlap well on threads: one step's driver work runs while another's Spark job
+does, in one process with one Spark session.
+
+The loop is the in-process executor's (``inner_plan_execution_iterator``) with the step bodies on
+worker threads: the main thread alone asks ``ActiveExecution`` for steps, yields their events and
+reports them back to it, so Dagster's bookkeeping stays single-threaded. Every event a step makes
+is still written to the run's event log by the step itself, as in-process. With
+``max_concurrent: 1`` it runs one step at a time, like the in-process executor.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from dagster import Field, Int, executor
+from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.execution.api import ExecuteRunWithPlanIterable
+from dagster._core.execution.compute_logs import create_compute_log_file_key
+from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
+from dagster._core.execution.context_creation_job import PlanExecutionContextManager
+from dagster._core.execution.plan.execute_plan import _trigger_hook, dagster_event_sequence_for_step
+from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
+from dagster._core.execution.plan.plan import ExecutionPlan
+from dagster._core.execution.retries import RetryMode, get_retries_config
+from dagster._core.executor.base import Executor
+
+#: How long the main thread waits for a step's event before it looks at interrupts and new steps.
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A step thread's last message: its body ended, with the exception that escaped it, if any."""
+
+    step_key: str
+    exc_info: tuple | None = None
+
+
+def _run_step(step_context, events: queue.Queue) -> None:  # noqa: ANN001
+    try:
+        for event in dagster_event_sequence_for_step(step_context):
+            events.put(event)
+        events.put(_Done(step_context.step.key))
+    except BaseException:  # handed to the main thread, which raises it there
+        events.put(_Done(step_context.step.key, sys.exc_info()))
+
+
+def threaded_plan_iterator(
+    job_context: PlanExecutionContext, execution_plan: ExecutionPlan, max_concurrent: int
+) -> Iterator[DagsterEvent]:
+    compute_log_manager = job_context.instance.compute_log_manager
+    step_keys = [step.key for step in execution_plan.get_steps_to_execute_in_topo_order()]
+    with ExitStack() as stack:
+        concurrency = stack.enter_context(InstanceConcurrencyContext(job_context.instance, job_context.dagster_run))
+        active_execution = stack.enter_context(
+            execution_plan.start(
+                retry_mode=job_context.retry_mode,
+                instance_concurrency_context=concurrency,
+                step_dependency_config=job_context.step_dependency_config,
+            )
+        )
+        # the process's output is captured once for the whole run, as in-process
+        log_key = compute_log_manager.build_log_key_for_run(job_context.run_id, create_compute_log_file_key())
+        log_context = stack.enter_context(compute_log_manager.capture_logs(log_key))
+        yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
+
+        events: queue.Queue = queue.Queue()
+        running: dict[str, tuple[object, list[DagsterEvent]]] = {}
+        interrupted = False
+        while running or (not interrupted and not active_execution.is_complete):
+            if not interrupted and active_execution.check_for_interrupts():
+                # Threads cannot be stopped: no new step starts, and the run ends with the ones
+                # running (the process exits after the run; Epochal recovers what it left).
+                interrupted = True
+                active_execution.mark_interrupted()
+                yield DagsterEvent.engine_event(
+                    job_context,
+                    f"interrupted: no new step starts; waiting for {sorted(running)}",
+                    EngineEventData.interrupted(sorted(running)),
+                )
+            if not interrupted:
+                steps = active_execution.get_steps_to_execute(limit=max_concurrent - len(running))
+                yield from active_execution.concurrency_event_iterator(job_context)
+                for step in steps:
+                    step_context = job_context.for_step(step, active_execution.get_known_state())
+                    running[step.key] = (step_context, [])
+                    threading.Thread(
+                        target=_run_step, args=(step_context, events), name=f"step:{step.key}", daemon=True
+                    ).start()
+            if not running:
+                if not active_execution.is_complete and not interrupted:
+                    active_execution.sleep_til_ready()
+                continue
+            try:
+                message = events.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(message, DagsterEvent):
+                if message.step_key in running:
+                    running[message.step_key][1].append(message)
+                yield message
+                active_execution.handle_event(message)
+                continue
+            step_context, step_events = running.pop(message.step_key)
+            if message.exc_info is not None:
+                raise message.exc_info[1].with_traceback(message.exc_info[2])
+            active_execution.verify_complete(job_context, message.step_key)
+            for event in active_execution.plan_events_iterator(job_context):  # skips after a failure
+                step_events.append(event)
+                yield event
+            yield from _trigger_hook(step_context, step_events)
+
+
+class ThreadedExecutor(Executor):
+    def __init__(self, retries: RetryMode, max_concurrent: int):
+        self._retries = retries
+        self.max_concurrent = max(1, max_concurrent)
+
+    @property
+    def retries(self) -> RetryMode:
+        return self._retries
+
+    def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+        step_keys = execution_plan.step_keys_to_execute
+        yield DagsterEvent.engine_event(
+            plan_context,
+            f"Executing steps in process (pid: {os.getpid()}) on up to {self.max_concurrent} thread(s)",
+            event_specific_data=EngineEventData.in_process(os.getpid(), step_keys),
+        )
+
+        def iterator(job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+            return threaded_plan_iterator(job_context, execution_plan, self.max_concurrent)
+
+        yield from iter(
+            ExecuteRunWithPlanIterable(
+                execution_plan=plan_context.execution_plan,
+                iterator=iterator,
+                execution_context_manager=PlanExecutionContextManager(
+                    job=plan_context.job,
+                    retry_mode=plan_context.retry_mode,
+                    execution_plan=plan_context.execution_plan,
+                    run_config=plan_context.run_config,
+                    dagster_run=plan_context.dagster_run,
+                    instance=plan_context.instance,
+                    raise_on_error=plan_context.raise_on_error,
+                    output_capture=plan_context.output_capture,
+                ),
+            )
+        )
+        yield DagsterEvent.engine_event(
+            plan_context,
+            f"Finished steps in process (pid: {os.getpid()})",
+            event_specific_data=EngineEventData.in_process(os.getpid(), step_keys),
+        )
+
+
+def threaded_executor_def(default_threads: int):  # noqa: ANN201
+    @executor(
+        name="epochal_threads",
+        config_schema={
+            "retries": get_retries_config(),
+            "max_concurrent": Field(
+                Int,
+                default_value=default_threads,
+                is_required=False,
+                description="Most steps running at once on threads of the run's process (EPOCHAL_STEP_THREADS).",
+            ),
+        },
+    )
+    def epochal_threads(init_context):  # noqa: ANN001, ANN202
+        config = init_context.executor_config
+        return ThreadedExecutor(RetryMode.from_config(config["retries"]), int(config["max_concurrent"]))
+
+    return epochal_threads
