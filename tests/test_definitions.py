@@ -28,7 +28,9 @@ def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
         "epoch_commit", "big_bids"}
     assert "price * 0.908" in defs.get_assets_def("big_bids").descriptions_by_key[dg.AssetKey("big_bids")]
     job = defs.get_job_def("epoch_job")
-    assert job.executor_def.name == "in_process"
+    # one process, one Spark attach; ready steps on threads (EPOCHAL_STEP_THREADS, default 2)
+    assert job.executor_def.name == "epochal_threads"
+    assert job.executor_def.config_schema.config_type.fields["max_concurrent"].default_value == 2
     sensor = defs.get_sensor_def("barrier_sensor")
     assert {t.job_name for t in sensor.targets} == {"epoch_job", "backfill_job"}
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("backfill__big_bids")).parent_keys} == {"bid"}
