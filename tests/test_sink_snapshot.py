@@ -31,8 +31,11 @@ from tests.test_compaction import plan_one, run_epoch
 from tests.test_controller import mark_delivered
 from tests.test_postgres_sink import database, prepared, sql_rows  # noqa: F401 - the fixture
 
+# A TABLE: its rows are stored per epoch and compacted into snapshots, the history a new sink starts
+# from. (A CREATE SOURCE that no view reads as state stores nothing: a sink over one starts from its
+# connector, tests/test_source_storage.py.)
 BASE = """
-CREATE SOURCE orders (id BIGINT, customer STRING, amount BIGINT)
+CREATE TABLE orders (id BIGINT, customer STRING, amount BIGINT)
 WITH (connector = 'log', path = 'data/orders', format = 'json');
 
 CREATE MATERIALIZED VIEW totals AS
