@@ -33,6 +33,11 @@ DEFAULT_CONF = {
     # Spark job of its own (0.4-0.5 s per read, measured): Epochal passes the files it already
     # listed, so the driver only stats them.
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
+    # Spark keeps 100 compiled whole-stage classes by default. An epoch of the demo compiles ~150
+    # distinct ones, so the cache thrashed and ~140 identical classes were compiled again every
+    # epoch (2.6-2.9 s of Janino a demo epoch on one core); with room for them an epoch compiles
+    # ~12, the ones whose code embeds a literal that changes. A static conf: set when Spark starts.
+    "spark.sql.codegen.cache.maxEntries": "2000",
 }
 
 
