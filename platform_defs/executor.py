@@ -20,11 +20,13 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 
 from dagster import Field, Int, executor
+from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.compute_logs import create_compute_log_file_key
@@ -38,6 +40,10 @@ from dagster._core.executor.base import Executor
 
 #: How long the main thread waits for a step's event before it looks at interrupts and new steps.
 POLL_S = 0.5
+#: After an interrupt, how long the steps running may take to end before the run ends without them
+#: (a step waiting for an earlier epoch may wait minutes; the process exits, and Epochal recovers
+#: the epoch as after any crash).
+INTERRUPT_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,18 +84,24 @@ def threaded_plan_iterator(
 
         events: queue.Queue = queue.Queue()
         running: dict[str, tuple[object, list[DagsterEvent]]] = {}
-        interrupted = False
-        while running or (not interrupted and not active_execution.is_complete):
-            if not interrupted and active_execution.check_for_interrupts():
-                # Threads cannot be stopped: no new step starts, and the run ends with the ones
-                # running (the process exits after the run; Epochal recovers what it left).
-                interrupted = True
+        interrupted_at: float | None = None
+        while running or (interrupted_at is None and not active_execution.is_complete):
+            if interrupted_at is None and active_execution.check_for_interrupts():
+                # Threads cannot be stopped: no new step starts, and the ones running get a grace
+                # period (the process exits after the run; Epochal recovers what they left).
+                interrupted_at = time.monotonic()
                 active_execution.mark_interrupted()
                 yield DagsterEvent.engine_event(
                     job_context,
-                    f"interrupted: no new step starts; waiting for {sorted(running)}",
+                    f"interrupted: no new step starts; waiting up to {INTERRUPT_GRACE_S:.0f}s for {sorted(running)}",
                     EngineEventData.interrupted(sorted(running)),
                 )
+            if interrupted_at is not None and running and time.monotonic() - interrupted_at > INTERRUPT_GRACE_S:
+                raise DagsterExecutionInterruptedError(
+                    f"interrupted while steps {sorted(running)} were running; they did not end within "
+                    f"{INTERRUPT_GRACE_S:.0f}s"
+                )
+            interrupted = interrupted_at is not None
             if not interrupted:
                 steps = active_execution.get_steps_to_execute(limit=max_concurrent - len(running))
                 yield from active_execution.concurrency_event_iterator(job_context)

@@ -4,9 +4,15 @@ depends on it, and views and sinks still equal the batch oracle."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from epochal.checkpoint.records import EpochState
 from epochal.runtime import EpochRuntime
@@ -109,3 +115,44 @@ def test_a_failed_step_skips_only_what_depends_on_it_and_recovery_goes_on(spark,
     runtime = h.runtime(spark)
     assert_views_match_batch(runtime, VIEW_QUERIES)
     assert assert_sink_exactly_once(runtime, "orders_out") == 4
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_ends_and_the_next_one_recovers(spark, tmp_path: Path) -> None:
+    """Ctrl-C (or Dagster's terminate) while view steps run on threads: no new step starts, the run
+    ends within the grace period, and the next run recovers the epoch; nothing is lost or doubled."""
+    h = make_harness(tmp_path)
+    h.produce(ORDERS)
+    instance = dg.DagsterInstance.ephemeral()
+    assert h.run_in_process(instance).success
+    h.produce(ORDERS[:2], split="1")
+    env = {**os.environ, **h.env, "EPOCHAL_STEP_THREADS": "2"}
+    env.pop("DAGSTER_HOME", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "job", "execute", "-m", "platform_defs", "-j", "epoch_job"],
+        cwd=h.home.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # interrupt once the first view step has started
+        seen.append(line)
+        if 'Started execution of step "view__' in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    started = time.monotonic()
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, "".join(seen) + rest
+    assert time.monotonic() - started < 60, "the interrupted run did not end"
+    assert "interrupted" in rest.lower(), rest[-3000:]
+
+    recovered = h.run_in_process(instance)
+    assert recovered.success, [e.message for e in recovered.all_events if e.is_failure]
+    runtime = h.runtime(spark)
+    assert runtime.controller.status()["in_flight"] == []
+    assert_views_match_batch(runtime, VIEW_QUERIES)
+    assert assert_sink_exactly_once(runtime, "orders_out") == 5
+    assert_sink_exactly_once(runtime, "big_bids_out")
