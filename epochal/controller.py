@@ -41,6 +41,7 @@ class CheckpointController:
         sink_inputs: Mapping[str, str] | None = None,
         append_only_sinks: Iterable[str] = (),
         view_columns: Mapping[str, tuple[str, ...]] | None = None,
+        loaded_at: float | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -59,6 +60,7 @@ class CheckpointController:
             sink_inputs,
             append_only_sinks,
             view_columns,
+            loaded_at,
         )
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)

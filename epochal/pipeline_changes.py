@@ -70,6 +70,10 @@ class PipelineChanges:
                 cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
                 gone.append(f"sink {sink}")
             retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
+            # (a shadow is the meta store's own table: its name comes back with the view's next change)
+            backfill_rows.mark_retired(
+                cur, [t for t in gone if not t.startswith("sink ") and rebuilds.rebuilt_view(t) is None]
+            )
             return gone, retired
 
         gone, garbage = self.runtime.controller.backend.transaction(retire)

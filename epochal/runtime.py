@@ -93,6 +93,7 @@ class EpochRuntime:
             view_columns={name: tuple(view.columns) for name, view in pipeline.views.items()},
             sink_inputs={name: sink.from_table for name, sink in pipeline.sinks.items()},
             append_only_sinks=[n for n, s in pipeline.sinks.items() if s.options.get("type") != "upsert"],
+            loaded_at=pipeline.loaded_at,
         )
         self.warehouse = Warehouse(settings.warehouse)
         # On a Spark Connect server, cached snapshots outlive the run (``StateCache``): the registry
@@ -295,7 +296,11 @@ class EpochRuntime:
         return self._guard(epoch, lambda: self._run_source(epoch, name, run_id, release))
 
     def _run_source(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+        from epochal.checkpoint import backfill_rows
+
         started = time.time()
+        if self.controller.backend.transaction(lambda cur: backfill_rows.is_retired(cur, name)):
+            return self._retired(epoch, name)
         if self.pipeline.sources[name].primary_key:
             # Upserts resolve against the source's rows before this epoch: its earlier epochs first.
             self.controller.epoch_log.wait_for_order(epoch, [name], f"source {name}")
@@ -386,12 +391,14 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
-        from epochal.checkpoint import backfill_log, rebuilds
+        from epochal.checkpoint import backfill_log, backfill_rows, rebuilds
 
-        # (one transaction for both: every view step of every epoch asks)
-        rebuild, backfill = self.controller.backend.transaction(
-            lambda cur: (rebuilds.read(cur, name), backfill_log.read(cur, name))
+        # (one transaction for all three: every view step of every epoch asks)
+        rebuild, backfill, retired = self.controller.backend.transaction(
+            lambda cur: (rebuilds.read(cur, name), backfill_log.read(cur, name), backfill_rows.is_retired(cur, name))
         )
+        if retired:
+            return self._retired(epoch, name)
         if rebuild is not None and rebuild.state.active:
             if rebuild.state is rebuilds.RebuildState.SERVING_OLD or rebuild.switched_epoch == epoch:
                 # Its statement changed: the old rows serve until the step that switches.
@@ -410,6 +417,13 @@ class EpochRuntime:
                 },
             )
         return self._guard(epoch, lambda: self.view_epoch(epoch, name, run_id, release))
+
+    @staticmethod
+    def _retired(epoch: int, name: str) -> StepReport:
+        """The step of a table another process retired after this one read the pipeline: nothing to
+        do (the epoch commits without it; the next run, with the pipeline as it is now, has no step)."""
+        log.info("%s left the pipeline after this run read it: its step for epoch %s does nothing", name, epoch)
+        return StepReport(name, epoch, {"epoch": epoch, "mode": "retired: no longer in the pipeline"})
 
     @contextmanager
     def recording_for_backfill(self, root: str, record: Callable[[Collected], None]) -> Iterator[None]:

@@ -62,9 +62,30 @@ def outside_alignment(cur: Cursor) -> set[str]:
 
 
 def aligned(cur: Cursor, tables: Iterable[str]) -> list[str]:
-    """``tables`` without the views outside alignment: the tables an epoch's commit waits for."""
-    outside = outside_alignment(cur)
+    """``tables`` without the views outside alignment and the tables retired from the pipeline:
+    the tables an epoch's commit waits for. (A run that loaded the pipeline before a table was
+    removed still names it; its commit must not wait for a table nobody writes any more.)"""
+    outside = outside_alignment(cur) | set(retired(cur))
     return [t for t in tables if t not in outside]
+
+
+def retired(cur: Cursor) -> dict[str, float]:
+    """Tables retired from the pipeline, and when."""
+    return dict(cur.execute("SELECT table_name, retired_at FROM retired_tables").fetchall())
+
+
+def is_retired(cur: Cursor, table: str) -> bool:
+    return cur.execute("SELECT 1 FROM retired_tables WHERE table_name = ?", [table]).fetchone() is not None
+
+
+def bring_back(cur: Cursor, tables: Iterable[str], loaded_at: float) -> list[str]:
+    """Tables named again by a pipeline loaded after they were retired: live again (they start
+    as new tables: a view backfills). A pipeline loaded before the retirement is stale: it keeps
+    naming the table, but does not bring it back. Returns the tables brought back."""
+    back = [t for t, at in retired(cur).items() if t in set(tables) and loaded_at > at]
+    for table in back:
+        cur.execute("DELETE FROM retired_tables WHERE table_name = ?", [table])
+    return back
 
 
 def forget(cur: Cursor, tables: Iterable[str]) -> list[str]:
@@ -172,3 +193,11 @@ def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
         cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
         cur.execute("DELETE FROM dropped_files WHERE table_name = ?", [table])  # its whole directory goes
     return garbage
+
+
+def mark_retired(cur: Cursor, tables: Iterable[str]) -> None:
+    """``tables`` left the pipeline (their rows go with ``retire``): runs that loaded the pipeline
+    before now still name them, and skip them (``aligned``, ``is_retired``)."""
+    for table in tables:
+        cur.execute("DELETE FROM retired_tables WHERE table_name = ?", [table])
+        cur.execute("INSERT INTO retired_tables VALUES (?, ?)", [table, time.time()])

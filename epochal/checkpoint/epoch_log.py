@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from epochal.checkpoint import backfill_log, definitions, rebuilds
+from epochal.checkpoint import backfill_log, backfill_rows, definitions, rebuilds
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.epoch_claims import EpochClaims
 from epochal.checkpoint.records import (
@@ -55,9 +55,13 @@ class EpochLog(EpochClaims):
         sink_inputs: Mapping[str, str] | None = None,
         append_only_sinks: Iterable[str] = (),
         view_columns: Mapping[str, tuple[str, ...]] | None = None,
+        loaded_at: float | None = None,
     ):
         self.settings = settings
         self.backend = backend
+        #: when this process read the pipeline's files: it brings back a retired table it names only
+        #: if it read them after the retirement (``backfill_rows.bring_back``)
+        self.loaded_at = time.time() if loaded_at is None else loaded_at
         self.sources = list(sources)
         #: the state tables of the pipeline: every source and view. An epoch commits when those not
         #: backfilling have written it (``backfill_log.aligned``, read in the commit's transaction)
@@ -192,10 +196,15 @@ class EpochLog(EpochClaims):
         # history (a linear view reads no state to notice): it backfills, outside alignment, and
         # every other table must agree on the committed epoch.
         committed = q.committed_epoch(cur)
+        # A table this process names that was retired after it read the pipeline is stale here:
+        # another process, with newer files, removed it. One named again in newer files is back.
+        backfill_rows.bring_back(cur, self.tables, self.loaded_at)
+        retired = set(backfill_rows.retired(cur))
+        fingerprints = {v: f for v, f in self.fingerprints.items() if v not in retired}
         definitions.check_definitions(
-            cur, self.fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns
+            cur, fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns
         )
-        known = {*self.sources, *self.upstreams}
+        known = {*self.sources, *self.upstreams} - retired
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
         # The new statement of a view being rebuilt backfills under its shadow name (after its
         # stages, which it may wait for).
@@ -405,6 +414,10 @@ class EpochLog(EpochClaims):
                     "without a partition to go on from the committed epoch"
                 )
             if state is EpochState.COMMITTED:
+                return False
+            if backfill_rows.is_retired(cur, collected.asset):
+                # A run that read the pipeline before the table was removed: nobody reads it now.
+                log.info("epoch %s: %s left the pipeline; its output is discarded", epoch, collected.asset)
                 return False
             backfill = backfill_log.read(cur, collected.asset)
             if backfill is not None and backfill.phase.active:

@@ -234,6 +234,14 @@ DDL = (
         backfill_epoch BIGINT,
         dropped_at DOUBLE PRECISION NOT NULL
     )""",
+    # Tables (sources and views) that left the pipeline and were retired, with when: a run that
+    # loaded the pipeline before then still names them, and must neither wait for them at a commit
+    # nor write them again (epochal/checkpoint/backfill_rows.py). A process that loaded the
+    # pipeline after the retirement and names the table again brings it back.
+    """CREATE TABLE IF NOT EXISTS retired_tables (
+        table_name VARCHAR PRIMARY KEY,
+        retired_at DOUBLE PRECISION NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,8 @@ class Pipeline:
     sources: Mapping[str, SourceDef] = field(default_factory=dict)
     views: Mapping[str, ViewDef] = field(default_factory=dict)
     sinks: Mapping[str, SinkDef] = field(default_factory=dict)
+    #: when the files were read: a table retired after that is stale in this pipeline, not re-added
+    loaded_at: float = field(default_factory=time.time, compare=False)
 
     @property
     def tables(self) -> list[str]:

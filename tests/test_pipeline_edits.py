@@ -1,0 +1,88 @@
+"""A pipeline edited while runs are in flight: a run that read the SQL files before a view was
+removed still names it. Its steps for the removed view do nothing, its commit does not wait for
+it, and nothing of the view comes back; a view added back later starts afresh. Views and sinks
+stay equal to the batch oracle throughout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from epochal.checkpoint import backfill_rows
+from epochal.checkpoint.records import EpochState
+from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
+from tests.epochal_harness import VIEW_QUERIES, make_harness
+
+ORDERS = [
+    '{"id": 1, "customer": "ann", "amount": 12.5, "ts": "2026-01-01T10:00:00"}',
+    '{"id": 2, "customer": "vip", "amount": 3.0, "ts": "2026-01-01T10:01:00"}',
+    '{"id": 3, "customer": "bob", "amount": 20.0, "ts": "2026-01-01T10:02:00"}',
+]
+TOTALS = "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer"
+
+
+def run_epoch(runtime, epoch: int | None = None) -> int:  # noqa: ANN001
+    """What epoch_job does: inject (unless given), sources, views in order, commit, sinks."""
+    if epoch is None:
+        epoch = runtime.start_epoch(None, None)[0].epoch
+    for name in runtime.pipeline.sources:
+        runtime.run_source(epoch, name)
+    for name in runtime.pipeline.view_order():
+        runtime.run_view(epoch, name)
+    runtime.commit(epoch)
+    for name in runtime.pipeline.sinks:
+        runtime.run_sink(epoch, name)
+    return epoch
+
+
+def test_a_run_that_read_the_pipeline_before_a_view_was_removed_commits_without_it(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path)
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    h.produce(ORDERS)
+    first = h.runtime(spark)
+    run_epoch(first)
+    # A run reads the files (totals in them) and injects its epoch; then the user removes totals
+    # and a newer run injects (which retires it), before the first run has done its steps.
+    stale = h.runtime(spark)
+    stale_epoch = stale.start_epoch(None, None)[0].epoch
+    time.sleep(0.01)
+    (h.pipeline_dir / "totals.sql").unlink()
+    h.produce(ORDERS[:2], split="1")
+    fresh = h.runtime(spark)
+    assert "totals" not in fresh.pipeline.views
+    fresh_epoch = fresh.start_epoch(None, None)[0].epoch
+    retired = fresh.controller.backend.transaction(backfill_rows.retired)
+    assert set(retired) == {"totals", "totals__stage1"}  # with the stage the planner split from it
+    assert not (Path(fresh.warehouse.table_root("totals"))).exists()
+
+    # The stale run's epoch: its totals step does nothing, and the epoch commits without it.
+    run_epoch(stale, stale_epoch)
+    log = stale.controller.epoch_log
+    assert log.epoch(stale_epoch).state is EpochState.COMMITTED
+    assert "totals" not in log.collected(stale_epoch)
+    report = stale.run_view(stale_epoch, "totals")
+    assert report.metadata["mode"].startswith("retired")
+    run_epoch(fresh, fresh_epoch)
+    # The stale process's next injection does not bring totals back (it read the files before
+    # totals was removed), and its next epoch commits without it too...
+    later = run_epoch(stale)
+    assert stale.controller.backend.transaction(backfill_rows.retired).keys() == {"totals", "totals__stage1"}
+    assert stale.controller.epoch_log.epoch(later).state is EpochState.COMMITTED
+    assert "totals" not in stale.controller.epoch_log.collected(later)
+    assert not (Path(stale.warehouse.table_root("totals"))).exists()
+    assert fresh.controller.epoch_log.in_flight() == []
+    assert_views_match_batch(fresh, VIEW_QUERIES)
+    assert assert_sink_exactly_once(fresh, "orders_out") == 5
+
+    # ...but the user putting it back does: a new view over a pipeline with history, backfilled.
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    back = h.runtime(spark)
+    run_epoch(back)
+    assert back.controller.backend.transaction(backfill_rows.retired) == {}
+    assert back.controller.status()["backfills"]["totals"]["phase"] != "done"
+    from epochal.backfill.runner import BackfillRunner
+
+    BackfillRunner(back).advance(budget_s=300)
+    assert back.controller.status()["backfills"]["totals"]["phase"] == "done"
+    run_epoch(back)
+    assert_views_match_batch(back, {**VIEW_QUERIES, "totals": TOTALS})
