@@ -9,17 +9,24 @@ For ``--seconds`` (default 600) it runs, all at once, against one pipeline in a 
 * the real ``barrier_sensor`` of ``platform_defs``, evaluated every EPOCHAL_BARRIER_INTERVAL_MS,
   each RunRequest started as ``dagster job execute --tags '{"dagster/partition": ...}'``;
 * ``epochal recover`` at random;
-* SIGKILL of a random running run (its whole process group: the run and its JVM) at random.
+* SIGKILL of a random running run (its whole process group: the run and its JVM) at random;
+* the pipeline changing under it, as a user edits its SQL files (``--no-changes`` leaves it alone):
+  at 30 % of the chaos a view and an upsert sink over it are added (the view backfills while epochs
+  go on; a loop of ``dagster job execute -j backfill_job`` advances it, and its runs are killed at
+  random too), at 55 % a view's statement changes under its upsert sink (rebuilt while the old one
+  serves, then switched), and at 75 % a view nothing reads is dropped.
 
 Then it stops the producers, the kills and the recoveries, kills what still runs, and settles:
-``epochal recover``, then ``epoch_job`` runs until the committed epoch has read every produced line,
-one more, and every sink's delivery. Three checks follow, against an oracle that shares no code
+``epochal recover``, then ``epoch_job`` runs (and ``backfill_job`` runs while a backfill or a
+changed view's switch is pending) until the committed epoch has read every produced line, one
+more, and every sink's delivery. Three checks follow, against an oracle that shares no code
 with what it checks (plain Python resolves the produced records; DuckDB runs each view's SQL as a
 batch query over them):
 
 1. every produced record is in its source exactly once, keys resolved (last record per key wins,
    deletes remove), and every malformed record is in the source's dead letters exactly once;
-2. every view equals its SQL run over the oracle's source rows;
+2. every view equals its SQL run over the oracle's source rows (a changed view its new SQL; a
+   dropped view is gone, with its files);
 3. every sink's table holds exactly its view (and has delivered the committed epoch).
 
 It prints runs (started, succeeded, failed and why, killed), sensor ticks, recoveries (by reason),
@@ -99,6 +106,21 @@ WITH (connector = 'duckdb', database = 'out/sink.duckdb', table = 'region_stats'
 """,
 }
 
+# The pipeline's changes mid-chaos (a share of the chaos phase, the file, its new text or None to delete it).
+ADDED_VIEW_SQL = """
+CREATE MATERIALIZED VIEW account_totals AS
+SELECT account, count(*) AS n, sum(amount) AS total, max(amount) AS biggest FROM events GROUP BY account;
+
+CREATE SINK account_totals_out FROM account_totals
+WITH (connector = 'duckdb', database = 'out/sink.duckdb', table = 'account_totals', type = 'upsert',
+      primary_key = 'account');
+"""
+CHANGED_REGION_STATS = (
+    "SELECT region, count(*) AS accounts, sum(tier) AS tiers, min(tier) AS min_tier, max(tier) AS max_tier\n"
+    "FROM accounts WHERE tier >= 2 GROUP BY region;"
+)
+DROPPED_VIEW = "top_events"
+
 # The oracle: each view's SQL, run by DuckDB as a batch query over the oracle's source rows. Written
 # out here rather than read from the pipeline, so a loader bug cannot change both sides alike.
 ORACLE_VIEWS = {
@@ -120,6 +142,17 @@ SINKS = {
     "big_events_out": ("big_events", "big_events", None),
     "region_stats_out": ("region_stats", "region_stats", ("region",)),
 }
+# What the oracle checks once the pipeline changed (--changes): the added view and sink, the
+# changed view's new SQL, and no dropped view.
+CHANGED_ORACLE_VIEWS = {
+    **{v: q for v, q in ORACLE_VIEWS.items() if v != DROPPED_VIEW},
+    "region_stats": "SELECT region, count(*) AS accounts, sum(tier) AS tiers, min(tier) AS min_tier, "
+    "max(tier) AS max_tier FROM accounts WHERE tier >= 2 GROUP BY region",
+    "account_totals": "SELECT account, count(*) AS n, sum(amount) AS total, max(amount) AS biggest FROM events "
+    "GROUP BY account",
+}
+VIEW_COLUMNS["account_totals"] = ("account", "n", "total", "biggest")
+CHANGED_SINKS = {**SINKS, "account_totals_out": ("account_totals", "account_totals", ("account",))}
 SPLITS = ("0", "1")
 REGIONS = ("north", "south", "east", "west", "centre")
 KINDS = ("buy", "sell", "refund")
@@ -323,6 +356,7 @@ class Chaos:
         self.sensor = Counter()
         self.sensor_errors: list[str] = []
         self.thread_errors: list[str] = []
+        self.changes: list[tuple[float, str]] = []  # (seconds into the chaos, what changed in the pipeline)
         self.epochs_seen: dict[int, str] = {}  # every epoch the monitor saw, and its last state
         self.at_chaos_end: Counter = Counter()  # epochs by state when the chaos phase ended
         self.started = time.time()
@@ -330,7 +364,8 @@ class Chaos:
     # --------------------------------------------------------------------------------------- runs
 
     def start_run(self, kind: str, partition: str | None = None) -> Run:
-        cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "platform_defs", "-j", "epoch_job"]
+        job = "backfill_job" if kind.startswith("backfill") else "epoch_job"
+        cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "platform_defs", "-j", job]
         if partition is not None:
             cmd += ["--tags", json.dumps({"dagster/partition": partition})]
         with self.lock:
@@ -455,8 +490,59 @@ class Chaos:
                 self.sensor[f"skipped: {reason[:60]}"] += 1
                 continue
             for request in result.run_requests or []:
+                if request.job_name == "backfill_job":  # requested while a backfill is pending
+                    self.sensor["backfill run requests"] += 1
+                    # the daemon starts one at a time (the sensor sees its runs; this instance does not)
+                    if not self.running("backfill-sensor"):
+                        self.start_run("backfill-sensor")
+                    continue
                 self.sensor["run requests"] += 1
                 self.start_run("sensor", request.tags["dagster/partition"])
+
+    def changer(self) -> None:
+        """Edit the pipeline's SQL files at set points of the chaos phase, as a user would while it runs."""
+        pipeline = Path(self.env["EPOCHAL_PIPELINE"])
+        views_file = pipeline / "02_views.sql"
+        region_stats = re.compile(r"SELECT region, count\(\*\).*?GROUP BY region;", re.S)
+        top_events = re.compile(r"-- top-N per group\nCREATE MATERIALIZED VIEW top_events AS.*?WHERE rn <= 3;\n", re.S)
+        steps = [
+            (
+                0.30,
+                "added view account_totals and sink account_totals_out",
+                lambda: (pipeline / "04_added.sql").write_text(ADDED_VIEW_SQL),
+            ),
+            (
+                0.55,
+                "changed the statement of region_stats (WHERE tier >= 2)",
+                lambda: views_file.write_text(region_stats.sub(CHANGED_REGION_STATS, views_file.read_text(), count=1)),
+            ),
+            (
+                0.75,
+                f"dropped view {DROPPED_VIEW}",
+                lambda: views_file.write_text(top_events.sub("", views_file.read_text(), count=1)),
+            ),
+        ]
+        for share, what, change in steps:
+            if self.stop.wait(max(0.0, self.started + share * self.args.seconds - time.time())):
+                return
+            before = views_file.read_text()
+            change()
+            if "changed" in what or "dropped" in what:
+                if views_file.read_text() == before:
+                    raise RuntimeError(f"the chaos could not edit the pipeline: {what}")
+            self.changes.append((time.time() - self.started, what))
+            log(f"pipeline changed: {what}")
+
+    def backfill_loop(self) -> None:
+        """``backfill_job`` one run after another once a view was added, as the sensor requests it."""
+        while not self.stop.is_set():
+            if not self.changes:
+                self.stop.wait(2.0)
+                continue
+            run = self.start_run("backfill")
+            while run.returncode is None and not self.stop.is_set():
+                time.sleep(0.5)
+            self.stop.wait(2.0)
 
     def killer(self) -> None:
         rng = random.Random(f"{self.args.seed}-kill")
@@ -530,9 +616,23 @@ def committed_frontier(runtime: Any) -> dict[tuple[str, str], int]:
 # settle and check
 
 
+def unfinished_changes(runtime: Any) -> list[str]:
+    """Backfills not joined yet and changed views not switched yet: what settling still waits for."""
+    status = runtime.controller.status()
+    waiting = []
+    for view, entry in status.get("backfills", {}).items():
+        if entry.get("phase") not in ("done", "cancelled"):
+            waiting.append(f"{view} {entry.get('phase')}")
+        rebuild = entry.get("rebuild") or {}
+        if rebuild and rebuild.get("state") not in (None, "done"):
+            waiting.append(f"{view} rebuild {rebuild.get('state')}")
+    return waiting
+
+
 def settle(chaos: Chaos, runtime: Any, budget_s: float) -> tuple[bool, int, float]:
-    """Recover, then run epoch_job until every produced line is committed, one more run, and every
-    sink's delivery. Returns (settled, runs, seconds)."""
+    """Recover, then run epoch_job (and backfill_job while a backfill or a switch is pending) until
+    every produced line is committed and every change to the pipeline is done, one more run, and
+    every sink's delivery. Returns (settled, runs, seconds)."""
     started = time.time()
     code, last = chaos.recover_once()
     log(f"settle: epochal recover -> {code}: {last}")
@@ -546,10 +646,16 @@ def settle(chaos: Chaos, runtime: Any, budget_s: float) -> tuple[bool, int, floa
             for split in SPLITS
             if len(p.lines[split]) != frontier.get((source, split), 0)
         }
-        if not behind:
+        pending = unfinished_changes(runtime)
+        if not behind and not pending:
             if extra_done:
                 break
             extra_done = True  # one more epoch, so every sink catches up in a run too
+        if pending:
+            run = chaos.start_run("backfill-settle")
+            chaos.wait_run(run, timeout=max(60.0, budget_s - (time.time() - started)))
+            runs += 1
+            log(f"settle backfill run {run.number}: {run.outcome}; waiting for {pending}")
         run = chaos.start_run("settle")
         chaos.wait_run(run, timeout=max(60.0, budget_s - (time.time() - started)))
         runs += 1
@@ -568,6 +674,10 @@ def settle(chaos: Chaos, runtime: Any, budget_s: float) -> tuple[bool, int, floa
 def check(chaos: Chaos, runtime: Any) -> list[str]:
     """The three checks; returns what differs (empty: all passed)."""
     import duckdb
+
+    changed = not chaos.args.no_changes
+    oracle_views = CHANGED_ORACLE_VIEWS if changed else ORACLE_VIEWS
+    sinks = CHANGED_SINKS if changed else SINKS
 
     from epochal.query import committed_connection
 
@@ -610,7 +720,7 @@ def check(chaos: Chaos, runtime: Any) -> list[str]:
     if accounts:
         oracle.executemany("INSERT INTO accounts VALUES (?, ?, ?)", list(accounts.values()))
     view_rows: dict[str, Counter] = {}
-    for view, sql in ORACLE_VIEWS.items():
+    for view, sql in oracle_views.items():
         expected = multiset(oracle.execute(sql).fetchall())
         cols = ", ".join(VIEW_COLUMNS[view])
         actual = view_rows[view] = multiset(con.execute(f"SELECT {cols} FROM {view}").fetchall())
@@ -626,7 +736,7 @@ def check(chaos: Chaos, runtime: Any) -> list[str]:
     database = chaos.home / "out" / "sink.duckdb"
     sink_con = duckdb.connect(str(database), read_only=True)
     try:
-        for sink, (view, table, key) in SINKS.items():
+        for sink, (view, table, key) in sinks.items():
             cols = ", ".join(VIEW_COLUMNS[view])
             actual = multiset(sink_con.execute(f"SELECT {cols} FROM {table}").fetchall())
             expected = view_rows[view]
@@ -643,6 +753,16 @@ def check(chaos: Chaos, runtime: Any) -> list[str]:
                 problems.append(f"sink {sink} delivered epoch {delivered}, the committed epoch is {epoch}")
     finally:
         sink_con.close()
+
+    if changed:  # the dropped view: out of the store and off the disk
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        directory = Path(runtime.warehouse.table_root(DROPPED_VIEW))
+        gone = DROPPED_VIEW not in tables and not directory.exists()
+        print(f"  check 2 dropped view {DROPPED_VIEW:<9} {'gone' if gone else 'STILL THERE'}")
+        if not gone:
+            problems.append(
+                f"dropped view {DROPPED_VIEW}: queryable {DROPPED_VIEW in tables}, files {directory.exists()}"
+            )
     return problems
 
 
@@ -697,7 +817,7 @@ def report(chaos: Chaos, runtime: Any, chaos_seconds: float, settle_result: tupl
     with chaos.lock:
         runs = list(chaos.runs)
     print("runs (dagster job execute):")
-    for kind in ("loop1", "loop2", "sensor", "settle"):
+    for kind in ("loop1", "loop2", "sensor", "backfill", "backfill-sensor", "settle", "backfill-settle"):
         mine = [r for r in runs if r.kind == kind]
         if not mine:
             continue
@@ -727,6 +847,8 @@ def report(chaos: Chaos, runtime: Any, chaos_seconds: float, settle_result: tupl
             f"{message[:160]})"
         )
     print(f"  kills at random: {len(chaos.kills)}, by step: {dict(Counter(step for _, _, step in chaos.kills))}")
+    for at, what in chaos.changes:
+        print(f"pipeline changed at {at:.0f} s: {what}")
     print(f"barrier sensor: {dict(chaos.sensor)}")
     for e in chaos.sensor_errors[:5]:
         print(f"    sensor error: {e}")
@@ -816,6 +938,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--checkpoint-frequency", type=int, default=1)
     p.add_argument("--settle-seconds", type=float, default=2400, help="most time the settle may take")
+    p.add_argument("--no-changes", action="store_true", help="leave the pipeline's SQL as it is for the whole run")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (and the PostgreSQL database)")
     return p.parse_args(argv)
 
@@ -889,6 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
             chaos.guarded("killer", chaos.killer),
             chaos.guarded("recoverer", chaos.recoverer),
         ]
+        if not args.no_changes:
+            chaos_threads += [chaos.guarded("changer", chaos.changer), chaos.guarded("backfill", chaos.backfill_loop)]
         chaos.stop.wait(args.seconds)
         chaos.stop.set()
         chaos_seconds = time.time() - chaos.started
@@ -903,6 +1028,8 @@ def main(argv: list[str] | None = None) -> int:
         while chaos.running():
             time.sleep(0.2)
         log(chaos.progress(runtime))
+        # The pipeline as its files say now: the driver checks what the runs were told to build.
+        runtime = EpochRuntime(settings, load_pipeline(settings.pipeline_dir), no_spark)
         settle_result = settle(chaos, runtime, args.settle_seconds)
         monitor_stop.set()
         threads[0].join()
