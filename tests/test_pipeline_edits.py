@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from epochal.checkpoint import backfill_rows
 from epochal.checkpoint.records import EpochState
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
@@ -86,3 +88,39 @@ def test_a_run_that_read_the_pipeline_before_a_view_was_removed_commits_without_
     assert back.controller.status()["backfills"]["totals"]["phase"] == "done"
     run_epoch(back)
     assert_views_match_batch(back, {**VIEW_QUERIES, "totals": TOTALS})
+
+
+def test_a_backfill_writing_an_epoch_that_recovery_aborts_under_it_does_not_fail(tmp_path: Path, monkeypatch) -> None:
+    """After its join a backfill writes the epochs in flight that its live step skipped. A recovery
+    may abort one meanwhile and delete its inputs' files under the step, which then fails on a
+    missing file rather than on the abort (seen in chaos): that is the abort, not a failure. A real
+    failure of a live epoch still fails the backfill."""
+    from epochal.backfill.runner import BackfillRunner
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.runtime import EpochRuntime
+
+    h = make_harness(tmp_path)
+
+    def no_spark():  # noqa: ANN202
+        raise AssertionError("no Spark here: the view's step is replaced")
+
+    runtime = EpochRuntime(h.settings(), load_pipeline(h.pipeline_dir), no_spark)
+    runtime.recover("bootstrap")
+    epoch = runtime.controller.epoch_log.inject(runtime.plan).epoch
+
+    def aborted_under_it(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        runtime.recover("ad-hoc (a test)")  # aborts the epoch and deletes its files
+        raise FileNotFoundError("Cannot list directory '.../orders/epoch=.../x'")
+
+    monkeypatch.setattr(runtime, "run_view", aborted_under_it)
+    BackfillRunner(runtime)._write_in_flight("big_orders", epoch)  # no error: recovery re-runs it
+    assert runtime.controller.epoch_log.epoch(epoch).state is EpochState.ABORTED
+
+    live = runtime.controller.epoch_log.inject(runtime.plan).epoch
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise FileNotFoundError("a file the epoch needs is gone")
+
+    monkeypatch.setattr(runtime, "run_view", broken)
+    with pytest.raises(FileNotFoundError, match="is gone"):
+        BackfillRunner(runtime)._write_in_flight("big_orders", live)

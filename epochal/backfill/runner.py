@@ -492,7 +492,7 @@ class BackfillRunner:
     def _write_in_flight(self, view: str, epoch: int) -> None:
         """An epoch in flight at the join, whose live step skipped the view: written now, with the
         epoch's lease, as its own step would have (an aborted epoch is simply left)."""
-        from epochal.checkpoint.records import EpochAborted
+        from epochal.checkpoint.records import EpochAborted, EpochState
 
         try:
             # release: the claim this step takes on the epoch ends with its collect, so the
@@ -500,6 +500,12 @@ class BackfillRunner:
             self.runtime.run_view(epoch, view, run_id="backfill", release=True)
         except EpochAborted:
             log.info("backfill %s: epoch %s was aborted meanwhile; recovery re-runs it", view, epoch)
+        except Exception:
+            # A recovery that aborts the epoch deletes its files under the step (an input's change
+            # is then missing, whatever the reader calls that): the same abort, not a failure.
+            if self.runtime.controller.epoch_log.epoch(epoch).state is not EpochState.ABORTED:
+                raise
+            log.info("backfill %s: epoch %s was aborted while it was written; recovery re-runs it", view, epoch)
 
 
 def chunk_columns(runtime: EpochRuntime, name: str) -> dict[str, tuple[str, ...]] | None:
