@@ -39,6 +39,9 @@ DEFAULT_CONF = {
     # ~12, the ones whose code embeds a literal that changes. A static conf: set when Spark starts.
     "spark.sql.codegen.cache.maxEntries": "2000",
 }
+#: Of those, the ones only a starting Spark takes: a Spark Connect client leaves them to the server
+#: (the managed server starts with them), which refuses them from a session with a warning.
+STATIC_DEFAULTS = frozenset({"spark.sql.codegen.cache.maxEntries"})
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,7 +95,11 @@ def build_spark_session(
         # Spark Connect: the server owns the JVM, so no local Java is needed; static confs such as
         # driver memory belong to the server and are rejected by the client.
         builder = builder.remote(remote)
-        merged = {k: v for k, v in merged.items() if k.startswith("spark.sql.")}
+        merged = {
+            k: v
+            for k, v in merged.items()
+            if k.startswith("spark.sql.") and not (k in STATIC_DEFAULTS and DEFAULT_CONF.get(k) == v)
+        }
     else:
         check_java()
         builder = builder.master(master or "local[*]")

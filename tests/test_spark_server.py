@@ -204,6 +204,9 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
                 append_records(h.home / "data" / "customers", customers)
                 run = h.run_subprocess(env=env, timeout=600)
                 assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+                # Spark-start confs go to the server; a session asking for them gets a warning
+                assert "CANNOT_MODIFY_STATIC_CONFIG" not in run.stdout + run.stderr
+                assert "spark.sql.codegen.cache.maxEntries 2000" in (h.home / "spark" / "spark.conf").read_text()
                 server = status(h.home)
                 assert server is not None and server.healthy, "the run left the managed server running"
                 pids.append(server.pid)
