@@ -69,7 +69,17 @@ class ViewSteps:
             # The view's first epoch has no rows before it: a one-partition query over empty inputs
             # still returns a row (count(*) = 0), which must not be retracted from a view never
             # written. (A partial aggregate reads its own rows, so it needs no such flag.)
-            change = keyed_change(self.runtime.spark, view.plan, view.columns, deltas, read, changed, first)
+            change = keyed_change(
+                self.runtime.spark,
+                view.plan,
+                view.columns,
+                deltas,
+                read,
+                changed,
+                first,
+                # a recompute retracts the view's own rows (exact for floating point aggregates)
+                stored=lambda restriction: self.runtime.read_state(name, epoch, False, restriction)[0],
+            )
         try:
             rows, recorded = self.publish_change(
                 epoch, name, unit_changes(change.weighted), rows_in, started, run_id, release

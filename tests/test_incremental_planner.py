@@ -200,6 +200,36 @@ def test_other_grouped_aggregates_recompute_the_touched_groups(query: str) -> No
     assert planned.plan.rule == "recompute" and planned.plan.aggregate is None
 
 
+@pytest.mark.parametrize(
+    ("query", "output_keys"),
+    [
+        ("SELECT count(DISTINCT bidder) AS n, auction AS a FROM bid GROUP BY auction", (1,)),
+        # the key is not selected, or only transformed: the view's rows cannot be found by it
+        ("SELECT count(DISTINCT bidder) AS n FROM bid GROUP BY auction", ()),
+        ("SELECT auction + 1 AS a, count(DISTINCT bidder) AS n FROM bid GROUP BY auction", ()),
+        # a LEFT JOIN pads the right side with NULL: only the preserved side's column finds a row
+        (
+            "SELECT a.id, b.auction, count(DISTINCT b.bidder) AS n FROM auction a LEFT JOIN bid b "
+            "ON a.id = b.auction GROUP BY a.id, b.auction",
+            (0,),
+        ),
+        (
+            "SELECT b.auction, count(DISTINCT b.bidder) AS n FROM auction a LEFT JOIN bid b "
+            "ON a.id = b.auction GROUP BY b.auction",
+            (),
+        ),
+        (
+            "SELECT a.id, count(DISTINCT b.bidder) AS n FROM auction a FULL JOIN bid b "
+            "ON a.id = b.auction GROUP BY a.id",
+            (),
+        ),
+    ],
+)
+def test_a_recompute_finds_its_stored_rows_by_the_key_columns_it_selects(query: str, output_keys: tuple) -> None:
+    planned = plan(query)
+    assert planned.plan.rule == "recompute" and planned.plan.output_keys == output_keys
+
+
 def test_ctes_are_planned_as_the_subqueries_they_stand_for() -> None:
     planned = plan(
         "WITH m AS (SELECT auction, max(price) AS mp FROM bid GROUP BY auction) "

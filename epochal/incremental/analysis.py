@@ -202,7 +202,18 @@ def _analyse_view(spark: SparkSession, view: ViewDef, stored: Mapping[str, Struc
     else:
         # every input changed and the view has a past: every term of the delta rule, and both the
         # recompute before and after the epoch
-        weighted = keyed_change(spark, plan, view.columns, deltas, read_state, None, first=False, dry_run=True).weighted
+        # (and the retraction of the view's own rows at the keys, restricted as the runtime does)
+        weighted = keyed_change(
+            spark,
+            plan,
+            view.columns,
+            deltas,
+            read_state,
+            None,
+            first=False,
+            dry_run=True,
+            stored=lambda restrict: _restricted(empty(declared), view.name, restrict),
+        ).weighted
     unit_changes(weighted).schema  # noqa: B018 - asking for the schema is what analyses the plan
 
 

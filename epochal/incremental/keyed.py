@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 #: Reads a table's state inside an epoch: (table, inclusive, restriction or None) -> (rows, rows read).
 StateReader = Callable[[str, bool, "tuple[tuple[str, ...], DataFrame] | None"], "tuple[DataFrame | None, int]"]
+#: Reads the view's own rows before the epoch, at a restriction (its columns, the keys) or all of
+#: them for None -> the rows.
+StoredReader = Callable[["tuple[tuple[str, ...], DataFrame] | None"], "DataFrame | None"]
 
 
 @dataclass
@@ -131,12 +134,14 @@ def keyed_change(
     changed: frozenset[str] | None = None,
     first: bool = False,
     dry_run: bool = False,
+    stored: StoredReader | None = None,
 ) -> KeyedChange:
     """The view's change for the epoch. ``changed``: the upstreams whose change is not empty
     (default: all); the delta rule skips the terms of the others, and never reads their state.
     ``first``: the view has no earlier epoch, so nothing is retracted. ``dry_run``: persist
     nothing (the load-time analysis of the plan, :mod:`epochal.incremental.analysis`, only builds
-    the frames)."""
+    the frames). ``stored``: the view's own rows, which a recompute retracts where it can (see
+    :func:`_retraction`)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -184,9 +189,44 @@ def keyed_change(
                 outputs.append(run({**others, leaf.name: part}, sign))
     else:
         if not first:
-            outputs.append(run({leaf.name: state_of(leaf)[0] for leaf in plan.leaves}, -1))
+            retracted = _retraction(plan, columns, keys, stored)
+            if retracted is None:
+                retracted = run({leaf.name: state_of(leaf)[0] for leaf in plan.leaves}, -1)
+            outputs.append(retracted)
         outputs.append(run({leaf.name: state_of(leaf)[1] for leaf in plan.leaves}, 1))
     if not outputs:  # no input changed: the (empty) change, with the view's columns
         nothing = {leaf.name: sql_over(spark, leaf.sql, empty) for leaf in plan.leaves}
         outputs.append(run(nothing, 1))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
+
+
+def _retraction(
+    plan: Plan, columns: tuple[str, ...], keys: DataFrame | None, stored: StoredReader | None
+) -> DataFrame | None:
+    """The rows a recompute retracts, read from the view itself: None when it cannot (no reader,
+    or a keyed plan whose output does not select its keys), and the query before the epoch is run
+    again instead.
+
+    Why not always run the query again: a SUM or AVG of floating point adds in whatever order Spark
+    reads the rows, so the same rows can give a value that differs from the stored one in the last
+    bit. A retraction that misses the stored row leaves it in the view for good (and adds a row
+    with the negative weight). The stored rows are exactly what the view holds, so retracting them
+    is exact; they are the query before the epoch at K because the view is, by its invariant."""
+    from pyspark.sql import functions as F
+
+    if stored is None:
+        return None
+    if keys is None:  # one partition: the whole view is recomputed, so all of it is retracted
+        rows = stored(None)
+    elif plan.output_keys and len(plan.output_keys) == len(plan.key_classes):
+        # one restricted column per output column (two key classes may be one column of the view)
+        first: dict[str, str] = {}
+        for position, key_name in zip(plan.output_keys, key_names(len(plan.key_classes)), strict=True):
+            first.setdefault(columns[position], key_name)
+        restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
+        rows = stored((tuple(first), restriction))
+    else:
+        return None
+    if rows is None:
+        return None
+    return rows.select(*(F.col(f"`{c}`") for c in columns)).withColumn(WEIGHT, F.lit(-1).cast("bigint"))

@@ -128,6 +128,10 @@ class Plan:
     #: linear: the rewritten query may type a column differently from the query as written (AVG
     #: as SUM / COUNT over a partial aggregate): its output is cast to the written query's types
     typed_like_query: bool = False
+    #: keyed recompute: per key class, the position of the output column that is that key as a
+    #: leaf gives it (a GROUP BY key the view selects), so the view's own rows at the affected keys
+    #: can be read; () when some class has no such column
+    output_keys: tuple[int, ...] = ()
 
     def describe(self) -> str:
         if self.kind == "linear":

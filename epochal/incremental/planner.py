@@ -141,18 +141,62 @@ def plan_query(
             node.replace(replacement)
         else:  # a set-operation branch: a SELECT over the leaf keeps the branch's columns
             node.replace(exp.select("*").from_(replacement))
+    rule = "delta join" if _inner_joins_only(tree) and level.classes else "recompute"
     plan = Plan(
         "keyed",
-        rule="delta join" if _inner_joins_only(tree) and level.classes else "recompute",
+        rule=rule,
         query=tree.sql(dialect=DIALECT),
         leaves=tuple(leaves),
         key_classes=tuple(name for name, _ in level.classes),
         operators=tuple(level.operators),
+        output_keys=_output_keys(tree, leaves) if rule == "recompute" else (),
     )
     aggregate = partial_aggregate(tree, leaves, min_max_cache if internal else 0)
     if aggregate is not None:
         plan = replace(plan, rule=PARTIAL_RULE, aggregate=aggregate)
     return PlannedView(plan, tuple(stages))
+
+
+def _output_keys(tree: exp.Expression, leaves: Sequence[Leaf]) -> tuple[int, ...]:
+    """Per key class, the position of an output column of ``tree`` (the query over the leaves)
+    that is the class's key expression of some leaf, as it is: the view's stored rows at a set of
+    keys are then the rows whose columns there equal them. Positions, not names: the view's
+    columns are named by the loader. Only a leaf in the top level's FROM whose rows an outer join
+    never pads with NULLs counts (a padded row carries NULL, not its key). () unless every class
+    has one (a view that does not select its GROUP BY key, or selects it transformed)."""
+    if not isinstance(tree, exp.Select) or not leaves or not leaves[0].key or tree.args.get("from_") is None:
+        return ()
+    joins = tree.args.get("joins") or []
+    items = [tree.args["from_"].this, *(join.this for join in joins)]
+    padded = [False] * len(items)
+    for index, join in enumerate(joins, start=1):
+        side = (join.side or "").upper()
+        if side in ("LEFT", "FULL"):
+            padded[index] = True
+        if side in ("RIGHT", "FULL"):
+            padded[:index] = [True] * index
+    by_name = {leaf.name: leaf for leaf in leaves}
+    aliases: dict[str, Leaf] = {}
+    for item, is_padded in zip(items, padded, strict=True):
+        if isinstance(item, exp.Table) and item.name in by_name and not is_padded:
+            aliases[item.alias_or_name] = by_name[item.name]
+    if any(isinstance(item, exp.Star) or isinstance(item.unalias(), exp.Star) for item in tree.expressions):
+        return ()  # positions are only known when every column is written out
+    selected: dict[tuple[str, str], int] = {}
+    for position, item in enumerate(tree.expressions):
+        column = item.unalias()
+        if isinstance(column, exp.Column) and column.table in aliases:
+            selected.setdefault((column.table, column.name), position)
+    found = []
+    for index in range(len(leaves[0].key)):
+        matches = (
+            selected.get((alias, unquote(leaf.key[index]))) for alias, leaf in aliases.items() if index < len(leaf.key)
+        )
+        position = next((m for m in matches if m is not None), None)
+        if position is None:
+            return ()
+        found.append(position)
+    return tuple(found)
 
 
 def _inner_joins_only(tree: exp.Expression) -> bool:
