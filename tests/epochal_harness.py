@@ -149,6 +149,20 @@ def execute_with_own_executor(
     )
 
 
+def run_epoch(runtime, epoch: int | None = None) -> int:  # noqa: ANN001
+    """What epoch_job does, on a runtime: inject (unless given), sources, views in order, commit, sinks."""
+    if epoch is None:
+        epoch = runtime.start_epoch(None, None)[0].epoch
+    for name in runtime.pipeline.sources:
+        runtime.run_source(epoch, name)
+    for name in runtime.pipeline.view_order():
+        runtime.run_view(epoch, name)
+    runtime.commit(epoch)
+    for name in runtime.pipeline.sinks:
+        runtime.run_sink(epoch, name)
+    return epoch
+
+
 def make_harness(root: Path, files: dict[str, str] | None = None) -> Harness:
     pipeline_dir = root / "pipeline"
     pipeline_dir.mkdir(parents=True)

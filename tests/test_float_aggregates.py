@@ -11,7 +11,7 @@ from pathlib import Path
 
 from epochal.connectors.log import append_records
 from tests.consistency import assert_view_matches_batch
-from tests.epochal_harness import make_harness
+from tests.epochal_harness import make_harness, run_epoch
 
 TABLES = """
 CREATE TABLE orders (id BIGINT PRIMARY KEY, customer STRING, amount DOUBLE, status STRING)
@@ -58,12 +58,6 @@ def test_views_recomputed_over_doubles_match_the_batch_at_every_epoch(spark, tmp
         ]
         records += [{"id": rng.randrange(10), "_op": "delete"}]
         append_records(h.home / "data" / "orders", [json.dumps(r) for r in records])
-        epoch = runtime.start_epoch(None, None)[0].epoch
-        for source in runtime.pipeline.sources:
-            runtime.run_source(epoch, source)
-        for view in runtime.pipeline.view_order():
-            runtime.run_view(epoch, view)
-        runtime.commit(epoch)
-        runtime.compact(epoch)
+        runtime.compact(run_epoch(runtime))
         for view, query in VIEWS.items():
             assert_view_matches_batch(runtime, view, query)

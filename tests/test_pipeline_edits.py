@@ -13,7 +13,7 @@ import pytest
 from epochal.checkpoint import backfill_rows
 from epochal.checkpoint.records import EpochState
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
-from tests.epochal_harness import VIEW_QUERIES, make_harness
+from tests.epochal_harness import VIEW_QUERIES, make_harness, run_epoch
 
 ORDERS = [
     '{"id": 1, "customer": "ann", "amount": 12.5, "ts": "2026-01-01T10:00:00"}',
@@ -21,20 +21,6 @@ ORDERS = [
     '{"id": 3, "customer": "bob", "amount": 20.0, "ts": "2026-01-01T10:02:00"}',
 ]
 TOTALS = "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer"
-
-
-def run_epoch(runtime, epoch: int | None = None) -> int:  # noqa: ANN001
-    """What epoch_job does: inject (unless given), sources, views in order, commit, sinks."""
-    if epoch is None:
-        epoch = runtime.start_epoch(None, None)[0].epoch
-    for name in runtime.pipeline.sources:
-        runtime.run_source(epoch, name)
-    for name in runtime.pipeline.view_order():
-        runtime.run_view(epoch, name)
-    runtime.commit(epoch)
-    for name in runtime.pipeline.sinks:
-        runtime.run_sink(epoch, name)
-    return epoch
 
 
 def test_a_run_that_read_the_pipeline_before_a_view_was_removed_commits_without_it(spark, tmp_path: Path) -> None:
