@@ -83,6 +83,15 @@ def _restrict(state: DataFrame, leaf: Leaf, keys: DataFrame | None) -> DataFrame
     return state.join(F.broadcast(keys), on=condition, how="left_semi")
 
 
+def _keys_as(keys: DataFrame, columns: list[str]) -> tuple[tuple[str, ...], DataFrame]:
+    """A restriction by ``columns``, the i-th equal to key class i of ``keys``: one column each
+    (two key classes may meet in one column, and restricting by either is enough)."""
+    first: dict[str, str] = {}
+    for column, key_name in zip(columns, key_names(len(columns)), strict=True):
+        first.setdefault(column, key_name)
+    return tuple(first), keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
+
+
 def leaf_states(
     spark: SparkSession,
     leaf: Leaf,
@@ -103,12 +112,7 @@ def leaf_states(
         # One column per restricted column: two key classes may meet in one column of a leaf,
         # and restricting by either is enough (a coarser restriction only adds whole partitions
         # that are the same before and after the epoch, so they cancel in the diff).
-        first: dict[str, str] = {}
-        for expr, key_name in zip(leaf.key, key_names(len(leaf.key)), strict=True):
-            first.setdefault(expr.strip("`"), key_name)
-        names = tuple(first)
-        restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
-        state, read = read_state(leaf.table, False, (names, restriction))
+        state, read = read_state(leaf.table, False, _keys_as(keys, [expr.strip("`") for expr in leaf.key]))
         old = cache(state) if state is not None else empty[leaf.table]
         change = _restrict(deltas[leaf.table], leaf, keys)
         new = net_rows(old.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(change))
@@ -219,12 +223,7 @@ def _retraction(
     if keys is None:  # one partition: the whole view is recomputed, so all of it is retracted
         rows = stored(None)
     elif plan.output_keys and len(plan.output_keys) == len(plan.key_classes):
-        # one restricted column per output column (two key classes may be one column of the view)
-        first: dict[str, str] = {}
-        for position, key_name in zip(plan.output_keys, key_names(len(plan.key_classes)), strict=True):
-            first.setdefault(columns[position], key_name)
-        restriction = keys.select(*(keys[key_name].alias(name) for name, key_name in first.items()))
-        rows = stored((tuple(first), restriction))
+        rows = stored(_keys_as(keys, [columns[position] for position in plan.output_keys]))
     else:
         return None
     if rows is None:

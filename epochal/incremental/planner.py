@@ -166,6 +166,8 @@ def _output_keys(tree: exp.Expression, leaves: Sequence[Leaf]) -> tuple[int, ...
     has one (a view that does not select its GROUP BY key, or selects it transformed)."""
     if not isinstance(tree, exp.Select) or not leaves or not leaves[0].key or tree.args.get("from_") is None:
         return ()
+    if any(isinstance(item, exp.Star) or isinstance(item.unalias(), exp.Star) for item in tree.expressions):
+        return ()  # positions are only known when every column is written out
     joins = tree.args.get("joins") or []
     items = [tree.args["from_"].this, *(join.this for join in joins)]
     padded = [False] * len(items)
@@ -180,8 +182,6 @@ def _output_keys(tree: exp.Expression, leaves: Sequence[Leaf]) -> tuple[int, ...
     for item, is_padded in zip(items, padded, strict=True):
         if isinstance(item, exp.Table) and item.name in by_name and not is_padded:
             aliases[item.alias_or_name] = by_name[item.name]
-    if any(isinstance(item, exp.Star) or isinstance(item.unalias(), exp.Star) for item in tree.expressions):
-        return ()  # positions are only known when every column is written out
     selected: dict[tuple[str, str], int] = {}
     for position, item in enumerate(tree.expressions):
         column = item.unalias()
