@@ -79,6 +79,7 @@ class ViewSteps:
                 first,
                 # a recompute retracts the view's own rows (exact for floating point aggregates)
                 stored=lambda restriction: self.runtime.read_state(name, epoch, False, restriction)[0],
+                view=name,
             )
         try:
             rows, recorded = self.publish_change(

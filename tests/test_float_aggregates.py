@@ -26,6 +26,9 @@ VIEWS = {
     # COUNT(DISTINCT) is no partial aggregate: recomputed at the customers an epoch touches
     "per_customer": "SELECT customer, count(DISTINCT status) AS statuses, sum(amount) AS total FROM orders "
     "GROUP BY customer",
+    # the same without selecting its key: the stored rows cannot be found by key
+    "per_customer_unselected": "SELECT count(DISTINCT status) AS statuses, sum(amount) AS total, "
+    "avg(amount) AS mean FROM orders GROUP BY customer",
     # the same over a join, keyed by the join key, which the view selects
     # (its key column named in capitals: the loader names the view's columns in lower case)
     "per_region": "SELECT c.region, o.customer AS Customer, count(DISTINCT o.status) AS statuses, "
@@ -33,7 +36,7 @@ VIEWS = {
 }
 
 
-def test_views_recomputed_over_doubles_match_the_batch_at_every_epoch(spark, tmp_path: Path) -> None:
+def test_views_recomputed_over_doubles_match_the_batch_at_every_epoch(spark, tmp_path: Path, caplog) -> None:  # noqa: ANN001
     statements = "".join(f"CREATE MATERIALIZED VIEW {n} AS {q};\n" for n, q in VIEWS.items())
     h = make_harness(tmp_path, {"p.sql": TABLES + statements})
     runtime = h.runtime(spark, {"EPOCHAL_COMPACT_EVERY": "2"})
@@ -41,23 +44,28 @@ def test_views_recomputed_over_doubles_match_the_batch_at_every_epoch(spark, tmp
     plans = {n: runtime.pipeline.views[n].plan for n in VIEWS}
     assert plans["rollup"].key_classes == () and plans["per_customer"].output_keys == (0,)
     assert plans["per_region"].output_keys == (1,)  # o.customer
+    assert plans["per_customer_unselected"].output_keys == ()  # so it is recomputed whole, and says why
     rng = random.Random(5)
     append_records(
         h.home / "data" / "customers", [json.dumps({"name": c, "region": rng.choice(["eu", "us"])}) for c in "abc"]
     )
     for _ in range(6):
         # updates of a few ids (amounts move between groups), some deletes, new ids
+        # (amounts with every bit of a double used, and enough rows per group for the order of the
+        # additions to matter)
         records = [
             {
-                "id": rng.randrange(10),
+                "id": rng.randrange(60),
                 "customer": rng.choice("abc"),
-                "amount": round(rng.uniform(0, 100), 2),
+                "amount": rng.uniform(0, 100) * 1.1,
                 "status": rng.choice(["new", "paid"]),
             }
-            for _ in range(12)
+            for _ in range(40)
         ]
-        records += [{"id": rng.randrange(10), "_op": "delete"}]
+        records += [{"id": rng.randrange(60), "_op": "delete"}]
         append_records(h.home / "data" / "orders", [json.dumps(r) for r in records])
         runtime.compact(run_epoch(runtime))
         for view, query in VIEWS.items():
             assert_view_matches_batch(runtime, view, query)
+    warned = [r.getMessage() for r in caplog.records if "recomputed whole" in r.getMessage()]
+    assert len(warned) == 1 and "view per_customer_unselected" in warned[0] and "Select the key" in warned[0]

@@ -213,6 +213,7 @@ def _analyse_view(spark: SparkSession, view: ViewDef, stored: Mapping[str, Struc
             first=False,
             dry_run=True,
             stored=lambda restrict: _restricted(empty(declared), view.name, restrict),
+            view=view.name,
         ).weighted
     unit_changes(weighted).schema  # noqa: B018 - asking for the schema is what analyses the plan
 

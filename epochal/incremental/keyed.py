@@ -16,6 +16,7 @@ whole table, so that snapshots laid out by vnode are read only at the vnodes of 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
@@ -28,6 +29,8 @@ from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("epochal.incremental")
 
 #: Reads a table's state inside an epoch: (table, inclusive, restriction or None) -> (rows, rows read).
 StateReader = Callable[[str, bool, "tuple[tuple[str, ...], DataFrame] | None"], "tuple[DataFrame | None, int]"]
@@ -139,13 +142,14 @@ def keyed_change(
     first: bool = False,
     dry_run: bool = False,
     stored: StoredReader | None = None,
+    view: str = "",
 ) -> KeyedChange:
     """The view's change for the epoch. ``changed``: the upstreams whose change is not empty
     (default: all); the delta rule skips the terms of the others, and never reads their state.
     ``first``: the view has no earlier epoch, so nothing is retracted. ``dry_run``: persist
     nothing (the load-time analysis of the plan, :mod:`epochal.incremental.analysis`, only builds
     the frames). ``stored``: the view's own rows, which a recompute retracts where it can (see
-    :func:`_retraction`)."""
+    :func:`_retraction`). ``view``: its name, for the log."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -161,6 +165,8 @@ def keyed_change(
         return cached[-1]
 
     keys = affected_keys(spark, plan, deltas)
+    if keys is not None and plan.rule == "recompute" and not first and _needs_whole_retraction(plan, view, stored):
+        keys = None  # recomputed whole, so that every stored row can be retracted as it is
     if keys is not None:
         keys = cache(keys)
     empty = {u: spark.createDataFrame([], d.drop(WEIGHT).schema) for u, d in deltas.items()}
@@ -202,6 +208,34 @@ def keyed_change(
         nothing = {leaf.name: sql_over(spark, leaf.sql, empty) for leaf in plan.leaves}
         outputs.append(run(nothing, 1))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
+
+
+#: Views already told (once per process) that they are recomputed whole, and why.
+_warned_whole: set[str] = set()
+
+
+def _needs_whole_retraction(plan: Plan, view: str, stored: StoredReader | None) -> bool:
+    """Whether a keyed recompute must run over the whole view: its output does not select its key
+    (so its stored rows at K cannot be found, see :func:`_retraction`) and holds floating point,
+    whose recomputed old value may miss the stored one in the last bit. Integer, decimal and text
+    outputs recompute exactly, so they stay keyed."""
+    if stored is None or (plan.output_keys and len(plan.output_keys) == len(plan.key_classes)):
+        return False
+    rows = stored(None)
+    if rows is None:
+        return False
+    inexact = [f.name for f in rows.schema.fields if any(t in f.dataType.simpleString() for t in ("double", "float"))]
+    if inexact and view not in _warned_whole:
+        _warned_whole.add(view)
+        log.warning(
+            "view %s is recomputed whole every epoch: it does not select its key (%s), and its floating-point "
+            "columns %s could only be retracted at the changed keys by recomputing them, which can miss the "
+            "stored value in the last bit. Select the key columns to make its epochs read only the keys they change.",
+            view or "(unnamed)",
+            ", ".join(plan.key_classes),
+            inexact,
+        )
+    return bool(inexact)
 
 
 def _retraction(
