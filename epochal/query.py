@@ -44,7 +44,7 @@ _SPARK_TO_DUCKDB = {
 
 
 def _read(files: list[str]) -> str:
-    # Explicit files; a snapshot's lie under _vnode=N/ directories, which are layout, not columns.
+    # Explicit files; a snapshot's lie under _vnode=N/ (or _vnodes=LO-HI/) directories: layout, not columns.
     return f"read_parquet({string_list(files)}, hive_partitioning = false)"
 
 

@@ -16,7 +16,7 @@ from epochal.faults import fault_point
 from epochal.sql import quote
 from epochal.step_report import StepReport
 from epochal.storage.changes import net_rows, unit_changes
-from epochal.storage.vnode import VNODE, vnode_column
+from epochal.storage.vnode import vnodes_per_directory, write_laid_out
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -175,13 +175,8 @@ class RebuildSteps:
         diff_location: str | None = None
         try:
             with catalog.snapshot_lease(location):
-                (
-                    new_rows.withColumn(VNODE, vnode_column(new_rows.schema, key))
-                    .repartition(F.col(VNODE))
-                    .write.mode("error")
-                    .partitionBy(VNODE)
-                    .parquet(location)
-                )
+                width = vnodes_per_directory(rows_read, runtime.settings.snapshot_directory_rows)
+                write_laid_out(new_rows, key, width, location)
             files = warehouse.snapshot_files(location)
             rows = warehouse.files_row_count(files)
             # 3. The view's change: the new rows minus the old rows before this epoch, in the new

@@ -584,6 +584,7 @@ class EpochRuntime:
             self.distribution_key,
             lambda table: [name for name, sink in self.pipeline.sinks.items() if sink.from_table == table],
             frozenset(sources_storing_nothing(self.pipeline)),
+            self.settings.snapshot_directory_rows,
         )
         report = compact_tables(
             self.reader,

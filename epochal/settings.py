@@ -194,6 +194,14 @@ class Settings:
         "SOURCE's split; progress is saved after each.",
         minimum=1000,
     )
+    snapshot_directory_rows: int = setting(
+        "EPOCHAL_SNAPSHOT_DIRECTORY_ROWS",
+        "131072",
+        "Rows a snapshot directory holds, about: a smaller table's snapshot puts a run of adjacent vnodes in one "
+        "directory (fewer files to write), a larger one gives every vnode its own (narrower key lookups). "
+        "0: a directory per vnode always.",
+        minimum=0,
+    )
     state_cache: bool = setting(
         "EPOCHAL_STATE_CACHE",
         "on",

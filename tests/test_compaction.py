@@ -149,6 +149,36 @@ def snapshot_then_change(h, runtime) -> tuple[int, int]:  # noqa: ANN001
     return first, e
 
 
+@pytest.mark.parametrize(("directory_rows", "directories"), [("131072", 1), ("25", 16)])
+def test_a_small_snapshot_shares_directories_and_reads_of_some_vnodes_stay_exact(
+    spark,  # noqa: ANN001
+    tmp_path: Path,
+    directory_rows: str,
+    directories: int,
+) -> None:
+    from epochal.storage.vnode import vnode_column
+
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark, env={"EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": directory_rows})
+    _, e = snapshot_then_change(h, runtime)
+    snapshot = runtime.controller.catalog.snapshots("orders")[-1]
+    spans = runtime.warehouse.snapshot_dirs(snapshot.location)
+    # 400 rows: one directory of all 256 vnodes, or (25 rows a directory) 16 of 16 vnodes each
+    assert len(spans) == directories and spans[0][:2] == (0, 256 // directories - 1)
+    state = runtime.read_state("orders", e, inclusive=True)[0]
+    whole = state.collect()
+    # a key lookup reads a directory that holds other vnodes too: the restriction still applies exactly
+    keys = spark.createDataFrame([(3,), (5,), (7,)], "id BIGINT")
+    rows, _ = runtime.read_state("orders", e, inclusive=True, restrict=(("id",), keys))
+    assert multiset(rows.collect()) == multiset([(3, "new", 99.0), (7, "c0", 7.0)])
+    # a vnode range that starts and ends inside directories (a backfill's range) holds its vnodes only
+    frame = spark.createDataFrame(whole, state.schema)  # (as read, not as laid out)
+    expected = frame.where(vnode_column(state.schema, ("id",)).between(10, 39)).collect()
+    ranged, read = runtime.reader.read_vnode_range("orders", e, ("id",), 10, 40)
+    assert multiset(ranged.collect()) == multiset(expected) and 0 < len(expected) < len(whole)
+    assert read < 100  # the range's share of what it opened (30 of 256 vnodes), and the 3 change rows
+
+
 def test_restricted_reads_open_only_the_keys_vnodes(spark, tmp_path: Path, monkeypatch) -> None:
     from epochal.storage import state_cache
 
@@ -156,8 +186,10 @@ def test_restricted_reads_open_only_the_keys_vnodes(spark, tmp_path: Path, monke
     # test). Vnode pruning is what a snapshot too large for that gets, so make them count as large.
     monkeypatch.setattr(state_cache, "SMALL_ROWS", 0)
     h = make_harness(tmp_path, FILES)
-    runtime = h.runtime(spark)
+    # and a directory per vnode, as a large table's snapshot has (a small one shares directories)
+    runtime = h.runtime(spark, env={"EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": "1"})
     first, e = snapshot_then_change(h, runtime)
+    assert len(runtime.warehouse.snapshot_dirs(runtime.controller.catalog.snapshots("orders")[-1].location)) > 200
 
     whole, whole_read = runtime.read_state("orders", e, inclusive=True)
     assert whole_read == 400 + 3  # the snapshot plus the last epoch's change (one update, one delete)
@@ -343,8 +375,9 @@ def test_warm_snapshot_cache_serves_wide_reads_and_never_changes_them(spark, tmp
 
     monkeypatch.setattr(state_cache, "SMALL_ROWS", 0)  # orders counts as large until said otherwise
     h = make_harness(tmp_path, FILES)
-    runtime = h.runtime(spark)
-    uncached = h.runtime(spark, env={"EPOCHAL_STATE_CACHE": "off"})
+    # (and laid out as a large snapshot is: a directory per vnode)
+    runtime = h.runtime(spark, env={"EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": "1"})
+    uncached = h.runtime(spark, env={"EPOCHAL_STATE_CACHE": "off", "EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": "1"})
     assert runtime.state_cache.enabled and not uncached.state_cache.enabled
     _, e = snapshot_then_change(h, runtime)
 

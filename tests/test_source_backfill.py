@@ -66,7 +66,8 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     _run(h, instance)  # registers the backfills at the committed epoch; this epoch is after it
 
     # A bounded run reads some chunks of one view; the idle and empty splits are not waited for.
-    runtime = h.runtime(spark)
+    # (500 rows a second: the busy split's 3,300 records cannot all be read in the 3 s it gets)
+    runtime = h.runtime(spark, env={"EPOCHAL_BACKFILL_RATE_LIMIT": "500"})
     runner = BackfillRunner(runtime)
     runner.advance(views=["cheap_orders"], budget_s=3)
     shown = runtime.controller.status()["backfills"]["cheap_orders"]

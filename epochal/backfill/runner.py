@@ -40,7 +40,7 @@ from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.sql import quote, unquote
-from epochal.storage.vnode import VNODE, vnode_column
+from epochal.storage.vnode import vnode_column, vnodes_per_directory, write_laid_out
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -253,7 +253,8 @@ class BackfillRunner:
         chunking = chunk_keys(self.runtime, view, storage)
         # The SOURCE inputs' rows as read from their splits, once for every range.
         read_rows = {u: source_splits.source_rows(self, view, u) for u in from_splits}
-        width = self._range_width(backfill, read_rows) if chunking is not None else VNODES_TOTAL
+        input_rows = self._input_rows(backfill, read_rows)
+        width = self._range_width(backfill, input_rows) if chunking is not None else VNODES_TOTAL
         while True:
             ranges = [r for r, _ in done]
             vnodes = next_range(ranges, width if chunking is not None else VNODES_TOTAL)
@@ -262,9 +263,16 @@ class BackfillRunner:
             if self.must_stop(view, deadline, progress, "the next run resumes at the next vnode range"):
                 return False
             started = time.time()
+            # Vnodes per snapshot directory, from the view's rows: at most its inputs' at first, then
+            # as many as the ranges so far wrote per row read (an aggregate's far fewer). Ranges that
+            # chose differently only make directories that overlap, which readers take.
+            share = progress.rows_written / progress.rows_read if progress.rows_read else 1.0
+            per_directory = vnodes_per_directory(
+                int(input_rows * min(1.0, share)), self.runtime.settings.snapshot_directory_rows
+            )
             nonce = f"{'v' if storage else 'r'}{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
             rows_read, rows_written = self._write_range(
-                backfill, vnodes, chunking, storage, root, target, nonce, read_rows
+                backfill, vnodes, chunking, storage, root, target, nonce, read_rows, per_directory
             )
             fault_point("backfill-range-moved")
             self.log.record_chunk(view, vnodes, nonce, rows_read, rows_written)
@@ -304,12 +312,15 @@ class BackfillRunner:
         log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
         return True
 
-    def _range_width(self, backfill: Backfill, read_rows: dict[str, tuple[DataFrame, int]]) -> int:
-        """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS input rows (fewer under
-        a rate limit: progress about every 10 s). The inputs' size comes from file footers."""
+    def _input_rows(self, backfill: Backfill, read_rows: dict[str, tuple[DataFrame, int]]) -> int:
+        """The rows the view's inputs hold at the snapshot epoch, from file footers."""
         inputs = self.runtime.pipeline.views[backfill.view].upstreams
         epoch = backfill.snapshot_epoch
-        total = sum(read_rows[u][1] if u in read_rows else self._stored_rows(u, epoch) for u in inputs)
+        return sum(read_rows[u][1] if u in read_rows else self._stored_rows(u, epoch) for u in inputs)
+
+    def _range_width(self, backfill: Backfill, total: int) -> int:
+        """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS of the inputs' ``total``
+        rows (fewer under a rate limit: progress about every 10 s)."""
         wanted = self.runtime.settings.backfill_chunk_rows
         rate = self.rate_limit(backfill.view)
         if rate:
@@ -348,10 +359,10 @@ class BackfillRunner:
         target: str,
         nonce: str,
         read_rows: dict[str, tuple[DataFrame, int]],
+        per_directory: int,
     ) -> tuple[int, int]:
-        """The view's rows at the snapshot epoch for one vnode range, into ``target``. Returns
-        (input rows read, rows written)."""
-        from pyspark.sql import functions as F
+        """The view's rows at the snapshot epoch for one vnode range, into ``target``'s directories
+        of ``per_directory`` vnodes each. Returns (input rows read, rows written)."""
 
         runtime = self.runtime
         view = runtime.pipeline.views[backfill.view]
@@ -385,13 +396,7 @@ class BackfillRunner:
         key = runtime.distribution_key(backfill.view)
         staging = f"{root}/staging/{nonce.rstrip('-')}"
         try:
-            (
-                rows.withColumn(VNODE, vnode_column(rows.schema, key))
-                .repartition(F.col(VNODE))
-                .write.mode("overwrite")
-                .partitionBy(VNODE)
-                .parquet(staging)
-            )
+            write_laid_out(rows, key, per_directory, staging, mode="overwrite")
         finally:
             release()
         written = runtime.warehouse.files_row_count(runtime.warehouse.snapshot_files(staging))

@@ -7,7 +7,7 @@ committed epochs of changes after its last snapshot gets a new one:
 
 1. **plan**: ``plan(runtime, every)`` lists (table, committed epoch S) to snapshot;
 2. **write**: the state at S (previous snapshot + the changes after it, ``StateReader.read_state``)
-   is written by Spark to a fresh ``{table}/snapshot=S/{attempt}/`` partitioned by ``_vnode``, after
+   is written by Spark to a fresh ``{table}/snapshot=S/{attempt}/`` partitioned by vnode, after
    the meta store was told a snapshot is being written there by this process (so recovery keeps the
    files while we live and renew the snapshot's lease, and sweeps them if we die or stop renewing);
 3. **publish**: one meta-store transaction makes it READY and applies retention; a racing
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epochal.storage.state_reader import StateReader
-from epochal.storage.vnode import VNODE, vnode_column
+from epochal.storage.vnode import DEFAULT_DIRECTORY_ROWS, vnodes_per_directory, write_laid_out
 
 log = logging.getLogger("epochal.compaction")
 
@@ -98,6 +98,8 @@ class Layout:
     #: SOURCEs that store nothing (epochal/incremental/state_needs.py): never snapshotted, their
     #: change files released once delivered
     store_nothing: frozenset[str] = frozenset()
+    #: rows a snapshot directory holds before vnodes get one each (epochal/storage/vnode.py)
+    directory_rows: int = DEFAULT_DIRECTORY_ROWS
 
 
 def plan(reader: StateReader, every: int, tables: list[str]) -> list[tuple[str, int]]:
@@ -130,25 +132,17 @@ def release_table(reader: StateReader, layout: Layout, table: str) -> TableCompa
 
 def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -> TableCompaction:
     """Write, publish and apply retention for one snapshot of ``table`` at committed ``epoch``."""
-    from pyspark.sql import functions as F
-
     started = time.time()
     catalog, warehouse = reader.catalog, reader.warehouse
     files_before = warehouse.table_file_count(table)
-    state, _ = reader.read_state(table, epoch, inclusive=True)
+    state, rows_read = reader.read_state(table, epoch, inclusive=True)
     key = layout.distribution_key(table)
     location = warehouse.new_snapshot_location(table, epoch)
     catalog.begin_snapshot(table, epoch, location, key, state.schema.json())
     try:
         with catalog.snapshot_lease(location):
-            # One shuffle by vnode: every vnode's rows end up in one task, so a vnode is one file.
-            (
-                state.withColumn(VNODE, vnode_column(state.schema, key))
-                .repartition(F.col(VNODE))
-                .write.mode("error")  # (not "errorifexists": Spark Connect's client lacks that alias)
-                .partitionBy(VNODE)
-                .parquet(location)
-            )
+            # (the rows read bound the state's: a directory per vnode once that is large)
+            write_laid_out(state, key, vnodes_per_directory(rows_read, layout.directory_rows), location)
         files = warehouse.snapshot_files(location)
         rows = warehouse.files_row_count(files)
         result = catalog.publish_snapshot(location, rows, len(files), layout.sinks_of(table), KEEP_SNAPSHOTS)

@@ -98,9 +98,10 @@ class StateCache:
         #: reads answered from a cached snapshot (tests check what the cache served)
         self.hits = 0
 
-    def worth_caching(self, vnodes_read: int, vnodes_total: int) -> bool:
-        """Whether a read of ``vnodes_read`` of a snapshot's ``vnodes_total`` vnodes should fill the cache."""
-        return self.enabled and vnodes_read >= WARM_SHARE * vnodes_total
+    def worth_caching(self, directories_read: int, directories_total: int) -> bool:
+        """Whether a read of ``directories_read`` of a snapshot's ``directories_total`` directories
+        (one per vnode, or per run of vnodes) should fill the cache."""
+        return self.enabled and directories_read >= WARM_SHARE * directories_total
 
     def small_and_cached(self, table: str, location: str, rows: int) -> DataFrame | None:
         """The cached copy of snapshot ``location`` when it holds at most SMALL_ROWS ``rows``:

@@ -109,10 +109,19 @@ class StateReader:
         laid_out = tuple(snapshot.distribution_key) or tuple(schema.fieldNames())
         if laid_out != (tuple(key) or tuple(schema.fieldNames())):
             return None
-        dirs = self.warehouse.vnode_dirs(snapshot.location)
-        files = [f for v in range(lo, hi) if v in dirs for f in self.warehouse.parquet_files(dirs[v])]
-        rows_read = self.warehouse.files_row_count(files) if snapshot.rows else 0
+        spans = [span for span in self.warehouse.snapshot_dirs(snapshot.location) if span[0] < hi and span[1] >= lo]
+        files, rows_read, wider = [], 0, False
+        for first, last, directory in spans:
+            found = self.warehouse.parquet_files(directory)
+            files += found
+            # a directory of a run of vnodes that passes the range: its share of the rows is read
+            overlap = min(last, hi - 1) - max(first, lo) + 1
+            wider = wider or overlap < last - first + 1
+            if snapshot.rows:
+                rows_read += self.warehouse.files_row_count(found) * overlap // (last - first + 1)
         base = self._parquet_rows(schema, files) if snapshot.rows else self.spark.createDataFrame([], schema)
+        if wider:
+            base = base.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
         if not parts.changes:
             return base, rows_read
         changes, change_rows = self.warehouse.read_counted(self.spark, [loc for _, loc in parts.changes])
@@ -167,8 +176,10 @@ class StateReader:
             chosen = [v for v in sorted(vnodes) if v in dirs]
             if not chosen:
                 return self.spark.createDataFrame([], schema), 0
-        wanted = sorted(dirs) if chosen is None else chosen
-        if self.cache.worth_caching(len(wanted), len(dirs)):
+        every = list(dict.fromkeys(d for v in sorted(dirs) for d in dirs[v]))
+        # (the restriction's semi-join below drops the other vnodes of a directory of a run)
+        wanted = every if chosen is None else list(dict.fromkeys(d for v in chosen for d in dirs[v]))
+        if self.cache.worth_caching(len(wanted), len(every)):
             # Most of the snapshot is read anyway: scan it from memory (filled on first use).
             rows = self.cache.get(snapshot.table, snapshot.location)
             if rows is None:
@@ -182,7 +193,7 @@ class StateReader:
                 )
             rows_read = snapshot.rows
         else:
-            files = [f for v in wanted for f in self.warehouse.parquet_files(dirs[v])]
+            files = [f for d in wanted for f in self.warehouse.parquet_files(d)]
             rows_read = snapshot.rows if chosen is None else self.warehouse.files_row_count(files)
             rows = self._parquet_rows(schema, files)
         return (rows if restrict is None else semi_join(rows, restrict)), rows_read

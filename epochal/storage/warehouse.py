@@ -1,7 +1,8 @@
 """Where table data lives, and how it is laid out.
 
     {warehouse}/{table}/epoch={E}/{attempt}/part-*.parquet
-    {warehouse}/{table}/snapshot={S}/{attempt}/_vnode={V}/part-*.parquet
+    {warehouse}/{table}/snapshot={S}/{attempt}/_vnode={V}/part-*.parquet       (a large table)
+    {warehouse}/{table}/snapshot={S}/{attempt}/_vnodes={LO}-{HI}/part-*.parquet  (a small one)
 
 Every epoch of every table is a directory of Parquet files holding that epoch's *change*: the
 table's columns plus ``_weight`` (+1 insert, -1 delete; one row per unit of change). An idle epoch
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from epochal.storage.vnode import VNODE, vnode_dir
+from epochal.storage.vnode import directory_span
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -158,24 +159,38 @@ class Warehouse:
                 footers.append(pq.ParquetFile(fh).metadata)
         return footers
 
-    # ------------------------------------------------------------------ snapshots (one directory per vnode)
+    # ------------------------------------------------------------------ snapshots (a directory per vnode, or per run)
 
-    def vnode_dirs(self, location: str) -> dict[int, str]:
-        """The ``_vnode=N`` directories a snapshot has, by vnode (a vnode without rows has none)."""
+    def snapshot_dirs(self, location: str) -> list[tuple[int, int, str]]:
+        """A snapshot's directories as (first vnode, last vnode, directory), by first vnode: one per
+        vnode (``_vnode=V``) or per run of vnodes (``_vnodes=LO-HI``); a vnode without rows has none."""
         path = self._path(location)
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"snapshot {location} is missing from the warehouse")
-        prefix = f"{VNODE}="
-        return {
-            int(info.base_name[len(prefix) :]): f"{location}/{info.base_name}"
-            for info in self.fs.get_file_info(pafs.FileSelector(path))
-            if info.type == pafs.FileType.Directory and info.base_name.startswith(prefix)
-        }
+        found = []
+        for info in self.fs.get_file_info(pafs.FileSelector(path)):
+            span = directory_span(info.base_name) if info.type == pafs.FileType.Directory else None
+            if span is not None:
+                found.append((*span, f"{location}/{info.base_name}"))
+        return sorted(found)
+
+    def vnode_dirs(self, location: str) -> dict[int, list[str]]:
+        """The directories that hold each vnode of a snapshot (a vnode without rows has none; a
+        directory of a run of vnodes is listed under each of them)."""
+        covering: dict[int, list[str]] = {}
+        for first, last, directory in self.snapshot_dirs(location):
+            for vnode in range(first, last + 1):
+                covering.setdefault(vnode, []).append(directory)
+        return covering
 
     def snapshot_files(self, location: str, vnodes: Iterable[int] | None = None) -> list[str]:
-        """The Parquet files of a snapshot, or of only the given vnodes of it."""
-        dirs = self.vnode_dirs(location)
-        chosen = dirs.values() if vnodes is None else [dirs[v] for v in sorted(set(vnodes)) if v in dirs]
+        """The Parquet files of a snapshot, or of the directories that hold the given vnodes (which
+        may hold other vnodes too: a reader that needs only these filters by vnode)."""
+        if vnodes is None:
+            chosen = [directory for _, _, directory in self.snapshot_dirs(location)]
+        else:
+            covering = self.vnode_dirs(location)
+            chosen = list(dict.fromkeys(d for v in sorted(set(vnodes)) for d in covering.get(v, [])))
         return [f for d in chosen for f in self.parquet_files(d)]
 
     def all_snapshot_files(self, location: str) -> list[str]:
@@ -191,12 +206,12 @@ class Warehouse:
         return f"{self.table_root(table)}/backfill={snapshot_epoch}"
 
     def adopt_vnode_files(self, staging: str, target: str, prefix: str) -> int:
-        """Move the files of snapshot-layout directory ``staging`` into ``target``'s vnode
-        directories, each name prefixed by ``prefix``; returns the files moved. A move that dies
+        """Move the files of snapshot-layout directory ``staging`` into ``target``'s directories of
+        the same names, each name prefixed by ``prefix``; returns the files moved. A move that dies
         midway leaves files named ``prefix*``, which ``drop_prefixed`` deletes before a retry."""
         moved = 0
-        for vnode, directory in self.vnode_dirs(staging).items():
-            destination = self._path(vnode_dir(target, vnode))
+        for _, _, directory in self.snapshot_dirs(staging):
+            destination = self._path(f"{target}/{directory.rsplit('/', 1)[-1]}")
             self.fs.create_dir(destination, recursive=True)
             for file in self.parquet_files(directory):
                 name = file.rsplit("/", 1)[-1]
