@@ -56,7 +56,7 @@ def write_rows(directory: Path, first: int, count: int, groups: int, name: str) 
     tmp.rename(directory / name)
 
 
-def runtime_for(home: Path, pipeline: Path, spark, chunk_rows: int):  # noqa: ANN001, ANN201
+def runtime_for(home: Path, pipeline: Path, spark, chunk_rows: int, directory_rows: int | None = None):  # noqa: ANN001, ANN201
     from epochal.pipeline.loader import load_pipeline
     from epochal.runtime import EpochRuntime
     from epochal.settings import Settings
@@ -67,6 +67,7 @@ def runtime_for(home: Path, pipeline: Path, spark, chunk_rows: int):  # noqa: AN
             "EPOCHAL_PIPELINE": str(pipeline),
             "EPOCHAL_BACKFILL_CHUNK_ROWS": str(chunk_rows),
             "EPOCHAL_BACKFILL_RUN_S": "100000",
+            **({} if directory_rows is None else {"EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": str(directory_rows)}),
         }
     )
     return EpochRuntime(settings, load_pipeline(pipeline), lambda: spark)
@@ -92,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-rows", type=int, default=2_000_000, help="EPOCHAL_BACKFILL_CHUNK_ROWS")
     p.add_argument("--driver-memory", default="6g")
     p.add_argument("--kind", choices=("table", "source"), default="table", help="how t is declared")
+    p.add_argument(
+        "--directory-rows",
+        type=int,
+        help="EPOCHAL_SNAPSHOT_DIRECTORY_ROWS (0: a directory per vnode, the layout before runs of vnodes)",
+    )
     p.add_argument("--snapshot-only", action="store_true", help="measure the snapshot backfill only (part 1)")
     p.add_argument("--json", help="result file (default benchmarks/results/bench_backfill-<time>.json)")
     args = p.parse_args(argv)
@@ -103,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
     spark = build_spark_session("local[*]", "bench-backfill", {"spark.driver.memory": args.driver_memory})
-    result: dict = {"rows": args.rows, "groups": args.groups, "change": args.change, "kind": args.kind}
+    result: dict = {
+        "rows": args.rows,
+        "groups": args.groups,
+        "change": args.change,
+        "kind": args.kind,
+        "directory_rows": args.directory_rows,
+    }
     try:
         log_dir, pipeline, home = root / "log" / "t", root / "pipeline", root / "home"
         pipeline.mkdir(parents=True)
@@ -115,14 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             f"WITH (connector = 'log', path = '{log_dir}', format = 'json');\n"
             "CREATE MATERIALIZED VIEW big AS SELECT id, k, v FROM t WHERE v > 990000;\n"
         )
-        runtime = runtime_for(home, pipeline, spark, args.chunk_rows)
+        runtime = runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)
         log(f"ingesting {args.rows:,} rows")
         result["ingest_s"] = epoch(runtime)
         runtime.compact(every=1)
 
         # -- 1: snapshot backfill of a new aggregation vs Spark read -> aggregate -> write
         (pipeline / "02.sql").write_text(f"CREATE MATERIALIZED VIEW agg AS {AGG};\n")
-        runtime = runtime_for(home, pipeline, spark, args.chunk_rows)
+        runtime = runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)
         write_rows(log_dir, args.rows, args.change, args.groups, "b-0000.jsonl")
         epoch(runtime)  # registers the backfill; commits without it
         snapshot = runtime.controller.catalog.snapshots("t")[-1]
@@ -171,18 +183,18 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(n):
                 first = args.rows + args.change * (i + 1)
                 write_rows(log_dir, first, args.change, args.groups, f"c-{tag}-{i:04d}.jsonl")
-                times.append(epoch(runtime_for(home, pipeline, spark, args.chunk_rows)))
+                times.append(epoch(runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)))
             return times
 
         log("live epochs without a backfill")
         alone = live(args.epochs, "alone")
         (pipeline / "03.sql").write_text(f"CREATE MATERIALIZED VIEW second AS {SECOND};\n")
-        epoch(runtime_for(home, pipeline, spark, args.chunk_rows))  # registers it
+        epoch(runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows))  # registers it
         done = threading.Event()
 
         def backfill() -> None:
             try:
-                BackfillRunner(runtime_for(home, pipeline, spark, args.chunk_rows)).advance()
+                BackfillRunner(runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)).advance()
             finally:
                 done.set()
 

@@ -12,7 +12,10 @@ each warms Spark up; the best is reported), in one run, as a ratio to the first 
 2. the same written in Epochal's snapshot layout: one directory per vnode of k (256);
 3. Epochal's bulk path for a backfill range of the partial aggregate (``partial_inserts``: the kept
    MIN/MAX values as arrays beside the aggregate), to one directory;
-4. that, in the snapshot layout: what a backfill range of the view's stage writes.
+4. that, in the snapshot layout: what a backfill range of the view's stage wrote until runs of
+   vnodes shared a directory;
+5. that, in the layout a snapshot of the range's rows gets now (``vnodes_per_directory``: a run of
+   vnodes per directory, sized by the rows read).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from epochal.runtime import EpochRuntime
     from epochal.settings import Settings
     from epochal.spark_session import build_spark_session
-    from epochal.storage.vnode import VNODE, vnode_column
+    from epochal.storage.vnode import VNODE, vnode_column, vnodes_per_directory, write_laid_out
 
     root = Path(tempfile.mkdtemp(prefix="bench_snapshot_layout-"))
     spark = build_spark_session("local[*]", "bench-snapshot-layout", {"spark.driver.memory": "4g"})
@@ -86,11 +89,17 @@ def main(argv: list[str] | None = None) -> int:
                 VNODE
             ).parquet(out)
 
+        width = vnodes_per_directory(args.rows)
+
+        def runs_of_vnodes(rows, out: str) -> None:  # noqa: ANN001
+            write_laid_out(rows, key, width, out)
+
         variants = [
             ("Spark groupBy -> one directory", plain, one_dir),
             ("Spark groupBy -> 256 vnode directories", plain, vnode_dirs),
             ("partial_inserts (kept MIN/MAX) -> one directory", kept, one_dir),
             ("partial_inserts -> 256 vnode directories (a range)", kept, vnode_dirs),
+            (f"partial_inserts -> runs of {width} vnodes (a range now)", kept, runs_of_vnodes),
         ]
         best = {}
         for label, rows, write in variants:
