@@ -165,7 +165,8 @@ def keyed_change(
         return cached[-1]
 
     keys = affected_keys(spark, plan, deltas)
-    if keys is not None and plan.rule == "recompute" and not first and _needs_whole_retraction(plan, view, stored):
+    recompute = plan.rule == "recompute" and not first
+    if keys is not None and recompute and _needs_whole_retraction(plan, view, columns, stored):
         keys = None  # recomputed whole, so that every stored row can be retracted as it is
     if keys is not None:
         keys = cache(keys)
@@ -210,23 +211,27 @@ def keyed_change(
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
 
 
-#: Views already told (once per process) that they are recomputed whole, and why.
-_warned_whole: set[str] = set()
+#: Per (view, query, columns): whether it is recomputed whole (found once per process from the
+#: view's stored types, and logged once when it is).
+_whole: dict[tuple[str, str, tuple[str, ...]], bool] = {}
 
 
-def _needs_whole_retraction(plan: Plan, view: str, stored: StoredReader | None) -> bool:
+def _needs_whole_retraction(plan: Plan, view: str, columns: tuple[str, ...], stored: StoredReader | None) -> bool:
     """Whether a keyed recompute must run over the whole view: its output does not select its key
     (so its stored rows at K cannot be found, see :func:`_retraction`) and holds floating point,
     whose recomputed old value may miss the stored one in the last bit. Integer, decimal and text
     outputs recompute exactly, so they stay keyed."""
     if stored is None or (plan.output_keys and len(plan.output_keys) == len(plan.key_classes)):
         return False
+    known = _whole.get((view, plan.query, columns))
+    if known is not None:
+        return known
     rows = stored(None)
     if rows is None:
         return False
     inexact = [f.name for f in rows.schema.fields if any(t in f.dataType.simpleString() for t in ("double", "float"))]
-    if inexact and view not in _warned_whole:
-        _warned_whole.add(view)
+    _whole[(view, plan.query, columns)] = bool(inexact)
+    if inexact:
         log.warning(
             "view %s is recomputed whole every epoch: it does not select its key (%s), and its floating-point "
             "columns %s could only be retracted at the changed keys by recomputing them, which can miss the "
