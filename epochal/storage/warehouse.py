@@ -183,15 +183,9 @@ class Warehouse:
                 covering.setdefault(vnode, []).append(directory)
         return covering
 
-    def snapshot_files(self, location: str, vnodes: Iterable[int] | None = None) -> list[str]:
-        """The Parquet files of a snapshot, or of the directories that hold the given vnodes (which
-        may hold other vnodes too: a reader that needs only these filters by vnode)."""
-        if vnodes is None:
-            chosen = [directory for _, _, directory in self.snapshot_dirs(location)]
-        else:
-            covering = self.vnode_dirs(location)
-            chosen = list(dict.fromkeys(d for v in sorted(set(vnodes)) for d in covering.get(v, [])))
-        return [f for d in chosen for f in self.parquet_files(d)]
+    def snapshot_files(self, location: str) -> list[str]:
+        """The Parquet files of a snapshot, directory by directory."""
+        return [f for _, _, directory in self.snapshot_dirs(location) for f in self.parquet_files(directory)]
 
     def all_snapshot_files(self, location: str) -> list[str]:
         """Every Parquet file of a snapshot, from one recursive listing (one paginated LIST on an
