@@ -122,7 +122,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
             rebuild = b.get("rebuild")
             if rebuild:
-                print(f"  {'':<28} rebuilding: serving the {rebuild['serving']} since epoch {rebuild['frozen_epoch']}")
+                how = {"maintained": ", maintained", "frozen": ", frozen"}.get(rebuild.get("old_rows", ""), "")
+                print(
+                    f"  {'':<28} rebuilding: serving the {rebuild['serving']}{how} "
+                    f"(changed after epoch {rebuild['frozen_epoch']})"
+                )
                 if rebuild.get("held"):
                     print(f"  {'':<28} switch held: {rebuild['held']}")
             if b.get("error"):

@@ -42,6 +42,7 @@ class CheckpointController:
         append_only_sinks: Iterable[str] = (),
         view_columns: Mapping[str, tuple[str, ...]] | None = None,
         loaded_at: float | None = None,
+        statements: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -61,6 +62,7 @@ class CheckpointController:
             append_only_sinks,
             view_columns,
             loaded_at,
+            statements,
         )
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)

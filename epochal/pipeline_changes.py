@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 from typing import TYPE_CHECKING
 
-from epochal.checkpoint import backfill_log, backfill_rows, rebuilds
+from epochal.checkpoint import backfill_log, backfill_rows, definitions, rebuilds
 from epochal.checkpoint import queries as q
+from epochal.pipeline.model import OLD_VERSION_SEPARATOR
 
 if TYPE_CHECKING:
     from epochal.meta.backend import Cursor
@@ -39,6 +41,7 @@ class PipelineChanges:
             views.setdefault(shadow, dataclasses.replace(views[view], name=shadow, internal_of=view))
         if views.keys() != self.runtime.pipeline.views.keys():
             self.runtime.pipeline = dataclasses.replace(self.runtime.pipeline, views=views)
+        self.runtime.rebuild_steps.note_old_versions(active)
         return sorted(wanted)
 
     def retire_removed(self) -> list[str]:
@@ -50,11 +53,15 @@ class PipelineChanges:
         def retire(cur: "Cursor") -> tuple[list[str], list[str]]:
             # A switch to a view's new statement that committed: its shadow has done its work.
             finished = rebuilds.finish_committed(cur, q.committed_epoch(cur))
-            serving = {r.shadow for v, r in rebuilds.active(cur).items() if v in tables}
+            rebuilding = [v for v in rebuilds.active(cur) if v in tables]
+            serving = {rebuilds.shadow_name(v) for v in rebuilding}
             known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
             known |= {b.view for b in backfill_log.all_backfills(cur)}
+            # (the old statement's stages, maintained until the switch)
+            serving |= {t for t in known for v in rebuilding if t.startswith(f"{v}{OLD_VERSION_SEPARATOR}")}
             gone = sorted(known - tables - serving)
             rebuilds.forget(cur, [t for t in gone if t not in finished])
+            definitions.prune_statements(cur)
             # A removed sink's delivery records go too (its target keeps what it received).
             sinks = {r[0] for r in cur.execute("SELECT DISTINCT sink FROM sink_batches").fetchall()}
             for sink in sorted(sinks - set(self.runtime.pipeline.sinks)):
@@ -71,8 +78,14 @@ class PipelineChanges:
                 gone.append(f"sink {sink}")
             retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
             # (a shadow is the meta store's own table: its name comes back with the view's next change)
+            # (nor are an old version's stages: their names come back with the view's next change)
             backfill_rows.mark_retired(
-                cur, [t for t in gone if not t.startswith("sink ") and rebuilds.rebuilt_view(t) is None]
+                cur,
+                [
+                    t
+                    for t in gone
+                    if not t.startswith("sink ") and rebuilds.rebuilt_view(t) is None and OLD_VERSION_SEPARATOR not in t
+                ],
             )
             return gone, retired
 
@@ -87,7 +100,6 @@ class PipelineChanges:
         if [g for g in gone if rebuilds.rebuilt_view(g) is None]:
             log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
         return gone
-
 
     def delete_dropped(self) -> int:
         """Delete the files of views whose statement changed (``backfill_rows.drop_for_rebuild``
@@ -108,3 +120,8 @@ def view_fingerprint(view: "ViewDef") -> str:
     """What a view's stored rows depend on: its query (whitespace aside), columns and refresh mode."""
     text = " ".join(view.query.split()) + "|" + ",".join(view.columns) + "|" + view.refresh
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def view_statement(view: "ViewDef") -> str:
+    """The statement as the meta store keeps it (``view_statements``): enough to plan it again."""
+    return json.dumps({"query": view.query, "options": dict(view.options), "refresh": view.refresh}, sort_keys=True)

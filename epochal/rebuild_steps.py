@@ -5,14 +5,19 @@ view's change there, new rows minus old rows, for its readers, sinks and downstr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
 
-from epochal.checkpoint import rebuilds
+from epochal.checkpoint import backfill_rows, definitions, rebuilds
+from epochal.checkpoint.backfill_rows import outside_alignment
+from epochal.checkpoint.rebuilds import OldRows
 from epochal.checkpoint.records import Collected, EpochAborted
-from epochal.errors import require
+from epochal.errors import PipelineError, require
 from epochal.faults import fault_point
+from epochal.pipeline.loader import plan_statement
+from epochal.pipeline.model import old_version_name
 from epochal.sql import quote
 from epochal.step_report import StepReport
 from epochal.storage.changes import net_rows, unit_changes
@@ -20,6 +25,8 @@ from epochal.storage.vnode import vnodes_per_directory, write_laid_out
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
+    from epochal.meta.backend import Cursor
+    from epochal.pipeline.model import ViewDef
     from epochal.runtime import EpochRuntime
 
 log = logging.getLogger("epochal.rebuild")
@@ -30,6 +37,8 @@ class RebuildSteps:
         self.runtime = runtime
         #: (view, new statement's fingerprint) -> why its switch waits, or None (``_type_change``)
         self._type_changes: dict[tuple[str, str], str | None] = {}
+        #: (view, old statement's fingerprint) -> its definition today, or why there is none
+        self._old_definitions: dict[tuple[str, str], tuple[list[ViewDef], str | None]] = {}
 
     def run(self, epoch: int, view: str, run_id: str | None, release: bool) -> StepReport:
         runtime = self.runtime
@@ -58,25 +67,149 @@ class RebuildSteps:
         if ready and gap:
             ready = self._write_ahead(view, shadow, gap, run_id)
         if not ready:
-            _, recorded = runtime.record_idle(epoch, view, started, run_id, release, dead_letters=None)
             # status() shows the shadow's backfill under the view's own name.
             progress = runtime.controller.backfills.status().get(view, {})
+            about = {
+                "new_statement_phase": progress.get("phase", "waiting"),
+                "new_statement_epochs_behind": progress.get("epochs_behind"),
+                **({"switch_held": held} if held else {}),
+            }
+            old = self._maintained_old(view, rebuild)  # type: ignore[arg-type]
+            if old:
+                from pyspark.errors import AnalysisException
+
+                try:
+                    # The old statement's stages first (they are its inputs), then the view.
+                    for stage in old[:-1]:
+                        runtime.view_steps.run(epoch, stage.name, run_id, False, definition=stage)
+                    report = runtime.view_steps.run(epoch, view, run_id, release, definition=old[-1])
+                except AnalysisException as error:
+                    # (e.g. its stored rows are none and their columns are read as the new statement's)
+                    self._freeze(view, OldRows.MAINTAINED, f"Spark refused the old statement: {error}")
+                else:
+                    report.metadata.update({"mode": "rebuilding", "serving": "old statement, maintained", **about})
+                    return report
+            _, recorded = runtime.record_idle(epoch, view, started, run_id, release, dead_letters=None)
             return StepReport(
                 view,
                 epoch,
                 {
                     "epoch": epoch,
                     "mode": "rebuilding",
-                    "serving": "old statement",
-                    "new_statement_phase": progress.get("phase", "waiting"),
-                    "new_statement_epochs_behind": progress.get("epochs_behind"),
-                    **({"switch_held": held} if held else {}),
+                    "serving": "old statement, frozen",
+                    **about,
                     "rows_changed": 0,
                     "seconds": round(time.time() - started, 3),
                     "recorded": recorded,
                 },
             )
         return self._switch(epoch, view, shadow, started, run_id, release)
+
+    def _maintained_old(self, view: str, rebuild: rebuilds.Rebuild) -> list[ViewDef]:
+        """The old statement to run this epoch's step with (its stages, then the view), or nothing
+        when the old rows serve frozen. The first step decides (PENDING), and a maintained version
+        that can no longer be (a table it reads left the pipeline) freezes from then on: never the
+        other way, since rows that missed an epoch's change are no version of the view at all."""
+        mode = rebuild.old_rows
+        if mode is OldRows.FROZEN:
+            return []
+        definitions_, why_not = self._old_definition(view, rebuild.old_fingerprint)
+        if definitions_:
+            why_not = self._why_not_maintained(view, definitions_)
+        if why_not is None:
+            if mode is OldRows.PENDING:
+                self.runtime.controller.backend.transaction(
+                    lambda cur: rebuilds.set_old_rows(cur, view, mode, OldRows.MAINTAINED)
+                )
+                log.info("%s: its old statement keeps being maintained until the switch", view)
+            self._register(view, definitions_)
+            return definitions_
+        self._freeze(view, mode, why_not or "its old statement cannot be planned")
+        return []
+
+    def _freeze(self, view: str, mode: OldRows, why: str) -> None:
+        self.runtime.controller.backend.transaction(lambda cur: rebuilds.set_old_rows(cur, view, mode, OldRows.FROZEN))
+        self.runtime.old_versions.pop(view, None)
+        log.warning("%s: its old rows serve frozen until the switch: %s", view, why)
+
+    def _register(self, view: str, old: list[ViewDef]) -> None:
+        """While the old statement is maintained, readers of the view (sinks, the views on it) take
+        its rows as typed by that statement (``EpochRuntime.query_schema``): the new one's types may
+        differ, which holds the switch (``_type_change``) but not the old rows."""
+        for definition in old:
+            self.runtime.old_versions[definition.name] = definition
+
+    def note_old_versions(self, active: dict[str, rebuilds.Rebuild]) -> None:
+        """Register the old statements being maintained, for a process whose steps read such a view
+        before (or without) running its step; forget those whose view switched or froze."""
+        for view in [v for v in self.runtime.old_versions if v in self.runtime.pipeline.views]:
+            rebuild = active.get(view)
+            if rebuild is None or rebuild.state is not rebuilds.RebuildState.SERVING_OLD:
+                del self.runtime.old_versions[view]
+        for view, rebuild in active.items():
+            if view in self.runtime.pipeline.views and rebuild.state is rebuilds.RebuildState.SERVING_OLD:
+                if rebuild.old_rows is OldRows.MAINTAINED:
+                    old, _ = self._old_definition(view, rebuild.old_fingerprint)
+                    self._register(view, old)
+
+    def _old_definition(self, view: str, fingerprint: str) -> tuple[list[ViewDef], str | None]:
+        """The view as its old statement defines it over today's pipeline: its internal stages under
+        their old-version names, then the view (under its own), or why it cannot be. Once per
+        statement and runtime (planning parses and plans the SQL; no Spark job)."""
+        remembered = self._old_definitions.get((view, fingerprint))
+        if remembered is not None:
+            return remembered
+        runtime = self.runtime
+        kept = runtime.controller.backend.transaction(lambda cur: definitions.statement(cur, fingerprint))
+        found: tuple[list[ViewDef], str | None]
+        if kept is None:
+            found = ([], "its old statement was not kept (it ran before Epochal kept statements)")
+        else:
+            # Planned under the old version's name, so that its stages get their old-version names.
+            name = old_version_name(view, view)
+            location = runtime.pipeline.views[view].location
+            try:
+                planned = plan_statement(
+                    name, kept["query"], kept["options"], kept["refresh"], runtime.pipeline, location
+                )
+            except PipelineError as error:
+                found = ([], f"its old statement no longer plans over the pipeline: {error}")
+            else:
+                top = dataclasses.replace(planned.pop(name), name=view)
+                found = ([*planned.values(), top], None)
+        self._old_definitions[(view, fingerprint)] = found
+        return found
+
+    def _why_not_maintained(self, view: str, old: list[ViewDef]) -> str | None:
+        """Why the old statement cannot run this epoch, or None. Its stages must have their state
+        (kept when the statement changed). Every other table it reads must be in the pipeline and
+        committed with it (not backfilling, not being rebuilt itself: its changes would be of
+        another version), and be upstream of the view as the pipeline has it, so that a run writes
+        it before the view's step."""
+        pipeline = self.runtime.pipeline
+        ancestors: set[str] = set()
+        pending = list(pipeline.upstreams(view))
+        while pending:
+            table = pending.pop()
+            if table not in ancestors:
+                ancestors.add(table)
+                pending.extend(pipeline.upstreams(table))
+        stages = {d.name for d in old[:-1]}
+
+        def read(cur: Cursor) -> tuple[set[str], set[str]]:
+            stored = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
+            blocked = outside_alignment(cur) | set(rebuilds.active(cur)) | set(backfill_rows.retired(cur))
+            return stored, blocked
+
+        stored, blocked = self.runtime.controller.backend.transaction(read)
+        for stage in sorted(stages - stored):
+            return f"its internal stage {stage} has no state (it was planned differently when it ran)"
+        for table in sorted({u for d in old for u in d.upstreams} - stages):
+            if table not in ancestors:
+                return f"it reads {table}, which its new statement does not read"
+            if table in blocked:
+                return f"it reads {table}, which is backfilling, being rebuilt or retired"
+        return None
 
     def _type_change(self, view: str, shadow: str, epoch: int, fingerprint: str) -> str | None:
         """Why the switch must wait, if the new statement changes the type of a column that
@@ -152,6 +285,7 @@ class RebuildSteps:
         from pyspark.sql import functions as F
 
         runtime = self.runtime
+        runtime.old_versions.pop(view, None)  # from this epoch its rows are the new statement's
         warehouse, catalog = runtime.warehouse, runtime.controller.catalog
         backfill = runtime.controller.backfills.get(shadow)
         require(backfill is not None, f"the new statement of {view} has a backfill")

@@ -33,7 +33,7 @@ from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline
-from epochal.pipeline_changes import PipelineChanges, view_fingerprint
+from epochal.pipeline_changes import PipelineChanges, view_fingerprint, view_statement
 from epochal.rebuild_steps import RebuildSteps
 from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
@@ -49,6 +49,8 @@ from epochal.view_steps import ViewSteps
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from epochal.pipeline.model import ViewDef
 
 log = logging.getLogger("epochal.runtime")
 
@@ -94,6 +96,9 @@ class EpochRuntime:
             sink_inputs={name: sink.from_table for name, sink in pipeline.sinks.items()},
             append_only_sinks=[n for n, s in pipeline.sinks.items() if s.options.get("type") != "upsert"],
             loaded_at=pipeline.loaded_at,
+            statements={
+                view_fingerprint(v): view_statement(v) for v in pipeline.views.values() if v.internal_of is None
+            },
         )
         self.warehouse = Warehouse(settings.warehouse)
         # On a Spark Connect server, cached snapshots outlive the run (``StateCache``): the registry
@@ -110,6 +115,10 @@ class EpochRuntime:
         )
         self._connectors: dict[str, SourceConnector] = {}
         self._query_schemas: dict[str, "StructType"] = {}
+        self._view_schemas: dict[tuple[str, str, tuple[str, ...]], "StructType"] = {}
+        #: the internal stages of old statements maintained while their views rebuild, by name
+        #: (:mod:`epochal.rebuild_steps`): not in the pipeline, yet read like its tables
+        self.old_versions: dict[str, "ViewDef"] = {}
         self.sink_steps = SinkSteps(self)
         self.view_steps = ViewSteps(self)
         self.rebuild_steps = RebuildSteps(self)
@@ -541,18 +550,30 @@ class EpochRuntime:
     def query_schema(self, table: str) -> "StructType":
         """``table``'s columns and types as its query, as written, gives them: Spark analyses the
         query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime."""
+        old = self.old_versions.get(table)
+        if old is not None:  # a view being rebuilt: its rows are still its old statement's
+            return self.view_schema(old)
         if table in self._query_schemas:
             return self._query_schemas[table]
         if table in self.pipeline.sources:
             schema = self._declared_schema(table)
         else:
-            view = self.pipeline.views[table]
-            # The query as written, over empty inputs: analysed, never run (no Spark job). A view
-            # the planner split reads its stages, but its query as written reads their inputs.
-            known = [*self.pipeline.sources, *self.pipeline.views]
-            inputs = {t: self.spark.createDataFrame([], self.query_schema(t)) for t in tables_read(view.query, known)}
-            schema = sql_over(self.spark, view.query, inputs).toDF(*view.columns).schema
+            schema = self.view_schema(self.pipeline.views[table])
         self._query_schemas[table] = schema
+        return schema
+
+    def view_schema(self, view: "ViewDef") -> "StructType":
+        """The columns and types of ``view``'s query as written, which may be a statement other
+        than the pipeline's (the old statement of a view being rebuilt): Spark analyses it over
+        empty inputs of its upstreams' schemas, and no job runs. A view the planner split reads its
+        stages, but its query as written reads their inputs. Remembered per runtime and statement."""
+        remembered = (view.name, view.query, view.columns)
+        if remembered in self._view_schemas:
+            return self._view_schemas[remembered]
+        known = [*self.pipeline.sources, *self.pipeline.views]
+        inputs = {t: self.spark.createDataFrame([], self.query_schema(t)) for t in tables_read(view.query, known)}
+        schema = sql_over(self.spark, view.query, inputs).toDF(*view.columns).schema
+        self._view_schemas[remembered] = schema
         return schema
 
     def _declared_schema(self, source: str) -> "StructType":

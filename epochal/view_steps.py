@@ -21,6 +21,7 @@ from epochal.storage.warehouse import WEIGHT
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from epochal.pipeline.model import ViewDef
     from epochal.runtime import EpochRuntime
 
 
@@ -28,17 +29,25 @@ class ViewSteps:
     def __init__(self, runtime: EpochRuntime):
         self.runtime = runtime
 
-    def run(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
+    def run(
+        self,
+        epoch: int,
+        name: str,
+        run_id: str | None = None,
+        release: bool = False,
+        definition: ViewDef | None = None,
+    ) -> StepReport:
         """The view's step for ``epoch``, without the epoch's lease (``run_view`` holds it; the
-        backfill runner writes committed epochs, which have none)."""
-        view = self.runtime.pipeline.views[name]
+        backfill runner writes committed epochs, which have none). ``definition``: the statement
+        to maintain the view with, when not the pipeline's (the old one of a view being rebuilt)."""
+        view = definition or self.runtime.pipeline.views[name]
         if view.refresh == "full":
-            return self._run_view_full(epoch, name, run_id, release)
+            return self._run_view_full(epoch, view, run_id, release)
         if view.plan is not None and view.plan.kind == "keyed":
-            return self._run_view_keyed(epoch, name, run_id, release)
-        return self._run_view(epoch, name, run_id, release)
+            return self._run_view_keyed(epoch, view, run_id, release)
+        return self._run_view(epoch, view, run_id, release)
 
-    def _run_view_keyed(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+    def _run_view_keyed(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
         """A view with state: its change is recomputed at the keys the epoch touched, reading only
         the state at those keys (:mod:`epochal.incremental.keyed`)."""
         from epochal.incremental.keyed import keyed_change
@@ -46,13 +55,13 @@ class ViewSteps:
         from epochal.incremental.plan import PARTIAL_RULE
 
         started = time.time()
-        view = self.runtime.pipeline.views[name]
+        name = view.name
         if view.plan is None:
             raise InvariantViolation(f"view {name} is run as keyed but has no incremental plan")
-        self._wait_for_order(epoch, name)
+        self._wait_for_order(epoch, view)
         begun = self.runtime.begin_step(epoch, run_id, table=name)
         collected, first = begun.collected, not begun.written_before
-        rows_in = self._rows_in(epoch, name, collected)
+        rows_in = self._rows_in(epoch, view, collected)
         if rows_in == 0 and not first:
             return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
@@ -62,7 +71,7 @@ class ViewSteps:
 
         if view.plan.rule == PARTIAL_RULE:
             change = partial_change(
-                self.runtime.spark, view.plan, name, view.columns, deltas, read, self.runtime.query_schema(name)
+                self.runtime.spark, view.plan, name, view.columns, deltas, read, self.runtime.view_schema(view)
             )
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
@@ -102,15 +111,15 @@ class ViewSteps:
             },
         )
 
-    def _run_view_full(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+    def _run_view_full(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
         """refresh = 'full': recompute the view over its inputs' state at this epoch, and emit the
         difference from its previous state as the epoch's change. Correct for any query; costs a
         full recompute plus a diff, growing with the tables rather than with the change."""
         from pyspark.sql import functions as F
 
         started = time.time()
-        view = self.runtime.pipeline.views[name]
-        self._wait_for_order(epoch, name)
+        name = view.name
+        self._wait_for_order(epoch, view)
         self.runtime.begin_step(epoch, run_id)
         rows_read = 0
         states = {}
@@ -148,18 +157,18 @@ class ViewSteps:
             },
         )
 
-    def _wait_for_order(self, epoch: int, view: str) -> None:
+    def _wait_for_order(self, epoch: int, view: ViewDef) -> None:
         """A view that reads state (its inputs', its own) inside ``epoch`` needs their earlier epochs
         written first; with several epochs in flight, another run may still be writing them."""
-        tables = [*self.runtime.pipeline.views[view].upstreams, view]
-        self.runtime.controller.epoch_log.wait_for_order(epoch, tables, f"view {view}")
+        tables = [*view.upstreams, view.name]
+        self.runtime.controller.epoch_log.wait_for_order(epoch, tables, f"view {view.name}")
 
-    def _rows_in(self, epoch: int, view: str, collected: Mapping[str, Collected]) -> int:
+    def _rows_in(self, epoch: int, view: ViewDef, collected: Mapping[str, Collected]) -> int:
         """Rows the view's upstreams changed in the epoch; raises when one has not run it yet."""
-        for upstream in self.runtime.pipeline.views[view].upstreams:
+        for upstream in view.upstreams:
             if upstream not in collected:
-                raise _not_written(view, upstream, epoch)
-        return sum((collected[u].rows_out or 0) for u in self.runtime.pipeline.views[view].upstreams)
+                raise _not_written(view.name, upstream, epoch)
+        return sum((collected[u].rows_out or 0) for u in view.upstreams)
 
     def _idle_view(self, epoch: int, name: str, started: float, run_id: str | None, release: bool) -> StepReport:
         """An incremental view whose inputs did not change, after its first epoch: its change is
@@ -199,13 +208,13 @@ class ViewSteps:
             raise _not_written(view, upstream, epoch)
         return self.runtime.warehouse.read(self.runtime.spark, [entry.location])
 
-    def _run_view(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+    def _run_view(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
         from pyspark.sql import functions as F
 
         started = time.time()
-        view = self.runtime.pipeline.views[name]
+        name = view.name
         begun = self.runtime.begin_step(epoch, run_id, table=name)
-        rows_in = self._rows_in(epoch, name, begun.collected)
+        rows_in = self._rows_in(epoch, view, begun.collected)
         if rows_in == 0 and begun.written_before:
             return self._idle_view(epoch, name, started, run_id, release)
         deltas = {u: self._upstream_delta(epoch, name, u, begun.collected) for u in view.upstreams}
@@ -220,7 +229,7 @@ class ViewSteps:
                 out = out.select(
                     *(
                         F.col(quote(f.name)).cast(f.dataType).alias(f.name)
-                        for f in self.runtime.query_schema(name).fields
+                        for f in self.runtime.view_schema(view).fields
                     )
                 )
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))

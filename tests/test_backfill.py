@@ -317,9 +317,10 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     spark, tmp_path: Path, monkeyenv
 ) -> None:
     """A grouped view with hidden MIN/MAX state, read by another view and by an upsert sink, changes
-    its WHERE. Its old rows keep serving (frozen, readers and sink unchanged) while the new statement
-    backfills; one epoch switches: the view, the view built on it and the sink then equal the new
-    statement's batch over the sources, at that epoch and the next, with nobody rebuilt by hand."""
+    its WHERE. Its old statement keeps being maintained (the view, the view on it and the sink follow
+    the old statement's batch over every epoch) while the new statement backfills; one epoch
+    switches: the view, the view built on it and the sink then equal the new statement's batch over
+    the sources, at that epoch and the next, with nobody rebuilt by hand."""
     from tests.consistency import multiset
 
     views = SMALL_PIPELINE["views.sql"] + (
@@ -341,7 +342,7 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
         "busy": f"SELECT bidder, n FROM ({COUNTS.format(floor=1500)}) WHERE n > 1",
     }
     assert_views_match_batch(runtime, old)
-    frozen = {v: multiset(runtime.state(v).collect()) for v in old}
+    before_change = multiset(runtime.state("bidder_counts").collect())
 
     views_file = h.pipeline_dir / "views.sql"
     original = views_file.read_text()
@@ -358,6 +359,7 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     held = _metadata(_run(h, instance), "bidder_counts")
     assert "top bigint -> int" in held["switch_held"] and "counts_out" in held["switch_held"], held
     assert "busy" in held["switch_held"] and "CAST(... AS bigint) AS top" in held["switch_held"], held
+    assert held["serving"] == "old statement, maintained", held
     rebuild_status = h.runtime(spark).controller.status()["backfills"]["bidder_counts"]["rebuild"]
     assert rebuild_status["held"] == held["switch_held"], rebuild_status
     shown = h.cli("status").stdout
@@ -365,61 +367,61 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     pending = [b.view for b in BackfillRunner(h.runtime(spark)).pending()]
     assert "bidder_counts__rebuild" not in pending, "a held statement is not backfilled: its fix starts over"
     views_file.write_text(original.replace("price >= 1500", "price >= 4000"))
-    frozen_step = _metadata(_run(h, instance), "bidder_counts")
-    assert "switch_held" not in frozen_step, "a statement that keeps the types is no longer held"
-    assert frozen_step["serving"] == "old statement", frozen_step
+    serving_step = _metadata(_run(h, instance), "bidder_counts")
+    assert "switch_held" not in serving_step, "a statement that keeps the types is no longer held"
+    assert serving_step["serving"] == "old statement, maintained", serving_step
+    assert serving_step["rows_out"] > 0, "the old statement took the epoch's bids"
     # The UI shows where the new statement is: its backfill's own progress (filed under the view's
     # name), not the "waiting" and empty lag of a lookup that found nothing.
-    behind = frozen_step["new_statement_epochs_behind"]
-    assert isinstance(behind, int) and behind >= 2, frozen_step
+    behind = serving_step["new_statement_epochs_behind"]
+    assert isinstance(behind, int) and behind >= 2, serving_step
     runtime = h.runtime(spark)
     status = runtime.controller.status()
     entry = status["backfills"]["bidder_counts"]
     assert entry["phase"] in ("snapshot", "waiting") and entry["rebuild"]["serving"] == "old statement", entry
+    assert entry["rebuild"]["old_rows"] == "maintained", entry
     assert entry["rebuild"]["held"] is None, entry
     assert "bidder_counts__rebuild" in [b.view for b in BackfillRunner(runtime).pending()]
     assert "busy" not in status["backfills"], "a view built on it is not rebuilt: it receives the difference"
     assert status["tables"]["bidder_counts"] == status["committed_epoch"], "it stays in commit alignment"
-    # The old version serves, frozen: readers and the sink see the rows of the epoch the statement changed.
-    assert {v: multiset(runtime.state(v).collect()) for v in old} == frozen
+    # The old version is maintained: readers and the sink see the old statement over every epoch.
+    assert_views_match_batch(runtime, old)
+    assert multiset(runtime.state("bidder_counts").collect()) != before_change, "the old rows moved"
     assert_sink_exactly_once(runtime, "counts_out")
 
+    # A busy pipeline: an epoch is in flight, its step of the view served the old statement (the
+    # new one was still in its snapshot phase), and the new statement's backfill writes committed
+    # epochs only. The view's step of the next epoch writes the one in flight for it, then switches.
+    h.produce([order(899, "c2", 20.0)])
+    flying, _ = runtime.start_epoch(None, None)
+    for source in runtime.pipeline.sources:
+        runtime.run_source(flying.epoch, source)
+    for view in runtime.pipeline.view_order():
+        runtime.run_view(flying.epoch, view)
     BackfillRunner(runtime).advance(budget_s=600)
     assert runtime.controller.status()["backfills"]["bidder_counts"]["phase"] == "log_store"
-    assert {v: multiset(h.runtime(spark).state(v).collect()) for v in old} == frozen, "caught up, not yet switched"
+    assert_views_match_batch(h.runtime(spark), old)  # caught up, not yet switched
     new = {
         "bidder_counts": COUNTS.format(floor=4000),
         "busy": f"SELECT bidder, n FROM ({COUNTS.format(floor=4000)}) WHERE n > 1",
         "big_bids": VIEW_QUERIES["big_bids"],
         "big_orders": VIEW_QUERIES["big_orders"],
     }
-    # A run killed right after its step of the view recorded the switch: recovery takes it back.
-    h.produce([order(899, "c2", 20.0)])
+    # A run killed right after its step of the view recorded the switch (having written the epoch
+    # in flight ahead for the new statement, or taken and committed it): recovery takes it back.
     killed = h.run_subprocess(fault="rebuild-switched")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     rebuild = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
-    assert rebuild.state is rebuilds.RebuildState.SWITCHED
-    # A busy pipeline: an epoch is still in flight when the view's step of the next one runs, and the
-    # new statement's backfill writes committed epochs only. The step writes the epoch in flight for
-    # it, then switches (it used to wait for a quiet moment, which a busy pipeline never has).
+    assert rebuild.state is rebuilds.RebuildState.SWITCHED and rebuild.switched_epoch > flying.epoch
     runtime = h.runtime(spark)
     h.produce([order(900, "c1", 50.0)])
-    flying, _ = runtime.start_epoch(None, None)  # recovers first: the killed run's switch is taken back
-    runtime.run_view(flying.epoch, "bidder_counts")  # before bid wrote the epoch: it cannot switch there
-    for source in runtime.pipeline.sources:
-        runtime.run_source(flying.epoch, source)
-    for view in runtime.pipeline.view_order():
-        if view != "bidder_counts":
-            runtime.run_view(flying.epoch, view)
-    h.produce([order(901, "c1", 50.0)])
-    switching, _ = runtime.start_epoch(None, None)
+    switching, _ = runtime.start_epoch(None, None)  # recovers first: the killed run's switch is taken back
     for source in runtime.pipeline.sources:
         runtime.run_source(switching.epoch, source)
     for view in runtime.pipeline.view_order():
         runtime.run_view(switching.epoch, view)
     switched = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
     assert switched.state is rebuilds.RebuildState.SWITCHED and switched.switched_epoch == switching.epoch
-    runtime.commit(flying.epoch)
     runtime.commit(switching.epoch)
     assert_views_match_batch(h.runtime(spark), new)
     # Its sinks deliver both epochs, then one more epoch is computed from the new rows.
@@ -430,7 +432,9 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     assert_sink_exactly_once(runtime, "counts_out")
     assert_sink_exactly_once(runtime, "orders_out")
     status = runtime.controller.status()
-    assert status["last_recovery"]["aborted_epochs"] == [rebuild.switched_epoch]
+    # (the killed run may have taken the epoch in flight and committed it before its own)
+    aborted = status["last_recovery"]["aborted_epochs"]
+    assert rebuild.switched_epoch in aborted and set(aborted) <= {flying.epoch, rebuild.switched_epoch}, aborted
     done = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "bidder_counts"))
     assert done.state is rebuilds.RebuildState.DONE and done.switched_epoch == switching.epoch
     assert "bidder_counts" not in status["backfills"], status["backfills"]
@@ -438,6 +442,74 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
     assert not list((Path(runtime.settings.warehouse) / "bidder_counts__rebuild").glob("**/*.parquet")), (
         "the new statement's shadow is retired with its files"
     )
+    # The old statement's stage, maintained until the switch, goes too: its rows, and its files
+    # (those written under its old-version name and those it kept from before the change).
+    left = runtime.controller.backend.transaction(
+        lambda cur: cur.execute(
+            "SELECT count(*) FROM collected WHERE asset LIKE 'bidder_counts__rebuild_old%' UNION ALL "
+            "SELECT count(*) FROM table_epochs WHERE table_name LIKE 'bidder_counts__rebuild_old%' UNION ALL "
+            "SELECT count(*) FROM retired_tables WHERE table_name LIKE 'bidder_counts__rebuild_old%'"
+        ).fetchall()
+    )
+    assert left == [(0,), (0,), (0,)], left
+    assert not list((Path(runtime.settings.warehouse) / "bidder_counts__rebuild_old__stage1").glob("**/*.parquet"))
+    stage_files = {str(p) for p in (Path(runtime.settings.warehouse) / "bidder_counts__stage1").glob("**/*.parquet")}
+    live = runtime.controller.backend.transaction(
+        lambda cur: cur.execute(
+            "SELECT location FROM collected WHERE asset = 'bidder_counts__stage1' AND location IS NOT NULL "
+            "UNION SELECT location FROM snapshots WHERE table_name = 'bidder_counts__stage1'"
+        ).fetchall()
+    )
+    assert all(any(f.startswith(loc.removeprefix("file://")) for (loc,) in live) for f in stage_files), (
+        "every file left under the stage's directory belongs to its new statement"
+    )
+
+
+def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_switch(
+    spark, tmp_path: Path, monkeyenv
+) -> None:
+    """A changed join (a plan without internal stages) is maintained with its old statement while
+    the new one backfills: at every epoch it equals the old statement's batch. A changed view whose
+    old statement read a table the new one does not read cannot be (no run orders that table before
+    it): it serves frozen, says so, and stays frozen. Both then switch to their new statements."""
+    from tests.consistency import multiset
+
+    before = {
+        "order_bids": NEW_VIEWS["order_bids"],
+        "cheap_bids": NEW_VIEWS["cheap_bids"],
+    }
+    h = make_harness(tmp_path, {**SMALL_PIPELINE, "new.sql": _views_file(before)})
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance)
+    assert_views_match_batch(h.runtime(spark), before)
+    frozen_rows = multiset(h.runtime(spark).state("cheap_bids").collect())
+    after = {
+        "order_bids": NEW_VIEWS["order_bids"] + " WHERE b.price > 300",
+        "cheap_bids": "SELECT id AS auction, 0 AS bidder, CAST(amount AS BIGINT) AS price FROM orders",
+    }
+    (h.pipeline_dir / "new.sql").write_text(_views_file(after))
+    for i in range(2):
+        h.produce([order(500 + i, "c1", 30.0 + i)])
+        result = _run(h, instance)
+        joined, frozen = _metadata(result, "order_bids"), _metadata(result, "cheap_bids")
+        assert joined["serving"] == "old statement, maintained", joined
+        assert frozen["serving"] == "old statement, frozen", frozen
+        runtime = h.runtime(spark)
+        assert_views_match_batch(runtime, {"order_bids": before["order_bids"]})
+        assert multiset(runtime.state("cheap_bids").collect()) == frozen_rows, "frozen at the change"
+    rebuilds_now = runtime.controller.status()["backfills"]
+    assert rebuilds_now["order_bids"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["order_bids"]
+    assert rebuilds_now["cheap_bids"]["rebuild"]["old_rows"] == "frozen", rebuilds_now["cheap_bids"]
+
+    BackfillRunner(runtime).advance(budget_s=600)
+    h.produce([order(600, "c2", 12.0)])
+    _run(h, instance)
+    h.produce([order(601, "c2", 13.0)])
+    _run(h, instance)
+    runtime = h.runtime(spark)
+    assert_views_match_batch(runtime, after)
+    status = runtime.controller.status()
+    assert "order_bids" not in status["backfills"] and "cheap_bids" not in status["backfills"], status["backfills"]
 
 
 def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, monkeyenv) -> None:

@@ -140,6 +140,15 @@ def drop_state(cur: Cursor, view: str) -> None:
     cur.execute("DELETE FROM table_epochs WHERE table_name = ?", [view])
 
 
+def rename_state(cur: Cursor, table: str, to: str) -> None:
+    """Move ``table``'s state rows (change files, snapshots, retention, alignment) to the name ``to``,
+    which has none; the files stay where they are (rows name them by location)."""
+    cur.execute("UPDATE collected SET asset = ? WHERE asset = ?", [to, table])
+    cur.execute("UPDATE snapshots SET table_name = ? WHERE table_name = ?", [to, table])
+    cur.execute("UPDATE table_retention SET table_name = ? WHERE table_name = ?", [to, table])
+    cur.execute("UPDATE table_epochs SET table_name = ? WHERE table_name = ?", [to, table])
+
+
 def drop_for_rebuild(cur: Cursor, view: str) -> None:
     """Forget ``view``'s state and backfill so that it backfills afresh, listing the files they
     named, and its backfill's directory, in ``dropped_files``: the transaction cannot delete files

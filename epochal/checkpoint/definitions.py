@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint import rebuilds
-from epochal.checkpoint.backfill_rows import drop_for_rebuild, read
+from epochal.checkpoint.backfill_rows import drop_for_rebuild, read, rename_state
 from epochal.errors import EpochalError
 from epochal.meta.backend import Cursor
-from epochal.pipeline.model import STAGE_SEPARATOR
+from epochal.pipeline.model import STAGE_SEPARATOR, old_version_name
 
 log = logging.getLogger("epochal.backfill")
 
@@ -85,6 +86,9 @@ def check_definitions(
     _check_sink_columns(served, sink_inputs or {}, stored_columns, columns)
     for view in served:
         rebuilds.start(cur, view, stored[view], fingerprints[view], committed)  # type: ignore[arg-type]
+        for stage in _keep_old_stages(cur, view):
+            if stage in fingerprints and stage not in changed:  # unchanged, but its state went with the old
+                _rebuild_in_place(cur, stage, fingerprints, columns)
         log.warning(
             "the statement of view %s changed: its old rows keep serving while the new one backfills as %s, "
             "then readers and sinks switch to it at one epoch, receiving the difference",
@@ -180,6 +184,49 @@ def _check_sink_columns(
         )
 
 
+def record_statements(cur: Cursor, statements: Mapping[str, str]) -> None:
+    """Keep each statement (JSON, by fingerprint) that is not kept yet: the old statement of a view
+    being rebuilt is found here by the fingerprint of its stored rows."""
+    if not statements:
+        return
+    marks = ", ".join("?" * len(statements))
+    known = {
+        r[0]
+        for r in cur.execute(
+            f"SELECT fingerprint FROM view_statements WHERE fingerprint IN ({marks})", list(statements)
+        ).fetchall()
+    }
+    now = time.time()
+    for fingerprint, statement in statements.items():
+        if fingerprint not in known:
+            cur.execute(
+                "INSERT INTO view_statements (fingerprint, statement, recorded_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (fingerprint) DO NOTHING",
+                [fingerprint, statement, now],
+            )
+
+
+def statement(cur: Cursor, fingerprint: str) -> dict | None:
+    """The statement kept for ``fingerprint`` (query, options, refresh), or None."""
+    row = cur.execute("SELECT statement FROM view_statements WHERE fingerprint = ?", [fingerprint]).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+#: A statement nothing refers to is kept this long: a process that read it may be about to inject.
+STATEMENT_KEPT_S = 7 * 24 * 3600.0
+
+
+def prune_statements(cur: Cursor) -> None:
+    """Forget statements that no view's stored rows and no rebuild come from, after a while."""
+    cur.execute(
+        "DELETE FROM view_statements WHERE recorded_at < ? "
+        "AND fingerprint NOT IN (SELECT fingerprint FROM table_definitions) "
+        "AND fingerprint NOT IN (SELECT old_fingerprint FROM view_rebuilds) "
+        "AND fingerprint NOT IN (SELECT new_fingerprint FROM view_rebuilds)",
+        [time.time() - STATEMENT_KEPT_S],
+    )
+
+
 def _remember(cur: Cursor, view: str, fingerprint: str, columns: Sequence[str] | None) -> None:
     """The definition the view's stored rows come from (replacing any earlier one)."""
     cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
@@ -187,6 +234,21 @@ def _remember(cur: Cursor, view: str, fingerprint: str, columns: Sequence[str] |
         "INSERT INTO table_definitions (table_name, fingerprint, columns) VALUES (?, ?, ?)",
         [view, fingerprint, None if columns is None else json.dumps(list(columns))],
     )
+
+
+def _keep_old_stages(cur: Cursor, view: str) -> list[str]:
+    """The stored internal stages of ``view``, whose statement changed, move to their old-version
+    names (``old_version_name``): the old statement is maintained with them until the switch, while
+    the stages under their own names are rebuilt for the new one. Returns the stages moved."""
+    prefix = f"{view}{STAGE_SEPARATOR}"
+    stages = sorted(
+        r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall() if r[0].startswith(prefix)
+    )
+    for stage in stages:
+        old = old_version_name(view, stage)
+        drop_for_rebuild(cur, old)  # what an earlier rebuild of the view may have left
+        rename_state(cur, stage, old)
+    return stages
 
 
 def _rebuild_in_place(

@@ -56,6 +56,7 @@ class EpochLog(EpochClaims):
         append_only_sinks: Iterable[str] = (),
         view_columns: Mapping[str, tuple[str, ...]] | None = None,
         loaded_at: float | None = None,
+        statements: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.backend = backend
@@ -72,6 +73,8 @@ class EpochLog(EpochClaims):
         self.fingerprints = dict(fingerprints or {})
         #: each view's column names: a changed view a sink reads must keep them
         self.view_columns = dict(view_columns or {})
+        #: each view's statement (JSON) by fingerprint: a rebuild maintains the old rows with it
+        self.statements = dict(statements or {})
         self.readers: dict[str, list[str]] = {}
         for view, inputs in self.upstreams.items():
             for upstream in inputs:
@@ -201,6 +204,7 @@ class EpochLog(EpochClaims):
         backfill_rows.bring_back(cur, self.tables, self.loaded_at)
         retired = set(backfill_rows.retired(cur))
         fingerprints = {v: f for v, f in self.fingerprints.items() if v not in retired}
+        definitions.record_statements(cur, self.statements)
         definitions.check_definitions(
             cur, fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns
         )

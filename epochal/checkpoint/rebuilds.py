@@ -2,8 +2,11 @@
 the work is :mod:`epochal.rebuild_steps` and the shadow's backfill).
 
 A view that has committed epochs and whose statement changes is not dropped. Its stored rows stay
-what readers, sinks and the views built on it see, frozen at the last epoch of the old statement:
-its live steps record nothing. The new statement backfills under a shadow name
+what readers, sinks and the views built on it see, and its live steps keep maintaining them with the
+old statement (``OldRows.MAINTAINED``), found by its fingerprint in ``view_statements``. Where that
+cannot be (the old statement was split into internal stages, reads a table that left the pipeline
+or is being rebuilt itself), they serve frozen at the last epoch they were maintained
+(``OldRows.FROZEN``). The new statement backfills under a shadow name
 (``shadow_name(view)``), from a snapshot and the change log, like any new view. Once the shadow has
 written the epoch before an epoch J, the view's own step of J switches: its change at J is the new
 rows at J minus the old rows at J-1, and a snapshot of the new rows at J is its state from J on.
@@ -64,6 +67,39 @@ def check_rebuild(view: str, old: RebuildState, new: RebuildState) -> None:
         raise InvariantViolation(f"the rebuild of {view} cannot move from {old.value} to {new.value}")
 
 
+class OldRows(enum.Enum):
+    """How the old rows serve while the new statement backfills. A version is consistent only if
+    every epoch since the change was applied to it: once frozen, the old rows never resume."""
+
+    #: no step has served them yet: the first decides
+    PENDING = "PENDING"
+    #: each epoch's step runs the old statement: readers and sinks see it move
+    MAINTAINED = "MAINTAINED"
+    #: the rows of the last epoch they were maintained at (a rebuild from before maintenance too)
+    FROZEN = "FROZEN"
+
+
+OLD_ROWS_TRANSITIONS: dict[OldRows, frozenset[OldRows]] = {
+    OldRows.PENDING: frozenset({OldRows.MAINTAINED, OldRows.FROZEN}),
+    OldRows.MAINTAINED: frozenset({OldRows.FROZEN}),
+    OldRows.FROZEN: frozenset(),
+}
+
+
+def set_old_rows(cur: Cursor, view: str, old: OldRows, new: OldRows) -> None:
+    """The only place the old rows' mode changes: checked against the table and against the row."""
+    if new not in OLD_ROWS_TRANSITIONS[old]:
+        raise InvariantViolation(f"the old rows of {view} cannot move from {old.value} to {new.value}")
+    # (a row from before the column existed holds NULL, which reads as FROZEN and never moves)
+    done = cur.execute(
+        "UPDATE view_rebuilds SET old_rows = ?, updated_at = ? WHERE view_name = ? AND old_rows = ? "
+        "RETURNING view_name",
+        [new.value, time.time(), view, old.value],
+    ).fetchall()
+    if not done:
+        raise InvariantViolation(f"the old rows of {view} are not {old.value} any more")
+
+
 @dataclass(frozen=True)
 class Rebuild:
     view: str
@@ -71,7 +107,7 @@ class Rebuild:
     #: the fingerprint of the statement the stored rows come from, and of the one being built
     old_fingerprint: str
     new_fingerprint: str
-    #: the committed epoch when the statement changed: the old rows are those of this epoch
+    #: the committed epoch when the statement changed (frozen old rows are those of it, or later)
     frozen_epoch: int
     switched_epoch: int | None
     #: the new statement's snapshot of the view at ``switched_epoch``
@@ -79,6 +115,7 @@ class Rebuild:
     started_at: float
     #: why the switch is held (the view keeps serving its old rows), or None
     held: str | None = None
+    old_rows: OldRows = OldRows.FROZEN
 
     @property
     def shadow(self) -> str:
@@ -91,17 +128,19 @@ class Rebuild:
             "frozen_epoch": self.frozen_epoch,
             "switched_epoch": self.switched_epoch,
             "held": self.held,
+            "old_rows": self.old_rows.value.lower(),
         }
 
 
 _COLUMNS = (
     "view_name, state, old_fingerprint, new_fingerprint, frozen_epoch, switched_epoch, switch_snapshot, started_at, "
-    "held"
+    "held, old_rows"
 )
 
 
 def _record(row: tuple) -> Rebuild:
-    return Rebuild(row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8])
+    old_rows = OldRows(row[9]) if row[9] else OldRows.FROZEN
+    return Rebuild(row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8], old_rows)
 
 
 def read(cur: Cursor, view: str) -> Rebuild | None:
@@ -140,8 +179,17 @@ def start(cur: Cursor, view: str, old_fingerprint: str, new_fingerprint: str, fr
     now = time.time()
     cur.execute("DELETE FROM view_rebuilds WHERE view_name = ?", [view])
     cur.execute(
-        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, NULL, ?)",
-        [view, RebuildState.SERVING_OLD.value, old_fingerprint, new_fingerprint, frozen_epoch, now, now],
+        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, NULL, ?, ?)",
+        [
+            view,
+            RebuildState.SERVING_OLD.value,
+            old_fingerprint,
+            new_fingerprint,
+            frozen_epoch,
+            now,
+            OldRows.PENDING.value,
+            now,
+        ],
     )
 
 

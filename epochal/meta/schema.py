@@ -196,6 +196,17 @@ DDL = (
     # Why a rebuild cannot switch yet, shown by `epochal status` (e.g. its new statement changes the
     # type of a column that a sink or a view reads); NULL when nothing holds it.
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS held VARCHAR",
+    # Whether the old statement is maintained while the new one backfills (epochal/rebuild_steps.py):
+    # PENDING until the first step decides, then MAINTAINED or FROZEN. NULL: a rebuild started
+    # before the old rows could be maintained, frozen since.
+    "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS old_rows VARCHAR",
+    # Every view statement a pipeline ran, by fingerprint (JSON: query, options, refresh): a
+    # rebuild finds the old statement here to keep maintaining the old rows while the new backfills.
+    """CREATE TABLE IF NOT EXISTS view_statements (
+        fingerprint VARCHAR PRIMARY KEY,
+        statement VARCHAR NOT NULL,
+        recorded_at DOUBLE PRECISION NOT NULL
+    )""",
     # Source backfill (epochal/checkpoint/backfill_splits.py): where each split's history starts
     # (the first offset the source ever planned for it: 0, or the end of the log under
     # scan.startup.mode = 'latest'), set when the split is first seen; NULL in older stores.

@@ -16,6 +16,16 @@ if TYPE_CHECKING:
 STAGE_SEPARATOR = "__stage"
 #: a changed view's new statement backfills as ``view`` + this (:mod:`epochal.checkpoint.rebuilds`)
 REBUILD_SEPARATOR = "__rebuild"
+#: while it does, the old statement's internal stages live on as ``view`` + this + ``__stage{n}``
+#: (reserved too: it contains REBUILD_SEPARATOR)
+OLD_VERSION_SEPARATOR = "__rebuild_old"
+
+
+def old_version_name(view: str, table: str) -> str:
+    """The name ``table`` (``view`` or one of its stages) has in the old version of a rebuilt view."""
+    if table != view and not table.startswith(f"{view}{STAGE_SEPARATOR}"):
+        raise ValueError(f"{table} is neither {view} nor one of its stages")
+    return f"{view}{OLD_VERSION_SEPARATOR}{table[len(view):]}"
 
 
 @dataclass(frozen=True)
