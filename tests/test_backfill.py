@@ -468,37 +468,48 @@ def test_a_changed_view_serves_its_old_rows_then_switches_and_its_readers_and_si
 def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_switch(
     spark, tmp_path: Path, monkeyenv
 ) -> None:
-    """A changed join (a plan without internal stages) is maintained with its old statement while
-    the new one backfills: at every epoch it equals the old statement's batch. A changed view whose
-    old statement read a table the new one does not read cannot be (no run orders that table before
-    it): it serves frozen, says so, and stays frozen. Both then switch to their new statements."""
+    """Views added to a running pipeline (backfilled, so their first snapshot lives in the backfill's
+    directory) then changed. A join (a plan without internal stages) and a grouped aggregate (its
+    partial state in a stage, kept under the old version's name) are maintained with their old
+    statements while the new ones backfill: at every epoch they equal the old statement's batch. A
+    view whose old statement read a table the new one does not read cannot be (no run orders that
+    table before it): it serves frozen, says so, and stays frozen. All then switch."""
     from tests.consistency import multiset
 
     before = {
         "order_bids": NEW_VIEWS["order_bids"],
         "cheap_bids": NEW_VIEWS["cheap_bids"],
+        "per_bidder": "SELECT bidder, count(*) AS n, max(price) AS top FROM bid GROUP BY bidder",
     }
-    h = make_harness(tmp_path, {**SMALL_PIPELINE, "new.sql": _views_file(before)})
+    h = make_harness(tmp_path)
     instance = dg.DagsterInstance.ephemeral()
     _history(h, spark, instance)
+    (h.pipeline_dir / "new.sql").write_text(_views_file(before))
+    _run(h, instance)
+    BackfillRunner(h.runtime(spark)).advance(budget_s=600)
+    _run(h, instance)
     assert_views_match_batch(h.runtime(spark), before)
     frozen_rows = multiset(h.runtime(spark).state("cheap_bids").collect())
     after = {
         "order_bids": NEW_VIEWS["order_bids"] + " WHERE b.price > 300",
         "cheap_bids": "SELECT id AS auction, 0 AS bidder, CAST(amount AS BIGINT) AS price FROM orders",
+        "per_bidder": "SELECT bidder, count(*) AS n, max(price) AS top FROM bid WHERE price > 200 GROUP BY bidder",
     }
     (h.pipeline_dir / "new.sql").write_text(_views_file(after))
     for i in range(2):
         h.produce([order(500 + i, "c1", 30.0 + i)])
         result = _run(h, instance)
-        joined, frozen = _metadata(result, "order_bids"), _metadata(result, "cheap_bids")
-        assert joined["serving"] == "old statement, maintained", joined
+        for view in ("order_bids", "per_bidder"):
+            step = _metadata(result, view)
+            assert step["serving"] == "old statement, maintained", step
+        frozen = _metadata(result, "cheap_bids")
         assert frozen["serving"] == "old statement, frozen", frozen
         runtime = h.runtime(spark)
-        assert_views_match_batch(runtime, {"order_bids": before["order_bids"]})
+        assert_views_match_batch(runtime, {v: before[v] for v in ("order_bids", "per_bidder")})
         assert multiset(runtime.state("cheap_bids").collect()) == frozen_rows, "frozen at the change"
     rebuilds_now = runtime.controller.status()["backfills"]
     assert rebuilds_now["order_bids"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["order_bids"]
+    assert rebuilds_now["per_bidder"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["per_bidder"]
     assert rebuilds_now["cheap_bids"]["rebuild"]["old_rows"] == "frozen", rebuilds_now["cheap_bids"]
 
     BackfillRunner(runtime).advance(budget_s=600)
@@ -509,7 +520,8 @@ def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_s
     runtime = h.runtime(spark)
     assert_views_match_batch(runtime, after)
     status = runtime.controller.status()
-    assert "order_bids" not in status["backfills"] and "cheap_bids" not in status["backfills"], status["backfills"]
+    switched = {v: status["backfills"].get(v, {}) for v in after}
+    assert all(b.get("phase", "done") == "done" and "rebuild" not in b for b in switched.values()), switched
 
 
 def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, monkeyenv) -> None:

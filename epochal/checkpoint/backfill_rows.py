@@ -142,11 +142,19 @@ def drop_state(cur: Cursor, view: str) -> None:
 
 def rename_state(cur: Cursor, table: str, to: str) -> None:
     """Move ``table``'s state rows (change files, snapshots, retention, alignment) to the name ``to``,
-    which has none; the files stay where they are (rows name them by location)."""
+    which has none, and forget its backfill, so that ``table`` starts anew. The files stay where
+    they are (rows name them by location): a backfill's directory is not listed for deletion, since
+    the snapshot it published and the change files it wrote live there."""
     cur.execute("UPDATE collected SET asset = ? WHERE asset = ?", [to, table])
     cur.execute("UPDATE snapshots SET table_name = ? WHERE table_name = ?", [to, table])
     cur.execute("UPDATE table_retention SET table_name = ? WHERE table_name = ?", [to, table])
     cur.execute("UPDATE table_epochs SET table_name = ? WHERE table_name = ?", [to, table])
+    now = time.time()
+    for location in forget(cur, [table]):  # what its backfill read from a SOURCE's splits
+        cur.execute(
+            "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, ?, NULL, ?)",
+            [table, location, now],
+        )
 
 
 def drop_for_rebuild(cur: Cursor, view: str) -> None:
