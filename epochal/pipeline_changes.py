@@ -49,21 +49,31 @@ class PipelineChanges:
         (the loader already refused the pipeline if anything still reads them)."""
         # (without the shadows ``add_shadows`` put in: whether one is still needed is the meta store's call)
         tables = {t for t in self.runtime.pipeline.tables if rebuilds.rebuilt_view(t) is None}
+        loaded_at = self.runtime.pipeline.loaded_at
 
         def retire(cur: "Cursor") -> tuple[list[str], list[str]]:
             # A switch to a view's new statement that committed: its shadow has done its work.
             finished = rebuilds.finish_committed(cur, q.committed_epoch(cur))
             rebuilding = [v for v in rebuilds.active(cur) if v in tables]
             serving = {rebuilds.shadow_name(v) for v in rebuilding}
-            known = {r[0] for r in cur.execute("SELECT table_name FROM table_epochs").fetchall()}
-            known |= {b.view for b in backfill_log.all_backfills(cur)}
+            rows = cur.execute("SELECT table_name, registered_at FROM table_epochs").fetchall()
+            backfills = backfill_log.all_backfills(cur)
+            known = {r[0] for r in rows} | {b.view for b in backfills}
             # (the old statement's stages, maintained until the switch)
             serving |= {t for t in known for v in rebuilding if t.startswith(f"{v}{OLD_VERSION_SEPARATOR}")}
-            gone = sorted(known - tables - serving)
+            # A table that joined after this process read its SQL files is newer than they are: not
+            # naming it is not removing it (a run of the newer files is computing it).
+            newer = {t for t, at in rows if at is not None and at > loaded_at}
+            newer |= {b.view for b in backfills if b.started_at > loaded_at}
+            gone = sorted(known - tables - serving - newer)
             rebuilds.forget(cur, [t for t in gone if t not in finished])
             definitions.prune_statements(cur)
             # A removed sink's delivery records go too (its target keeps what it received).
-            sinks = {r[0] for r in cur.execute("SELECT DISTINCT sink FROM sink_batches").fetchall()}
+            sinks = {
+                r[0]
+                for r in cur.execute("SELECT sink, min(created_at) FROM sink_batches GROUP BY sink").fetchall()
+                if r[1] <= loaded_at  # (a sink first delivered after this process read its files is newer)
+            }
             for sink in sorted(sinks - set(self.runtime.pipeline.sinks)):
                 open_batches = cur.execute(
                     "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "

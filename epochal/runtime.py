@@ -471,6 +471,13 @@ class EpochRuntime:
             if record.state is EpochState.ABORTED:
                 raise EpochAborted(f"epoch {epoch} was aborted by a recovery before it could commit")
             if step.missing and record.state is not EpochState.COMMITTED:
+                unknown = [t for t in step.missing if t not in self.pipeline.tables]
+                if unknown:
+                    raise EpochalError(
+                        f"epoch {epoch} cannot commit: {', '.join(unknown)} joined the pipeline after this run "
+                        "read its SQL files, and this run cannot write them. A recovery takes the epoch back, "
+                        "and the next run, which reads the files afresh, computes it with them"
+                    )
                 raise EpochalError(
                     f"epoch {epoch} cannot commit: {', '.join(step.missing)} have not written it; materialize "
                     "them for this partition first"

@@ -76,6 +76,51 @@ def test_a_run_that_read_the_pipeline_before_a_view_was_removed_commits_without_
     assert_views_match_batch(back, {**VIEW_QUERIES, "totals": TOTALS})
 
 
+def test_a_run_that_read_the_pipeline_before_a_view_was_added_does_not_commit_without_it(
+    spark, tmp_path: Path
+) -> None:
+    """A view added while a run that read the older files is still going: the view backfills and
+    joins; the stale run does not know it, so it cannot write the view's step of its epoch. Its
+    commit must not go ahead without the view (the view would be left at an older epoch than
+    every other table, which no recovery can mend): it fails, naming the view, and a recovery
+    takes the epoch back. The pipeline then goes on, aligned and equal to the batch oracle."""
+    from epochal.backfill.runner import BackfillRunner
+    from epochal.errors import EpochalError
+
+    h = make_harness(tmp_path)
+    h.produce(ORDERS)
+    run_epoch(h.runtime(spark))
+    stale = h.runtime(spark)  # reads the files before totals is added
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    fresh = h.runtime(spark)
+    run_epoch(fresh)  # registers totals as a backfill; commits without it
+    BackfillRunner(fresh).advance(budget_s=300)
+    status = fresh.controller.status()
+    assert status["backfills"]["totals"]["phase"] == "done", status["backfills"]
+    committed = status["committed_epoch"]
+
+    h.produce(ORDERS[:2], split="1")
+    stale_epoch = stale.start_epoch(None, None)[0].epoch
+    # Not naming totals is not removing it: the stale process's injection does not retire it.
+    assert "totals" not in stale.controller.backend.transaction(backfill_rows.retired)
+    for name in stale.pipeline.sources:
+        stale.run_source(stale_epoch, name)
+    for name in stale.pipeline.view_order():
+        stale.run_view(stale_epoch, name)
+    with pytest.raises(EpochalError, match="totals.* joined the pipeline after this run read its SQL files"):
+        stale.commit(stale_epoch)
+    status = fresh.controller.status()
+    assert status["committed_epoch"] == committed, "not committed without the view"
+    assert set(status["tables"].values()) == {committed}, status["tables"]
+
+    fresh = h.runtime(spark)
+    run_epoch(fresh)  # recovers first: the stale epoch goes back
+    status = fresh.controller.status()
+    assert stale.controller.epoch_log.epoch(stale_epoch).state is EpochState.ABORTED
+    assert set(status["tables"].values()) == {status["committed_epoch"]}, status["tables"]
+    assert_views_match_batch(fresh, {**VIEW_QUERIES, "totals": TOTALS})
+
+
 def test_a_backfill_writing_an_epoch_that_recovery_aborts_under_it_does_not_fail(tmp_path: Path, monkeypatch) -> None:
     """After its join a backfill writes the epochs in flight that its live step skipped. A recovery
     may abort one meanwhile and delete its inputs' files under the step, which then fails on a

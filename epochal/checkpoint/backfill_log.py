@@ -70,7 +70,10 @@ def register_new(
         if table in known or table in backfilling:
             continue
         if table not in upstreams:  # a source added to a running pipeline
-            cur.execute("INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?)", [table, committed])
+            cur.execute(
+                "INSERT INTO table_epochs (table_name, committed_epoch, registered_at) VALUES (?, ?, ?)",
+                [table, committed, now],
+            )
             known.add(table)
             continue
         inputs = upstreams[table]

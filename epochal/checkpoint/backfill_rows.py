@@ -14,6 +14,7 @@ from epochal.backfill.state import Backfill, BackfillPhase, check_transition
 from epochal.checkpoint import backfill_splits
 from epochal.checkpoint.records import InvariantViolation
 from epochal.meta.backend import Cursor
+from epochal.pipeline.model import OLD_VERSION_SEPARATOR
 
 COLUMNS = (
     "view_name, upstreams, phase, snapshot_epoch, caught_up_epoch, vnodes_done, rows_read, rows_written, "
@@ -62,11 +63,18 @@ def outside_alignment(cur: Cursor) -> set[str]:
 
 
 def aligned(cur: Cursor, tables: Iterable[str]) -> list[str]:
-    """``tables`` without the views outside alignment and the tables retired from the pipeline:
-    the tables an epoch's commit waits for. (A run that loaded the pipeline before a table was
-    removed still names it; its commit must not wait for a table nobody writes any more.)"""
+    """The tables an epoch's commit waits for: ``tables`` and every other table the meta store
+    commits, without the views outside alignment and the tables retired from the pipeline.
+
+    A run that loaded the pipeline before a table was removed still names it; its commit must not
+    wait for a table nobody writes any more. A run that loaded it before a table was added (a view
+    that has since backfilled and joined, a source) does not name it; its commit must wait for it
+    all the same, or that table would be left behind at an older epoch than the others."""
     outside = outside_alignment(cur) | set(retired(cur))
-    return [t for t in tables if t not in outside]
+    # (the old version of a view being rebuilt is maintained by its view's step, not committed)
+    rows = cur.execute("SELECT table_name FROM table_epochs").fetchall()
+    known = [r[0] for r in rows if OLD_VERSION_SEPARATOR not in r[0]]
+    return [t for t in dict.fromkeys([*tables, *known]) if t not in outside]
 
 
 def retired(cur: Cursor) -> dict[str, float]:

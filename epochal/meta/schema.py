@@ -44,6 +44,9 @@ DDL = (
         table_name VARCHAR PRIMARY KEY,
         committed_epoch BIGINT
     )""",
+    # When a table joined a pipeline that had history (NULL: from the pipeline's first epoch): a
+    # process that read its SQL files before then does not name it, which is not a removal.
+    "ALTER TABLE table_epochs ADD COLUMN IF NOT EXISTS registered_at DOUBLE PRECISION",
     """CREATE TABLE IF NOT EXISTS controller (
         key VARCHAR PRIMARY KEY,
         value VARCHAR
