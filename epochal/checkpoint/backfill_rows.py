@@ -157,8 +157,13 @@ def rename_state(cur: Cursor, table: str, to: str) -> None:
     cur.execute("UPDATE snapshots SET table_name = ? WHERE table_name = ?", [to, table])
     cur.execute("UPDATE table_retention SET table_name = ? WHERE table_name = ?", [to, table])
     cur.execute("UPDATE table_epochs SET table_name = ? WHERE table_name = ?", [to, table])
+    _list_dropped(cur, table, forget(cur, [table]))  # what its backfill read from a SOURCE's splits
+
+
+def _list_dropped(cur: Cursor, table: str, locations: Iterable[str]) -> None:
+    """Files for the next run to delete (a transaction cannot: it may roll back)."""
     now = time.time()
-    for location in forget(cur, [table]):  # what its backfill read from a SOURCE's splits
+    for location in locations:
         cur.execute(
             "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, ?, NULL, ?)",
             [table, location, now],
@@ -173,16 +178,11 @@ def drop_for_rebuild(cur: Cursor, view: str) -> None:
     garbage = view_files(cur, view)
     drop_state(cur, view)
     garbage += forget(cur, [view])
-    now = time.time()
-    for location in garbage:
-        cur.execute(
-            "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, ?, NULL, ?)",
-            [view, location, now],
-        )
+    _list_dropped(cur, view, garbage)
     if backfill is not None:
         cur.execute(
             "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, NULL, ?, ?)",
-            [view, backfill.snapshot_epoch, now],
+            [view, backfill.snapshot_epoch, time.time()],
         )
 
 
