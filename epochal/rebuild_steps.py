@@ -16,8 +16,8 @@ from epochal.checkpoint.rebuilds import OldRows
 from epochal.checkpoint.records import Collected, EpochAborted
 from epochal.errors import PipelineError, require
 from epochal.faults import fault_point
-from epochal.pipeline.loader import plan_statement
 from epochal.pipeline.model import old_version_name
+from epochal.pipeline.replan import plan_statement
 from epochal.sql import quote
 from epochal.step_report import StepReport
 from epochal.storage.changes import net_rows, unit_changes
