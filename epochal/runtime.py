@@ -31,15 +31,15 @@ from epochal.controller import CheckpointController
 from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
-from epochal.incremental.binding import sql_over, tables_read
 from epochal.pipeline.model import Pipeline
 from epochal.pipeline_changes import PipelineChanges, view_fingerprint, view_statement
+from epochal.query_schemas import QuerySchemas
 from epochal.rebuild_steps import RebuildSteps
 from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
 from epochal.source_history import SourceHistory
-from epochal.sql import quote, unquote
+from epochal.sql import unquote
 from epochal.step_report import StepReport
 from epochal.storage.state_cache import StateCache
 from epochal.storage.state_reader import StateReader, quoted
@@ -114,11 +114,10 @@ class EpochRuntime:
             SourceHistory(self),
         )
         self._connectors: dict[str, SourceConnector] = {}
-        self._query_schemas: dict[str, "StructType"] = {}
-        self._view_schemas: dict[tuple[str, str, tuple[str, ...]], "StructType"] = {}
-        #: the internal stages of old statements maintained while their views rebuild, by name
-        #: (:mod:`epochal.rebuild_steps`): not in the pipeline, yet read like its tables
-        self.old_versions: dict[str, "ViewDef"] = {}
+        self.schemas = QuerySchemas(self)
+        #: old statements maintained while their views rebuild (:mod:`epochal.rebuild_steps`), by
+        #: name: their stages are not in the pipeline, yet read like its tables
+        self.old_versions = self.schemas.old_versions
         self.sink_steps = SinkSteps(self)
         self.view_steps = ViewSteps(self)
         self.rebuild_steps = RebuildSteps(self)
@@ -555,39 +554,11 @@ class EpochRuntime:
         return self.reader.read_state(table, epoch, inclusive, restrict)
 
     def query_schema(self, table: str) -> "StructType":
-        """``table``'s columns and types as its query, as written, gives them: Spark analyses the
-        query over empty inputs of its upstreams' schemas (no job runs). Remembered per runtime."""
-        old = self.old_versions.get(table)
-        if old is not None:  # a view being rebuilt: its rows are still its old statement's
-            return self.view_schema(old)
-        if table in self._query_schemas:
-            return self._query_schemas[table]
-        if table in self.pipeline.sources:
-            schema = self._declared_schema(table)
-        else:
-            schema = self.view_schema(self.pipeline.views[table])
-        self._query_schemas[table] = schema
-        return schema
+        """``table``'s columns and types as its query gives them (:class:`QuerySchemas`)."""
+        return self.schemas.query_schema(table)
 
     def view_schema(self, view: "ViewDef") -> "StructType":
-        """The columns and types of ``view``'s query as written, which may be a statement other
-        than the pipeline's (the old statement of a view being rebuilt): Spark analyses it over
-        empty inputs of its upstreams' schemas, and no job runs. A view the planner split reads its
-        stages, but its query as written reads their inputs. Remembered per runtime and statement."""
-        remembered = (view.name, view.query, view.columns)
-        if remembered in self._view_schemas:
-            return self._view_schemas[remembered]
-        known = [*self.pipeline.sources, *self.pipeline.views]
-        inputs = {t: self.spark.createDataFrame([], self.query_schema(t)) for t in tables_read(view.query, known)}
-        schema = sql_over(self.spark, view.query, inputs).toDF(*view.columns).schema
-        self._view_schemas[remembered] = schema
-        return schema
-
-    def _declared_schema(self, source: str) -> "StructType":
-        """The source's declared columns and types, as Spark's parser reads the DDL (once per
-        source and runtime: ``query_schema`` remembers it)."""
-        ddl = ", ".join(f"{quote(c.name)} {c.type}" for c in self.pipeline.sources[source].columns)
-        return self.spark.createDataFrame([], ddl).schema
+        return self.schemas.view_schema(view)
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
