@@ -477,10 +477,7 @@ class EpochRuntime:
                         "read its SQL files, and this run cannot write them. A recovery takes the epoch back, "
                         "and the next run, which reads the files afresh, computes it with them"
                     )
-                raise EpochalError(
-                    f"epoch {epoch} cannot commit: {', '.join(step.missing)} have not written it; materialize "
-                    "them for this partition first"
-                )
+                raise EpochalError(self._missing_message(epoch, step.missing))
             if step.released:
                 break  # committed, or a barrier that commits with the next checkpoint
             # Collected by every table, behind older epochs that other runs are still working on.
@@ -511,6 +508,21 @@ class EpochRuntime:
                 "tables": len(self.controller.tables),
             },
         )
+
+    def _missing_message(self, epoch: int, missing: list[str]) -> str:
+        """Why ``epoch`` cannot commit. A view that joined by backfill while the epoch was in flight
+        had its live step skipped; its runner writes that epoch, and one killed first left it
+        unwritten: no partition run can mend that, a recovery re-runs the epoch with the view."""
+        from epochal.checkpoint import backfill_log
+
+        handed = self.controller.backend.transaction(lambda cur: backfill_log.joined_before(cur, missing, epoch))
+        if handed:
+            return (
+                f"epoch {epoch} cannot commit: {', '.join(handed)} joined the live flow while it was in flight, and "
+                "the backfill runner that writes such epochs stopped before writing it. A recovery (the next run, "
+                "or `epochal recover`) takes the epoch back and re-runs it with them"
+            )
+        return f"epoch {epoch} cannot commit: {', '.join(missing)} have not written it; materialize them first"
 
     # ------------------------------------------------------------------ sinks (epochal/sink_steps.py)
 

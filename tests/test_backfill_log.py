@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from epochal.backfill.state import BACKFILL_TRANSITIONS, BackfillPhase, VnodeRange, next_range
-from epochal.checkpoint import rebuilds
+from epochal.checkpoint import backfill_log, rebuilds
 from epochal.checkpoint.backfill_log import BackfillLost
 from epochal.checkpoint.definitions import DefinitionChanged
 from epochal.checkpoint.rebuilds import REBUILD_TRANSITIONS, RebuildState
@@ -86,9 +86,16 @@ def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_
     assert ctl.status()["tables"]["v3"] == e2 and ctl.status()["backfills"]["v3"]["phase"] == "done"
     # From the join on, e3 commits only once v3 has written it.
     assert collect_all(ctl, e3, tables=("v1", "v2")) == []
+    # Its commit names why v3 is missing: the join handed e3 to the runner (a killed runner leaves
+    # it for a recovery). An epoch injected after the join has no such excuse.
+    e5 = ctl.epoch_log.inject(plan_ten).epoch
+    assert ctl.backend.transaction(lambda cur: backfill_log.joined_before(cur, ["v1", "v3"], e3)) == ["v3"]
+    assert ctl.backend.transaction(lambda cur: backfill_log.joined_before(cur, ["v3"], e5)) == []
     assert ctl.epoch_log.collect(e3, Collected("v3", "/loc/v3/e3")).committed == [e3]
     assert collect_all(ctl, e4, tables=("src", "v1", "v2")) == []
     assert ctl.epoch_log.collect(e4, Collected("v3", "/loc/v3/e4")).committed == [e4]
+    assert collect_all(ctl, e5) == []  # (v3 is aligned now)
+    assert ctl.epoch_log.collect(e5, Collected("v3", "/loc/v3/e5")).committed == [e5]
     assert ctl.backfills.start_snapshot("v4")  # v3 reached v4's snapshot epoch
     with pytest.raises(BackfillLost):
         other.backfills.record_chunk("v4", VnodeRange(0, 256), "r000-y-", 1, 1)  # not its claim

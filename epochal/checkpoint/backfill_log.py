@@ -38,6 +38,7 @@ from epochal.checkpoint.backfill_rows import COLUMNS, all_backfills, read, trans
 from epochal.checkpoint.backfill_rows import aligned as aligned  # re-exported: the epoch log's commit rule
 from epochal.checkpoint.backfill_rows import drop_state as drop_state
 from epochal.checkpoint.backfill_rows import forget as forget
+from epochal.checkpoint.backfill_rows import joined_before as joined_before
 from epochal.checkpoint.backfill_rows import needed_from as needed_from
 from epochal.checkpoint.backfill_rows import outside_alignment as outside_alignment
 from epochal.checkpoint.backfill_rows import retire as retire
@@ -396,6 +397,7 @@ class BackfillLog(BackfillControl):
                 if view not in done and set(b.upstreams) <= done:
                     pending.append(r.epoch)
             transition(cur, view, BackfillPhase.LOG_STORE, BackfillPhase.JOINED, joined_epoch=committed)
+            cur.execute("UPDATE backfills SET joined_at = ? WHERE view_name = ?", [time.time(), view])
             backfill_splits.on_join(cur, view)
             cur.execute(
                 "INSERT INTO table_epochs (table_name, committed_epoch) VALUES (?, ?) "

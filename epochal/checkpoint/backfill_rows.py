@@ -62,6 +62,21 @@ def outside_alignment(cur: Cursor) -> set[str]:
     }
 
 
+def joined_before(cur: Cursor, tables: Iterable[str], epoch: int) -> list[str]:
+    """Of ``tables``, the views that joined by backfill while ``epoch`` was in flight: its live
+    step ran before the join and skipped them, and their runner writes it instead."""
+    names = list(tables)
+    if not names:
+        return []
+    marks = ", ".join("?" for _ in names)
+    rows = cur.execute(
+        f"SELECT b.view_name FROM backfills b JOIN epochs e ON e.epoch = ? WHERE b.view_name IN ({marks}) "
+        "AND b.phase = ? AND b.joined_epoch < ? AND b.joined_at IS NOT NULL AND e.injected_at <= b.joined_at",
+        [epoch, *names, BackfillPhase.JOINED.value, epoch],
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
 def aligned(cur: Cursor, tables: Iterable[str]) -> list[str]:
     """The tables an epoch's commit waits for: ``tables`` and every other table the meta store
     commits, without the views outside alignment and the tables retired from the pipeline.

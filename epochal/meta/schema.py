@@ -160,6 +160,9 @@ DDL = (
         owner VARCHAR,
         heartbeat_at DOUBLE PRECISION
     )""",
+    # When the view joined: epochs injected before then had their live step skip it (its runner
+    # writes them), which tells a killed runner's gap from a partial run's.
+    "ALTER TABLE backfills ADD COLUMN IF NOT EXISTS joined_at DOUBLE PRECISION",
     # The vnode ranges of a backfill's snapshot phase that are written: a killed runner resumes at
     # the first range without a row. ``nonce`` names the range's files in the snapshot directory.
     """CREATE TABLE IF NOT EXISTS backfill_chunks (
