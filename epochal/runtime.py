@@ -545,11 +545,13 @@ class EpochRuntime:
         source = self.pipeline.sources.get(table)
         if source is not None and source.primary_key:
             return tuple(source.primary_key)
-        own = self.pipeline.views[table].plan if table in self.pipeline.views else None
+        # A changed view, and its old stages, hold the old statement's rows until the switch.
+        views = {**self.pipeline.views, **self.old_versions}
+        own = views[table].plan if table in views else None
         if own is not None and own.aggregate is not None:
             return own.aggregate.groups  # every epoch reads its own rows at the groups it touches
-        for name in self.pipeline.view_order():
-            plan = self.pipeline.views[name].plan
+        for view in [*self.old_versions.values(), *(self.pipeline.views[n] for n in self.pipeline.view_order())]:
+            plan = view.plan
             for leaf in plan.leaves if plan is not None else ():
                 if leaf.table == table and leaf.key:
                     return tuple(unquote(k) for k in leaf.key)
@@ -590,8 +592,11 @@ class EpochRuntime:
 
         # A backfilling view's state is not at the committed epoch yet: it is snapshotted once it joins.
         outside = self.controller.backfills.outside_alignment()
+        # The stages of an old statement maintained until its view switches are read every epoch
+        # too: without snapshots a long rebuild would make each epoch read more change files.
+        old_stages = [t for t in self.old_versions if t not in self.pipeline.tables]
         layout = Layout(
-            [t for t in self.pipeline.tables if t not in outside],
+            [*(t for t in self.pipeline.tables if t not in outside), *old_stages],
             self.distribution_key,
             lambda table: [name for name, sink in self.pipeline.sinks.items() if sink.from_table == table],
             frozenset(sources_storing_nothing(self.pipeline)),

@@ -496,12 +496,16 @@ def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_s
         "per_bidder": "SELECT bidder, count(*) AS n, max(price) AS top FROM bid WHERE price > 200 GROUP BY bidder",
     }
     (h.pipeline_dir / "new.sql").write_text(_views_file(after))
+    # Every epoch compacts: the maintained old stage gets snapshots too, and is read through them.
+    monkeyenv.setenv("EPOCHAL_COMPACT_EVERY", "1")
+    changed_at = h.runtime(spark).controller.status()["committed_epoch"]
     for i in range(2):
         h.produce([order(500 + i, "c1", 30.0 + i)])
         result = _run(h, instance)
         for view in ("order_bids", "per_bidder"):
             step = _metadata(result, view)
             assert step["serving"] == "old statement, maintained", step
+        assert _metadata(result, "epoch_compaction")["failures"] == "none"
         frozen = _metadata(result, "cheap_bids")
         assert frozen["serving"] == "old statement, frozen", frozen
         runtime = h.runtime(spark)
@@ -511,6 +515,11 @@ def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_s
     assert rebuilds_now["order_bids"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["order_bids"]
     assert rebuilds_now["per_bidder"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["per_bidder"]
     assert rebuilds_now["cheap_bids"]["rebuild"]["old_rows"] == "frozen", rebuilds_now["cheap_bids"]
+    old_stage = "per_bidder__rebuild_old__stage1"
+    newest = max(snap.epoch for snap in runtime.controller.catalog.snapshots(old_stage))
+    assert newest > changed_at, f"{old_stage} is compacted while maintained"
+    assert runtime.controller.catalog.snapshots(old_stage)[-1].distribution_key == ("bidder",)
+    monkeyenv.delenv("EPOCHAL_COMPACT_EVERY")
 
     BackfillRunner(runtime).advance(budget_s=600)
     h.produce([order(600, "c2", 12.0)])
