@@ -38,6 +38,12 @@ DEFAULT_CONF = {
     # epoch (2.6-2.9 s of Janino a demo epoch on one core); with room for them an epoch compiles
     # ~12, the ones whose code embeds a literal that changes. A static conf: set when Spark starts.
     "spark.sql.codegen.cache.maxEntries": "2000",
+    # PySpark 4 records the Python call site of every DataFrame, Column and function call for
+    # error messages: four or five Py4J round trips and a stack walk around each of the hundreds
+    # of calls that build an epoch's plans. The call sites would all be Epochal's own code, not
+    # the user's SQL. Off: 10,900 -> 6,800 Py4J calls and 0.91x the time of a demo epoch
+    # (benchmarks/bench_dataframe_debugging.py).
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 #: Of those, the ones only a starting Spark takes: a Spark Connect client leaves them to the server
 #: (the managed server starts with them), which refuses them from a session with a warning.

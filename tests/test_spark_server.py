@@ -206,7 +206,10 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
                 assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
                 # Spark-start confs go to the server; a session asking for them gets a warning
                 assert "CANNOT_MODIFY_STATIC_CONFIG" not in run.stdout + run.stderr
-                assert "spark.sql.codegen.cache.maxEntries 2000" in (h.home / "spark" / "spark.conf").read_text()
+                server_conf = (h.home / "spark" / "spark.conf").read_text()
+                assert "spark.sql.codegen.cache.maxEntries 2000" in server_conf
+                # (no Python call-site capture around every DataFrame call the runs make)
+                assert "spark.python.sql.dataFrameDebugging.enabled false" in server_conf
                 server = status(h.home)
                 assert server is not None and server.healthy, "the run left the managed server running"
                 pids.append(server.pid)
