@@ -168,6 +168,14 @@ class Settings:
         "Snapshot a table once this many committed epochs of changes follow its last snapshot.",
         minimum=1,
     )
+    retention_grace_s: int = setting(
+        "EPOCHAL_RETENTION_GRACE_S",
+        "60",
+        "Seconds a file that compaction retired (an older snapshot, change files) stays on disk at least, for "
+        "readers tied to no epoch (`epochal query`, a sink's snapshot read); it also stays until the epochs in "
+        "flight when it was retired are done. `0`: only until then.",
+        minimum=0,
+    )
     sink_retry_s: int = setting(
         "EPOCHAL_SINK_RETRY_S",
         "30",
