@@ -608,6 +608,7 @@ class EpochRuntime:
             every=self.settings.compact_every if every is None else every,
             tables=tables,
             prune=self.controller.prune_history,
+            grace_s=self.settings.retention_grace_s,
         )
         # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
         at = epoch if epoch is not None else (report.committed_epoch or 0)

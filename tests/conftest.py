@@ -10,6 +10,10 @@ import pytest
 # the managed server became the default: each test has its own EPOCHAL_HOME, and a server per home
 # would leave a JVM per test running. test_spark_server.py runs the server mode on purpose.
 os.environ.setdefault("EPOCHAL_SPARK_MODE", "local")
+# Retired files go as soon as no epoch that may read them is in flight: the strictest setting for the
+# epoch and compaction rules, and tests that check files are deleted need not wait a minute. The
+# tests of the grace time itself set it.
+os.environ.setdefault("EPOCHAL_RETENTION_GRACE_S", "0")
 
 
 @pytest.fixture(scope="session")

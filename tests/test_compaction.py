@@ -290,6 +290,111 @@ def test_crash_mid_compaction_is_swept_by_recovery(spark, tmp_path: Path, monkey
     assert spark_rows(runtime, "orders", e) == expected
 
 
+def compaction_layout(runtime):  # noqa: ANN001, ANN201
+    """The Layout ``EpochRuntime.compact`` hands compaction."""
+    from epochal.incremental.state_needs import sources_storing_nothing
+    from epochal.storage.compaction import Layout
+
+    return Layout(
+        list(runtime.pipeline.tables),
+        runtime.distribution_key,
+        lambda table: [n for n, s in runtime.pipeline.sinks.items() if s.from_table == table],
+        frozenset(sources_storing_nothing(runtime.pipeline)),
+        runtime.settings.snapshot_directory_rows,
+    )
+
+
+def test_a_reader_keeps_its_files_through_back_to_back_compactions(
+    spark, tmp_path: Path, monkeypatch, meta_url: str
+) -> None:
+    """Two runs' compactions that planned against the same latest snapshot N publish back to back:
+    the second retires N and the change files after it, while a third run's step of an epoch in
+    flight has chosen them and not scanned them yet (Spark reads lazily). Its scan still succeeds;
+    the files go once that epoch committed (/tmp/race/repro.py, made a test)."""
+    from epochal.storage import compaction
+
+    monkeypatch.setenv("EPOCHAL_META_URL", meta_url)
+    h = make_harness(tmp_path, FILES)
+    # (no cached copy: the reader's scan must find the files themselves)
+    reader, run_a, run_b = (h.runtime(spark, env={"EPOCHAL_STATE_CACHE": "off"}) for _ in range(3))
+    rng = random.Random(5)
+
+    def epoch(runtime) -> int:  # noqa: ANN001
+        h.produce(records(rng, 10))
+        return run_epoch(runtime, sinks=False)
+
+    first = epoch(run_a)
+    run_a.compact(first, tables=["orders"], every=1)  # snapshot N
+    old = run_a.controller.catalog.snapshots("orders")[-1]
+    # Run A's compaction plans at its committed epoch; run B commits the next one and plans too,
+    # against the same latest snapshot N (A has not published yet).
+    epoch(run_a)
+    plan_a = compaction.plan(run_a.reader, 1, ["orders"])
+    epoch(run_b)
+    plan_b = compaction.plan(run_b.reader, 1, ["orders"])
+    assert [t for t, _ in plan_a] == [t for t, _ in plan_b] == ["orders"] and plan_a[0][1] < plan_b[0][1]
+
+    # The reader: a view step of its in-flight epoch reads orders' state before the epoch.
+    record, _ = reader.start_epoch(None, None)
+    e = record.epoch
+    h.produce(records(rng, 10))
+    for source in reader.pipeline.sources:
+        reader.run_source(e, source)
+    parts = reader.controller.catalog.state_parts("orders", e, inclusive=False)
+    assert parts.snapshot == old and parts.changes
+    expected = multiset(reader.read_state("orders", e, inclusive=False)[0].collect())
+    state, _ = reader.read_state("orders", e, inclusive=False)  # lazy: scanned at the step's write
+
+    for runtime, (table, at) in ((run_a, plan_a[0]), (run_b, plan_b[0])):
+        done = compaction.compact_table(runtime.reader, compaction_layout(runtime), table, at)
+        assert done.outcome == "compacted", done
+    assert old not in run_a.controller.catalog.snapshots("orders")  # N is retired: no new reader lists it
+    assert Path(old.location).exists() and all(Path(loc).exists() for _, loc in parts.changes)
+    # A later compaction pass deletes nothing the reader's epoch may hold, grace time or not.
+    report = compaction.compact_tables(run_b.reader, compaction_layout(run_b), every=10**6, grace_s=0)
+    assert report.deleted_locations == 0 and not report.failed
+    assert Path(old.location).exists() and all(Path(loc).exists() for _, loc in parts.changes)
+
+    assert multiset(state.collect()) == expected
+
+    for view in reader.pipeline.view_order():
+        reader.run_view(e, view)
+    reader.commit(e)
+    report = compaction.compact_tables(run_a.reader, compaction_layout(run_a), every=10**6, grace_s=0)
+    assert report.deleted_locations > 0 and not report.failed
+    assert not Path(old.location).exists()
+    # (the change files up to the newer kept snapshot went with N; the reader's epoch's own stay)
+    kept = run_a.controller.catalog.snapshots("orders")[0].epoch
+    dropped = [loc for at, loc in parts.changes if at <= kept]
+    assert dropped and not any(Path(loc).exists() for loc in dropped)
+
+
+def test_recovery_keeps_retired_files_until_they_are_reaped(spark, tmp_path: Path) -> None:
+    from epochal.storage import compaction
+
+    h = make_harness(tmp_path, FILES)
+    runtime = h.runtime(spark, env={"EPOCHAL_RETENTION_GRACE_S": "3600"})
+    rng = random.Random(6)
+    for _ in range(3):  # the third snapshot retires the first, and the change files up to the second
+        h.produce(records(rng, 10))
+        e = run_epoch(runtime, sinks=False)
+        runtime.compact(e, tables=["orders"], every=1)
+    retired = runtime.controller.backend.transaction(
+        lambda cur: [r[0] for r in cur.execute("SELECT location FROM retired_files").fetchall()]
+    )
+    assert len(retired) >= 2 and all(Path(loc).exists() for loc in retired)
+    expected = spark_rows(runtime, "orders", e)
+
+    report = runtime.recover("test: retired files are not garbage")
+    assert not set(retired) & set(report.discarded_locations)
+    assert all(Path(loc).exists() for loc in retired)
+    assert spark_rows(runtime, "orders", e) == expected
+    # Reaped, they go (their rows first: a sweep after that deletes what a crash left).
+    report = compaction.compact_tables(runtime.reader, compaction_layout(runtime), every=10**6, grace_s=0)
+    assert report.deleted_locations == len(retired)
+    assert not any(Path(loc).exists() for loc in retired)
+
+
 # ---------------------------------------------------------------------- controller only (no Spark)
 
 
@@ -329,7 +434,7 @@ def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str)
     mark_delivered(ctl, "out", epochs[0])
     ctl.catalog.begin_snapshot("src", epochs[4], "/w/src/c", ("id",), "{}")
     result = ctl.catalog.publish_snapshot("/w/src/c", 10, 1, sinks=["out"])
-    assert result.recorded and result.garbage == [f"/w/src/{epochs[0]}"] and result.changes_dropped_upto == epochs[0]
+    assert result.recorded and result.retired == [f"/w/src/{epochs[0]}"] and result.changes_dropped_upto == epochs[0]
     for e in epochs[3:5]:
         mark_delivered(ctl, "out", e)
     mark_delivered(ctl, "out", epochs[1])
@@ -337,7 +442,7 @@ def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str)
     ctl.catalog.begin_snapshot("src", epochs[5], "/w/src/d", ("id",), "{}")
     result = ctl.catalog.publish_snapshot("/w/src/d", 10, 1, sinks=["out"])
     # Keeps the newest two snapshots (c, d) and the changes after c.
-    assert sorted(result.garbage) == sorted(["/w/src/a", *(f"/w/src/{e}" for e in epochs[1:5])])
+    assert sorted(result.retired) == sorted(["/w/src/a", *(f"/w/src/{e}" for e in epochs[1:5])])
     assert ctl.catalog.committed_locations("src", after=epochs[4]) == [(epochs[5], f"/w/src/{epochs[5]}")]
     with pytest.raises(StateCompacted):
         ctl.catalog.committed_locations("src", after=epochs[2])
@@ -345,6 +450,57 @@ def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str)
         ctl.catalog.state_parts("src", epochs[3], inclusive=True)
     assert ctl.catalog.state_parts("src", epochs[5], inclusive=True).snapshot.location == "/w/src/d"
     assert ctl.status()["snapshots"]["src"]["epoch"] == epochs[5]
+
+
+def test_retired_files_wait_for_their_readers(tmp_path: Path, meta_url: str) -> None:
+    """What retention lets go of is deleted only once no reader can hold it: not while an epoch
+    injected before the retirement is in flight, nor while a compaction of the table that started
+    before it writes, nor within the grace time; an epoch or a compaction that came after holds
+    nothing back."""
+    ctl = CheckpointController(
+        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}), ["src"], []
+    )
+    ctl.recover("bootstrap", discard=lambda locs: None)
+    epochs = []
+    for _ in range(3):
+        e = ctl.epoch_log.inject(plan_one).epoch
+        ctl.epoch_log.collect(e, Collected("src", f"/w/src/{e}"))
+        epochs.append(e)
+    catalog = ctl.catalog
+    for epoch, name in ((epochs[0], "a"), (epochs[1], "b")):
+        catalog.begin_snapshot("src", epoch, f"/w/src/{name}", ("id",), "{}")
+        assert catalog.publish_snapshot(f"/w/src/{name}", 10, 1).recorded
+    # b released the change files up to a: no reader is left that could hold them, so they go at once.
+    assert catalog.reap_retired(0) == [f"/w/src/{epochs[0]}"]
+    reader = ctl.epoch_log.inject(plan_one).epoch  # a step of it may have chosen snapshot a
+    catalog.begin_snapshot("src", epochs[2], "/w/src/w", ("id",), "{}")  # a compaction reading a's files
+    catalog.begin_snapshot("src", epochs[2], "/w/src/c", ("id",), "{}")
+    result = catalog.publish_snapshot("/w/src/c", 10, 1)
+    expected = sorted(["/w/src/a", f"/w/src/{epochs[1]}"])
+    assert result.recorded and sorted(result.retired) == expected
+    # Nothing lists them any more, but they are kept: recorded as retired, and for recovery's sweep.
+    assert [s.location for s in catalog.snapshots("src")] == ["/w/src/b", "/w/src/c"]
+    rows = ctl.backend.transaction(
+        lambda cur: cur.execute("SELECT location, retired_at, retired_epoch FROM retired_files").fetchall()
+    )
+    assert sorted(r[0] for r in rows) == expected and {r[2] for r in rows} == {reader}
+    retired_at = rows[0][1]
+    later = retired_at + 3600
+
+    assert catalog.reap_retired(0, now=later) == []  # the reader's epoch, and compaction w
+    catalog.abandon_snapshot("/w/src/w")
+    assert catalog.reap_retired(0, now=later) == []  # the reader's epoch is still in flight
+    ctl.epoch_log.collect(reader, Collected("src", f"/w/src/{reader}"))
+    # A compaction that chose its files before the retirement, announced after it.
+    catalog.begin_snapshot("src", epochs[2], "/w/src/w2", ("id",), "{}", started_at=retired_at - 1)
+    assert catalog.reap_retired(0, now=later) == []
+    catalog.abandon_snapshot("/w/src/w2")
+    # Neither an epoch injected after the retirement nor a compaction started after it holds anything.
+    ctl.epoch_log.inject(plan_one)
+    catalog.begin_snapshot("src", reader, "/w/src/x", ("id",), "{}")
+    assert catalog.reap_retired(60, now=retired_at + 30) == []  # within the grace time
+    assert catalog.reap_retired(60, now=retired_at + 61) == expected
+    assert catalog.reap_retired(0, now=later) == []  # the rows went with the first reap
 
 
 def test_compaction_op_reports_in_epoch_job(spark, tmp_path: Path, monkeypatch) -> None:

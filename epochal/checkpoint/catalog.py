@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Iterable
 
-from epochal.checkpoint import backfill_log
+from epochal.checkpoint import backfill_log, retired_files
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import (
     EpochOrderError,
@@ -51,7 +51,7 @@ def _delivered_by(cur: Cursor, sinks: Iterable[str], horizon: int) -> int:
 
 def _drop_changes(cur: Cursor, table: str, horizon: int) -> list[str]:
     """Forget ``table``'s change files up to ``horizon`` (reads before it need a snapshot, or a
-    SOURCE's connector); returns their locations, for the caller to delete after the commit."""
+    SOURCE's connector); returns their locations, for the caller to retire."""
     changes = cur.execute(
         "SELECT location FROM collected WHERE asset = ? AND epoch <= ? AND location IS NOT NULL", [table, horizon]
     ).fetchall()
@@ -209,13 +209,16 @@ class SnapshotCatalog:
         distribution_key: tuple[str, ...],
         schema: str,
         in_flight: bool = False,
+        started_at: float | None = None,
     ) -> None:
         """Announce a snapshot about to be written to ``location``, owned by this process: recovery
         keeps its files while the process lives and renews ``snapshot_lease``, and deletes them once
         it is dead. Announce before the first file exists: a recovery's sweep lists directories
         before it reads what to keep, so a directory it sees was announced before it looked.
         ``in_flight``: the snapshot of a view's new statement at the epoch it switches in
-        (:mod:`epochal.checkpoint.rebuilds`, which publishes it); compaction snapshots committed epochs."""
+        (:mod:`epochal.checkpoint.rebuilds`, which publishes it); compaction snapshots committed epochs.
+        ``started_at``: when the writer chose the files it reads (default now): retired files it
+        may read stay until it is done (``retired_files.reap``)."""
 
         def begin(cur: Cursor) -> None:
             if not in_flight and q.epoch_record(cur, epoch).state is not EpochState.COMMITTED:
@@ -225,7 +228,7 @@ class SnapshotCatalog:
                 "INSERT INTO snapshots (location, table_name, epoch, state, distribution_key, spark_schema, "
                 "owner_host, owner_pid, started_at, heartbeat_at) VALUES (?, ?, ?, 'WRITING', ?, ?, ?, ?, ?, ?)",
                 [location, table, epoch, json.dumps(list(distribution_key)), schema]
-                + [Owner.host, os.getpid(), now, now],
+                + [Owner.host, os.getpid(), now if started_at is None else min(started_at, now), now],
             )
 
         self.backend.transaction(begin)
@@ -263,8 +266,9 @@ class SnapshotCatalog:
         racing compactions are harmless, the loser deletes its files. Retention keeps the newest
         ``keep`` snapshots, and the change files after the oldest of them; older change files are
         released only once every sink in ``sinks`` (those reading the table) has delivered them.
-        A snapshot that recovery reaped meanwhile (its lease ran out) is refused: its files may
-        have been swept while it wrote them."""
+        What retention lets go of is retired (``retired_files``), not deleted: a reader that chose
+        it before this publish may still be scanning it. A snapshot that recovery reaped meanwhile
+        (its lease ran out) is refused: its files may have been swept while it wrote them."""
 
         def publish(cur: Cursor) -> PublishResult:
             row = cur.execute(
@@ -301,18 +305,20 @@ class SnapshotCatalog:
             kept = ready[:keep]
             if len(kept) < 2:
                 # The first snapshot: keep every change file, a reader of any epoch may still need them.
-                return PublishResult(recorded=True, garbage=garbage)
+                return PublishResult(recorded=True, retired=retired_files.retire(cur, table, garbage))
             horizon = kept[-1][0]
             if pinned is not None:
                 horizon = min(horizon, pinned)
             horizon = _delivered_by(cur, sinks, horizon)
             dropped = _dropped_upto(cur, table)
             if horizon < 0 or (dropped is not None and horizon <= dropped):
-                return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=dropped)
-            # The locations go in the same transaction that records the snapshot, so a deleted file
-            # is never listed again; a crash before the files are deleted leaves garbage recovery sweeps.
+                retired = retired_files.retire(cur, table, garbage)
+                return PublishResult(recorded=True, retired=retired, changes_dropped_upto=dropped)
+            # The locations go in the same transaction that records the snapshot, so a retired file
+            # is never listed again; it is deleted once no reader that listed it before can be left.
             garbage += _drop_changes(cur, table, horizon)
-            return PublishResult(recorded=True, garbage=garbage, changes_dropped_upto=horizon)
+            retired = retired_files.retire(cur, table, garbage)
+            return PublishResult(recorded=True, retired=retired, changes_dropped_upto=horizon)
 
         return self.backend.transaction(publish)
 
@@ -336,13 +342,19 @@ class SnapshotCatalog:
     def reap_abandoned_snapshots(self) -> list[str]:
         return self.backend.transaction(self.reap_abandoned)
 
+    def reap_retired(self, grace_s: float, now: float | None = None) -> list[str]:
+        """Forget the retired files no reader can hold any more (``retired_files.reap``); returns
+        their locations, which the caller deletes."""
+        return self.backend.transaction(lambda cur: retired_files.reap(cur, grace_s, now))
+
     # ------------------------------------------------------------------ history
 
     def release_changes(self, table: str, sinks: Iterable[str] = ()) -> list[str]:
         """A SOURCE that stores nothing (``epochal.incremental.state_needs``): forget its change
         files of committed epochs that every sink in ``sinks`` delivered and no backfill reads, and
-        any snapshot of it from when a view read it as state; returns the locations to delete.
-        Its rows at those epochs are read back from its connector from then on."""
+        any snapshot of it from when a view read it as state. They are retired (deleted once no
+        reader can hold them, ``reap_retired``); returns their locations. Its rows at those epochs
+        are read back from its connector from then on."""
 
         def release(cur: Cursor) -> list[str]:
             committed = q.committed_epoch(cur)
@@ -361,7 +373,7 @@ class SnapshotCatalog:
                 for (location,) in old.fetchall():
                     cur.execute("DELETE FROM snapshots WHERE location = ?", [location])
                     garbage.append(location)
-            return garbage
+            return retired_files.retire(cur, table, garbage)
 
         return self.backend.transaction(release)
 

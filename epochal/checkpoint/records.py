@@ -101,8 +101,9 @@ class StateParts:
 class PublishResult:
     #: False when a snapshot at this or a later epoch was published first: the caller's files are garbage
     recorded: bool
-    #: locations retention released (old snapshots, change files every reader is past): delete them
-    garbage: list[str] = field(default_factory=list)
+    #: locations retention released (old snapshots, change files every new reader is past), recorded
+    #: in ``retired_files`` by the publishing transaction: deleted later, once no reader can hold them
+    retired: list[str] = field(default_factory=list)
     changes_dropped_upto: int | None = None
 
 

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from epochal.checkpoint import backfill_log, rebuilds
+from epochal.checkpoint import backfill_log, rebuilds, retired_files
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.records import CommitAlignmentError, EpochState, RecoveryReport
@@ -144,9 +144,10 @@ class Recovery:
         return aborted, locations, committed, paused, latest
 
     def live_locations(self) -> set[str]:
-        """Every location an epoch that is not aborted references, and every snapshot that is
-        recorded or being written by a live compaction: what a sweep must keep. Read after the
-        sweep listed the warehouse, so whatever it listed was announced before this read."""
+        """Every location an epoch that is not aborted references, every snapshot that is
+        recorded or being written by a live compaction, and every retired file not deleted yet (a
+        reader that chose it before retention let it go may still scan it): what a sweep must keep.
+        Read after the sweep listed the warehouse, so whatever it listed was announced before this read."""
 
         def read(cur: Cursor) -> set[str]:
             rows = cur.execute(
@@ -154,7 +155,8 @@ class Recovery:
                 "JOIN epochs e ON e.epoch = c.epoch WHERE e.state <> 'ABORTED'"
             ).fetchall()
             snapshots = cur.execute("SELECT location FROM snapshots").fetchall()
-            return {x for loc, dlq in rows for x in (loc, dlq) if x} | {loc for (loc,) in snapshots}
+            recorded = {x for loc, dlq in rows for x in (loc, dlq) if x} | {loc for (loc,) in snapshots}
+            return recorded | retired_files.retired_locations(cur)
 
         return self.backend.transaction(read)
 

@@ -259,6 +259,16 @@ DDL = (
         table_name VARCHAR PRIMARY KEY,
         retired_at DOUBLE PRECISION NOT NULL
     )""",
+    # Files retention let go of (old snapshots, change files every reader is past: catalog.py),
+    # kept on disk until no reader can still be scanning them (epochal/checkpoint/retired_files.py):
+    # a step of an epoch injected up to ``retired_epoch`` may have chosen them before they were
+    # retired. Recovery's sweep keeps them while they are listed here.
+    """CREATE TABLE IF NOT EXISTS retired_files (
+        location VARCHAR PRIMARY KEY,
+        table_name VARCHAR NOT NULL,
+        retired_at DOUBLE PRECISION NOT NULL,
+        retired_epoch BIGINT
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

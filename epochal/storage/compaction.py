@@ -12,10 +12,14 @@ committed epochs of changes after its last snapshot gets a new one:
    files while we live and renew the snapshot's lease, and sweeps them if we die or stop renewing);
 3. **publish**: one meta-store transaction makes it READY and applies retention; a racing
    compaction that published S or later first wins, and the loser deletes its files;
-4. **retention**: the newest two snapshots stay, and the change files after the older of them, so a
-   reader that listed its files just before the publish still finds them; older change files go
-   only once every sink of the table has delivered them. Their ``collected.location`` is cleared in
-   the publishing transaction, so a deleted file is never listed again; the files are deleted after.
+4. **retention**: the newest two snapshots stay, and the change files after the older of them;
+   older change files go only once every sink of the table has delivered them. Their
+   ``collected.location`` is cleared in the publishing transaction, so no later read lists them, and
+   they are *retired* (``epochal/checkpoint/retired_files.py``), not deleted: a step of an epoch in
+   flight in another run may have chosen them before and still be scanning them;
+5. **reap**: every compaction pass deletes the retired files no reader can hold any more (the
+   epochs that could have chosen them are done, no compaction that started before is writing, and
+   ``EPOCHAL_RETENTION_GRACE_S`` passed), releasing a cached copy first.
 
 Readers never see a difference: a snapshot at S is exactly the multiset the changes up to S add up
 to, and only committed epochs are snapshotted. Dagster-free, and below the runtime: it is handed
@@ -50,7 +54,8 @@ class TableCompaction:
     rows: int = 0
     files_before: int = 0
     files_after: int = 0
-    deleted_locations: int = 0
+    #: locations retention retired (deleted by a later reap, once no reader can hold them)
+    retired_locations: int = 0
     changes_dropped_upto: int | None = None
     seconds: float = 0.0
 
@@ -60,6 +65,8 @@ class CompactionReport:
     committed_epoch: int | None
     tables: list[TableCompaction] = field(default_factory=list)
     reaped: int = 0
+    #: retired locations whose files this pass deleted
+    deleted_locations: int = 0
     #: old epochs whose meta-store rows were pruned after this compaction
     pruned_epochs: int = 0
     seconds: float = 0.0
@@ -78,7 +85,8 @@ class CompactionReport:
             "rows_in_snapshots": sum(t.rows for t in done),
             "files_before": sum(t.files_before for t in self.tables),
             "files_after": sum(t.files_after for t in self.tables),
-            "locations_deleted": sum(t.deleted_locations for t in self.tables),
+            "locations_retired": sum(t.retired_locations for t in self.tables),
+            "locations_deleted": self.deleted_locations,
             "abandoned_snapshots_removed": self.reaped,
             "epochs_pruned": self.pruned_epochs,
             "failures": "; ".join(f"{t.table}: {t.outcome}" for t in self.failed) or "none",
@@ -114,18 +122,16 @@ def plan(reader: StateReader, every: int, tables: list[str]) -> list[tuple[str, 
 
 
 def release_table(reader: StateReader, layout: Layout, table: str) -> TableCompaction | None:
-    """Let go of the delivered change files of a SOURCE that stores nothing; None if none were due."""
+    """Let go of the delivered change files of a SOURCE that stores nothing (retired: the reap
+    deletes them once no reader can hold them); None if none were due."""
     started = time.time()
-    garbage = reader.catalog.release_changes(table, layout.sinks_of(table))
-    if not garbage:
+    retired = reader.catalog.release_changes(table, layout.sinks_of(table))
+    if not retired:
         return None
-    files_before = reader.warehouse.table_file_count(table)
-    reader.release_snapshots(garbage)  # (a snapshot from when a view read it as state)
-    reader.warehouse.delete(garbage, prune_parents=True)
-    files_after = reader.warehouse.table_file_count(table)
-    log.info("%s stores nothing: released %d delivered location(s)", table, len(garbage))
+    files = reader.warehouse.table_file_count(table)
+    log.info("%s stores nothing: retired %d delivered location(s)", table, len(retired))
     return TableCompaction(
-        table, reader.catalog.committed_epoch() or 0, "released", 0, files_before, files_after, len(garbage),
+        table, reader.catalog.committed_epoch() or 0, "released", 0, files, files, len(retired),
         seconds=time.time() - started,
     )
 
@@ -135,10 +141,12 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
     started = time.time()
     catalog, warehouse = reader.catalog, reader.warehouse
     files_before = warehouse.table_file_count(table)
+    # Stamped before the files are chosen: what is retired after this keeps its files until we publish.
+    chosen_at = time.time()
     state, rows_read = reader.read_state(table, epoch, inclusive=True)
     key = layout.distribution_key(table)
     location = warehouse.new_snapshot_location(table, epoch)
-    catalog.begin_snapshot(table, epoch, location, key, state.schema.json())
+    catalog.begin_snapshot(table, epoch, location, key, state.schema.json(), started_at=chosen_at)
     try:
         with catalog.snapshot_lease(location):
             # (the rows read bound the state's: a directory per vnode once that is large)
@@ -154,8 +162,7 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
         warehouse.delete([location], prune_parents=True)
         log.info("%s: a snapshot at or after epoch %s was published first; ours is deleted", table, epoch)
         return TableCompaction(table, epoch, "lost a race", 0, files_before, warehouse.table_file_count(table))
-    reader.release_snapshots(result.garbage)  # while their files exist: a cached plan is matched by them
-    warehouse.delete(result.garbage, prune_parents=True)
+    # (what retention released is retired, not deleted: a reader may still be scanning it)
     report = TableCompaction(
         table,
         epoch,
@@ -163,7 +170,7 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
         rows,
         files_before,
         warehouse.table_file_count(table),
-        len(result.garbage),
+        len(result.retired),
         result.changes_dropped_upto,
         time.time() - started,
     )
@@ -179,16 +186,32 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
     return report
 
 
+def reap_retired(reader: StateReader, grace_s: float) -> int:
+    """Delete the retired files no reader can hold any more (``retired_files.reap``); returns how
+    many locations went. Their rows go first: a crash before the delete leaves orphans for
+    recovery's sweep, never a row naming a missing file."""
+    doomed = reader.catalog.reap_retired(grace_s)
+    if doomed:
+        # A cached copy is released only now, when the files really go: while they are retired, a
+        # reader that chose them may be scanning the server's cache of them.
+        reader.release_snapshots(doomed)
+        reader.warehouse.delete(doomed, prune_parents=True)
+        log.info("deleted %d retired location(s) no reader can hold any more", len(doomed))
+    return len(doomed)
+
+
 def compact_tables(
     reader: StateReader,
     layout: Layout,
     every: int,
     tables: list[str] | None = None,
     prune: Callable[[], int] | None = None,
+    grace_s: float | None = None,
 ) -> CompactionReport:
-    """Compact every table the plan picks (of ``tables``, default all), then ``prune()`` old epochs'
-    meta-store rows. A table that fails is logged and reported, never raised: compaction runs
-    after the commit, and its failure must not fail the epoch."""
+    """Compact every table the plan picks (of ``tables``, default all), delete the retired files
+    whose readers are done (``grace_s``: default ``EPOCHAL_RETENTION_GRACE_S``), then ``prune()``
+    old epochs' meta-store rows. A table that fails is logged and reported, never raised:
+    compaction runs after the commit, and its failure must not fail the epoch."""
     started = time.time()
     report = CompactionReport(None)
     catalog, warehouse = reader.catalog, reader.warehouse
@@ -220,6 +243,13 @@ def compact_tables(
         except Exception as exc:
             log.exception("compaction of %s at epoch %s failed", table, epoch)
             report.tables.append(TableCompaction(table, epoch, f"failed: {type(exc).__name__}: {exc}"[:500]))
+    # After the tables: what this pass retired goes at once when no reader can hold it (grace 0).
+    try:
+        grace = catalog.settings.retention_grace_s if grace_s is None else grace_s
+        report.deleted_locations = reap_retired(reader, grace)
+    except Exception as exc:  # tried again by the next pass: the files stay retired meanwhile
+        log.exception("deleting retired files failed")
+        report.tables.append(TableCompaction("*", 0, f"failed: reaping: {type(exc).__name__}: {exc}"[:500]))
     if prune is not None and (todo or any(t.outcome == "released" for t in report.tables)):
         try:
             report.pruned_epochs = prune()
