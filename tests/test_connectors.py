@@ -509,3 +509,43 @@ def test_registry_knows_both_connectors():
     assert connector_spec("nexmark").name == "nexmark"
     assert connector_spec("Log").name == "log"
     assert connector_spec("kafka") is None
+
+
+def test_log_fields_go_by_the_spelling_the_ddl_gave(spark, tmp_path):
+    """SQL names are case-insensitive, JSON keys are not: a column declared `customerId` is the
+    table's `customerid`, read from the record's "customerId" key. It used to read NULL silently,
+    and a camelCase PRIMARY KEY sent every record to the dead letters."""
+    from epochal.pipeline.loader import load_pipeline
+
+    pipeline = tmp_path / "pipeline"
+    pipeline.mkdir()
+    (pipeline / "sources.sql").write_text(
+        "CREATE TABLE orders (orderId BIGINT PRIMARY KEY, customerId BIGINT, Channel STRING) "
+        "WITH (connector = 'log', path = 'events', format = 'json');\n"
+        "CREATE TABLE plain (customerId BIGINT, Channel STRING) "
+        "WITH (connector = 'log', path = 'events', format = 'json');\n"
+    )
+    loaded = load_pipeline(pipeline)
+    orders = loaded.sources["orders"]
+    assert [(c.name, c.key) for c in orders.columns] == [
+        ("orderid", "orderId"), ("customerid", "customerId"), ("channel", "Channel")
+    ]
+    assert tuple(orders.primary_key) == ("orderid",)
+    lines = [
+        '{"orderId": 1, "customerId": 7, "Channel": "web"}',
+        '{"orderId": 2, "customerId": "seven", "Channel": "app"}',
+        '{"orderId": 1, "_op": "delete"}',
+    ]
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "0.jsonl").write_text("".join(line + "\n" for line in lines))
+    spec = LogConnectorSpec()
+    keyed = spec.create(orders, tmp_path)
+    ranges = keyed.plan({})
+    batch = keyed.read(spark, ranges)
+    assert [tuple(r)[:4] for r in batch.rows.orderBy("_offset").collect()] == [
+        (1, 7, "web", "upsert"), (1, None, None, "delete")
+    ]
+    assert [r.reason for r in batch.dead_letters.collect()] == ["""field 'customerId': expected BIGINT, got "seven\""""]
+    plain = spec.create(loaded.sources["plain"], tmp_path).read(spark, ranges).rows
+    assert sorted(tuple(r) for r in plain.collect() if r.customerid is not None) == [(7, "web")]
+    assert plain.columns == ["customerid", "channel"]

@@ -213,7 +213,7 @@ class LogSource:
         # from_json puts the whole line in the corrupt column for malformed JSON, non-objects and
         # values that do not convert to the declared type; it never returns NULL for a non-blank line
         good = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
-        rows = parsed.where(good).select(*[F.col("_parsed").getField(c.name).alias(c.name) for c in self.columns])
+        rows = parsed.where(good).select(*[F.col("_parsed").getField(c.key).alias(c.name) for c in self.columns])
         columns = self.columns
 
         def explain(rejected: "DataFrame") -> "DataFrame":
@@ -270,14 +270,14 @@ class LogSource:
         is_delete = op == DELETE
         head_fits = F.col("_head").isNotNull() & F.col("_head").getField(_CORRUPT).isNull()
         row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
-        missing = [F.col("_head").getField(k.name).isNull() for k in keys]
+        missing = [F.col("_head").getField(k.key).isNull() for k in keys]
         key_missing = reduce(lambda a, b: a | b, missing)
         good = head_fits & op.isNotNull() & ~key_missing & (is_delete | row_fits)
 
         values = [
-            F.col("_head").getField(c.name).alias(c.name)
+            F.col("_head").getField(c.key).alias(c.name)
             if c in keys
-            else F.when(~is_delete, F.col("_parsed").getField(c.name)).alias(c.name)
+            else F.when(~is_delete, F.col("_parsed").getField(c.key)).alias(c.name)
             for c in self.columns
         ]
         rows = parsed.where(good).select(
@@ -340,12 +340,17 @@ class _Column:
     name: str
     type: str
 
+    @property
+    def key(self) -> str:
+        return self.name
+
 
 def _parse(raw: "SparkColumn", columns: "Iterable[Column | _Column]") -> "SparkColumn":
     """``raw`` parsed as a struct of ``columns`` plus the corrupt-record field."""
     from pyspark.sql import functions as F
 
-    fields = [f"{quote(c.name)} {c.type}" for c in columns] + [f"{quote(_CORRUPT)} STRING"]
+    # (JSON keys are case-sensitive: fields go by the DDL's spelling, ``Column.key``)
+    fields = [f"{quote(c.key)} {c.type}" for c in columns] + [f"{quote(_CORRUPT)} STRING"]
     return F.from_json(raw, ", ".join(fields), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
 
 
@@ -389,14 +394,14 @@ def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
     )
     misfits = []
     for c in columns:
-        typed = F.from_json(raw, f"{quote(c.name)} {c.type}").getField(c.name)
+        typed = F.from_json(raw, f"{quote(c.key)} {c.type}").getField(c.key)
         # VARIANT keeps the value as written, so the reason can quote it
-        value = F.from_json(raw, f"{quote(c.name)} VARIANT").getField(c.name)
+        value = F.from_json(raw, f"{quote(c.key)} VARIANT").getField(c.key)
         shown = _shorten(F.to_json(value))
         misfits.append(
             F.when(
                 typed.isNull() & value.isNotNull() & ~F.is_variant_null(value),
-                F.concat(F.lit(f"field '{c.name}': expected {c.type}, got "), shown),
+                F.concat(F.lit(f"field '{c.key}': expected {c.type}, got "), shown),
             )
         )
     fields = F.concat_ws("; ", *misfits) if misfits else F.lit("")

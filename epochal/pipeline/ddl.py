@@ -348,7 +348,8 @@ class _Parser:
                     self.problem(token, f"column '{column}' is declared twice; rename or remove one")
                 else:
                     column_tokens[column] = token
-                    columns.append(Column(column, column_type))
+                    spelled = token.value if token.value != column else ""
+                    columns.append(Column(column, column_type, spelled))
             if self.accept_punct(")"):
                 break
             self.expect_punct(",", "',' or ')' after a column")

@@ -42,6 +42,14 @@ class Column:
     name: str
     #: Spark SQL DDL type, upper case: BIGINT, INT, DOUBLE, STRING, TIMESTAMP, BOOLEAN, DATE, DECIMAL(p,s)...
     type: str
+    #: the name as the DDL spelled it, when that differs from ``name`` (lower case: SQL names are
+    #: case-insensitive): a record's field is looked up by this spelling (JSON keys are not)
+    spelled: str = ""
+
+    @property
+    def key(self) -> str:
+        """The field name a record carries this column under."""
+        return self.spelled or self.name
 
 
 @dataclass(frozen=True)
