@@ -22,7 +22,7 @@ from epochal.sql import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 VNODE = "_vnode"
 #: the directory column of a snapshot whose directories each hold a run of vnodes ("LO-HI")
@@ -38,7 +38,10 @@ def vnode_column(schema: "StructType", key: Sequence[str]) -> "Column":
     from pyspark.sql.types import DoubleType, FloatType
 
     fields = {f.name: f for f in schema.fields}
-    names = list(key) or list(fields)
+    # Over every column, MAPs are left out: Spark refuses to hash them (and no read restricts by one).
+    names = list(key) or [n for n, f in fields.items() if not _holds_map(f.dataType)]
+    if not names:
+        return F.lit(0)  # (only MAP columns: one vnode)
     parts = []
     for name in names:
         column = F.col(quote(name))
@@ -48,6 +51,19 @@ def vnode_column(schema: "StructType", key: Sequence[str]) -> "Column":
             column = F.when(column == 0, F.lit(0.0).cast(fields[name].dataType)).otherwise(column)
         parts.append(column)
     return F.pmod(F.xxhash64(*parts), F.lit(VNODE_COUNT)).cast("int")
+
+
+def _holds_map(data_type: "DataType") -> bool:
+    """Whether ``data_type`` is or contains a MAP, which xxhash64 refuses."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, MapType):
+        return True
+    if isinstance(data_type, ArrayType):
+        return _holds_map(data_type.elementType)
+    if isinstance(data_type, StructType):
+        return any(_holds_map(f.dataType) for f in data_type.fields)
+    return False
 
 
 def vnodes_per_directory(rows: int, directory_rows: int = DEFAULT_DIRECTORY_ROWS) -> int:
