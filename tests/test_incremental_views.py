@@ -245,6 +245,10 @@ SPARK_FORMS = {
     "GROUP BY cust, session_window(ts, '5 minutes')",
     "busy_items": "SELECT item, window.start AS ws, count(*) AS n FROM orders GROUP BY window(ts, '10 minutes'), item "
     "HAVING n > 1",
+    # a named window, and a join hint naming an alias (both were refused at load; a SQL probe found them)
+    "running": "SELECT id, cust, sum(qty) OVER w AS run, row_number() OVER w AS rn FROM orders "
+    "WINDOW w AS (PARTITION BY cust ORDER BY ts, id)",
+    "hinted": "SELECT /*+ BROADCAST(c) */ o.id, o.qty, c.region FROM orders o JOIN customers c ON o.cust = c.id",
 }
 
 
@@ -256,6 +260,8 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
     assert pipeline.views["per_window__stage1"].plan.rule == PARTIAL_RULE
     assert pipeline.views["hot_customers"].plan.key_classes == ("m.win = w.win",)
     assert pipeline.views["sessions"].plan.key_classes == ("orders.cust",)
+    assert pipeline.views["running"].plan.key_classes == ("orders.cust",)
+    assert pipeline.views["hinted"].plan.rule == "delta join"
     run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
 
 

@@ -179,6 +179,8 @@ def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Probl
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     found: list[tuple[int, int, TableRef]] = []
     for index, table in enumerate(tree.find_all(exp.Table)):
+        if table.find_ancestor(exp.Hint) is not None:
+            continue  # a join hint (/*+ BROADCAST(c) */) names a relation of the query, not a table
         if not isinstance(table.this, exp.Identifier):
             shown = table.this.sql(dialect=DIALECT, normalize_functions=False)
             message = f"view {view}: reading {shown} is not supported: a view reads sources and views, by name"
@@ -248,7 +250,7 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
     the column a GROUP BY window(...) makes read as the call (:mod:`epochal.pipeline.time_windows`)."""
     mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
     qualified = qualify(
-        name_implicit_windows(inline_ctes(tree), schema),
+        name_implicit_windows(inline_named_windows(inline_ctes(tree)), schema),
         schema=MappingSchema(mapping, dialect=DIALECT),
         dialect=DIALECT,
         validate_qualify_columns=False,
@@ -257,6 +259,28 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
         identify=False,
     )
     return _expand_group_by_all(qualified)
+
+
+def inline_named_windows(tree: exp.Expression) -> exp.Expression:
+    """``OVER w`` with ``WINDOW w AS (PARTITION BY ...)`` written out in each OVER, and the WINDOW
+    clause dropped: the planner reads a window's partitioning from its OVER."""
+    for select in list(tree.find_all(exp.Select)):
+        named = {w.name.lower(): w for w in select.args.get("windows") or [] if isinstance(w.this, exp.Identifier)}
+        if not named:
+            continue
+        for window in select.find_all(exp.Window):
+            alias = window.args.get("alias")
+            definition = named.get(alias.name.lower()) if isinstance(alias, exp.Identifier) else None
+            if definition is None or window.find_ancestor(exp.Select) is not select:
+                continue
+            for part in ("partition_by", "order", "spec"):
+                if not window.args.get(part) and definition.args.get(part):
+                    window.set(part, definition.args[part].copy() if part != "partition_by" else [
+                        e.copy() for e in definition.args[part]
+                    ])
+            window.set("alias", None)
+        select.set("windows", None)
+    return tree
 
 
 def _expand_group_by_all(tree: exp.Expression) -> exp.Expression:
