@@ -54,6 +54,7 @@ from epochal.incremental.plan import (
     Plan,
     PlannedView,
     Stage,
+    Unmaintainable,
 )
 from epochal.incremental.query_shapes import is_stateful
 from epochal.pipeline.dialect import DIALECT
@@ -77,6 +78,16 @@ def plan_query(
 
     Raises :class:`Unmaintainable` with the construct and a suggested rewrite when no plan exists."""
     tree = tree.copy()
+    pivot = next((p for p in tree.find_all(exp.Pivot) if not p.args.get("unpivot")), None)
+    if pivot is not None:
+        # (its output columns come from the IN list, which the key analysis does not follow)
+        raise Unmaintainable(
+            "PIVOT",
+            "its columns are made from values, not from a column the planner can follow",
+            "write each pivoted column as a conditional aggregate, e.g. "
+            "sum(CASE WHEN status = 'paid' THEN amount END) AS paid ... GROUP BY customer_id",
+            node=pivot,
+        )
     if not is_stateful(tree):
         # query "": the view's own text is run, as written
         return PlannedView(Plan("linear", operators=("filter, project, UNION ALL",)))
