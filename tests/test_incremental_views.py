@@ -249,6 +249,8 @@ SPARK_FORMS = {
     "running": "SELECT id, cust, sum(qty) OVER w AS run, row_number() OVER w AS rn FROM orders "
     "WINDOW w AS (PARTITION BY cust ORDER BY ts, id)",
     "hinted": "SELECT /*+ BROADCAST(c) */ o.id, o.qty, c.region FROM orders o JOIN customers c ON o.cust = c.id",
+    # the higher-order exists(), which was taken for EXISTS (subquery)
+    "a_lines": "SELECT cust, count(*) AS n FROM orders WHERE exists(array(item, 'z'), x -> x = 'a') GROUP BY cust",
 }
 
 

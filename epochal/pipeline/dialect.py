@@ -8,18 +8,30 @@ goes through :data:`DIALECT`, so an extension here holds everywhere. Generation 
   ``window(...)`` there is the time-window function, the canonical windowed aggregation of its
   documentation. The keyword followed by ``(`` is therefore read as that call; ``WINDOW w AS``
   still starts the clause.
+* ``exists(tags, x -> x = 'b')``: Spark's higher-order function over an array. sqlglot builds it
+  as ``exp.Exists``, the node of ``EXISTS (subquery)``, which the planner would take for a
+  subquery to maintain; with an array and a lambda it is read as the plain function it is.
 """
 
 from __future__ import annotations
 
+from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.tokens import TokenType
+
+
+def _exists(args: list[exp.Expression]) -> exp.Expression:
+    """``exists(array, lambda)`` as a plain function; anything else as sqlglot builds it."""
+    if len(args) == 2 and isinstance(args[1], exp.Lambda):
+        return exp.Anonymous(this="exists", expressions=args)
+    return exp.Exists.from_arg_list(args)
 
 
 class EpochalSpark(Spark):
     """sqlglot's Spark dialect, reading ``window(...)`` as the first key of a GROUP BY."""
 
     class Parser(Spark.Parser):
+        FUNCTIONS = {**Spark.Parser.FUNCTIONS, "EXISTS": _exists}
         _MODIFIERS = frozenset(Spark.Parser.QUERY_MODIFIER_TOKENS)
         _MODIFIERS_BUT_WINDOW = _MODIFIERS - {TokenType.WINDOW}
 
