@@ -550,7 +550,8 @@ class EpochRuntime:
         own = views[table].plan if table in views else None
         if own is not None and own.aggregate is not None:
             return own.aggregate.groups  # every epoch reads its own rows at the groups it touches
-        for view in [*self.old_versions.values(), *(self.pipeline.views[n] for n in self.pipeline.view_order())]:
+        # (the new statements first: a table both read is laid out for the version that stays)
+        for view in [*(self.pipeline.views[n] for n in self.pipeline.view_order()), *self.old_versions.values()]:
             plan = view.plan
             for leaf in plan.leaves if plan is not None else ():
                 if leaf.table == table and leaf.key:

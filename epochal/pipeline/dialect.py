@@ -28,7 +28,7 @@ def _exists(args: list[exp.Expression]) -> exp.Expression:
 
 
 class EpochalSpark(Spark):
-    """sqlglot's Spark dialect, reading ``window(...)`` as the first key of a GROUP BY."""
+    """sqlglot's Spark dialect, with the extensions the module lists."""
 
     class Parser(Spark.Parser):
         FUNCTIONS = {**Spark.Parser.FUNCTIONS, "EXISTS": _exists}

@@ -263,21 +263,22 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
 
 def inline_named_windows(tree: exp.Expression) -> exp.Expression:
     """``OVER w`` with ``WINDOW w AS (PARTITION BY ...)`` written out in each OVER, and the WINDOW
-    clause dropped: the planner reads a window's partitioning from its OVER."""
+    clause dropped (a copy; ``tree`` itself when it names no window): the planner reads a window's
+    partitioning from its OVER."""
+    if not any(select.args.get("windows") for select in tree.find_all(exp.Select)):
+        return tree
+    tree = tree.copy()
     for select in list(tree.find_all(exp.Select)):
         named = {w.name.lower(): w for w in select.args.get("windows") or [] if isinstance(w.this, exp.Identifier)}
-        if not named:
-            continue
         for window in select.find_all(exp.Window):
             alias = window.args.get("alias")
             definition = named.get(alias.name.lower()) if isinstance(alias, exp.Identifier) else None
             if definition is None or window.find_ancestor(exp.Select) is not select:
-                continue
+                continue  # (a window of a nested query, or a definition itself)
             for part in ("partition_by", "order", "spec"):
-                if not window.args.get(part) and definition.args.get(part):
-                    window.set(part, definition.args[part].copy() if part != "partition_by" else [
-                        e.copy() for e in definition.args[part]
-                    ])
+                value = definition.args.get(part)
+                if value and not window.args.get(part):
+                    window.set(part, [e.copy() for e in value] if isinstance(value, list) else value.copy())
             window.set("alias", None)
         select.set("windows", None)
     return tree
