@@ -402,16 +402,23 @@ def plan_one(source: str, starts: dict[str, int]) -> list[SplitRange]:
     return [SplitRange("0", starts.get("0", 0), starts.get("0", 0) + 1)]
 
 
-def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str) -> None:
+def committed_src(tmp_path: Path, meta_url: str, epochs: int, sinks: list[str] | None = None):  # noqa: ANN201
+    """A controller of one source ``src`` with ``epochs`` committed epochs (returned with it)."""
     ctl = CheckpointController(
-        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}), ["src"], [], sinks=["out"]
+        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}), ["src"], [],
+        sinks=sinks or [],
     )
     ctl.recover("bootstrap", discard=lambda locs: None)
-    epochs = []
-    for _ in range(6):
+    committed = []
+    for _ in range(epochs):
         e = ctl.epoch_log.inject(plan_one).epoch
         ctl.epoch_log.collect(e, Collected("src", f"/w/src/{e}"))
-        epochs.append(e)
+        committed.append(e)
+    return ctl, committed
+
+
+def test_snapshot_publication_races_and_retention(tmp_path: Path, meta_url: str) -> None:
+    ctl, epochs = committed_src(tmp_path, meta_url, 6, sinks=["out"])
     with pytest.raises(Exception, match="only committed epochs"):
         in_flight = ctl.epoch_log.inject(plan_one).epoch
         ctl.catalog.begin_snapshot("src", in_flight, "/w/src/snap-x", (), "{}")
@@ -457,15 +464,7 @@ def test_retired_files_wait_for_their_readers(tmp_path: Path, meta_url: str) -> 
     injected before the retirement is in flight, nor while a compaction of the table that started
     before it writes, nor within the grace time; an epoch or a compaction that came after holds
     nothing back."""
-    ctl = CheckpointController(
-        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}), ["src"], []
-    )
-    ctl.recover("bootstrap", discard=lambda locs: None)
-    epochs = []
-    for _ in range(3):
-        e = ctl.epoch_log.inject(plan_one).epoch
-        ctl.epoch_log.collect(e, Collected("src", f"/w/src/{e}"))
-        epochs.append(e)
+    ctl, epochs = committed_src(tmp_path, meta_url, 3)
     catalog = ctl.catalog
     for epoch, name in ((epochs[0], "a"), (epochs[1], "b")):
         catalog.begin_snapshot("src", epoch, f"/w/src/{name}", ("id",), "{}")
