@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from epochal import table_layout
 from epochal.backfill.state import BackfillPhase
 from epochal.checkpoint.records import (
     Collected,
@@ -39,7 +40,6 @@ from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
 from epochal.source_history import SourceHistory
-from epochal.sql import unquote
 from epochal.step_report import StepReport
 from epochal.storage.state_cache import StateCache
 from epochal.storage.state_reader import StateReader, quoted
@@ -537,26 +537,8 @@ class EpochRuntime:
     # ------------------------------------------------------------------ reading state
 
     def distribution_key(self, table: str) -> tuple[str, ...]:
-        """The columns whose hash places ``table``'s rows in snapshot vnodes. A read restricted by
-        exactly these columns opens only the restriction keys' vnodes (``read_state``), so they are
-        the columns the table is most often read by: a source's PRIMARY KEY (every epoch of a keyed
-        source looks up its previous rows by it), else the key the first incremental view that
-        reads the whole table restricts it by, else () meaning every column."""
-        source = self.pipeline.sources.get(table)
-        if source is not None and source.primary_key:
-            return tuple(source.primary_key)
-        # A changed view, and its old stages, hold the old statement's rows until the switch.
-        views = {**self.pipeline.views, **self.old_versions}
-        own = views[table].plan if table in views else None
-        if own is not None and own.aggregate is not None:
-            return own.aggregate.groups  # every epoch reads its own rows at the groups it touches
-        # (the new statements first: a table both read is laid out for the version that stays)
-        for view in [*(self.pipeline.views[n] for n in self.pipeline.view_order()), *self.old_versions.values()]:
-            plan = view.plan
-            for leaf in plan.leaves if plan is not None else ():
-                if leaf.table == table and leaf.key:
-                    return tuple(unquote(k) for k in leaf.key)
-        return ()
+        """The columns whose hash places ``table``'s rows in snapshot vnodes (``table_layout``)."""
+        return table_layout.distribution_key(self.pipeline, self.old_versions, table)
 
     def read_state(
         self,
@@ -586,31 +568,5 @@ class EpochRuntime:
     def compact(
         self, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None
     ) -> StepReport:
-        """Snapshot the tables that need it (``epochal/storage/compaction.py``); never raises for a
-        table's failure, which is logged and reported in the metadata: the epoch is committed."""
-        from epochal.incremental.state_needs import sources_storing_nothing
-        from epochal.storage.compaction import Layout, compact_tables
-
-        # A backfilling view's state is not at the committed epoch yet: it is snapshotted once it joins.
-        outside = self.controller.backfills.outside_alignment()
-        # The stages of an old statement maintained until its view switches are read every epoch
-        # too: without snapshots a long rebuild would make each epoch read more change files.
-        old_stages = [t for t in self.old_versions if t not in self.pipeline.tables]
-        layout = Layout(
-            [*(t for t in self.pipeline.tables if t not in outside), *old_stages],
-            self.distribution_key,
-            lambda table: [name for name, sink in self.pipeline.sinks.items() if sink.from_table == table],
-            frozenset(sources_storing_nothing(self.pipeline)),
-            self.settings.snapshot_directory_rows,
-        )
-        report = compact_tables(
-            self.reader,
-            layout,
-            every=self.settings.compact_every if every is None else every,
-            tables=tables,
-            prune=self.controller.prune_history,
-            grace_s=self.settings.retention_grace_s,
-        )
-        # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
-        at = epoch if epoch is not None else (report.committed_epoch or 0)
-        return StepReport("epoch_compaction", at, report.metadata)
+        """Snapshot the tables that need it; never raises for a table's failure (``table_layout``)."""
+        return table_layout.compact(self, epoch, tables, every)
