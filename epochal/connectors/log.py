@@ -25,6 +25,7 @@ from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.connectors.log_lines import LineIndex, LinePiece, open_index, read_lines
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
+from epochal.pipeline.model import Column
 from epochal.sql import quote
 from epochal.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
     from pyspark.sql import DataFrame, SparkSession
 
-    from epochal.pipeline.model import Column, SourceDef
+    from epochal.pipeline.model import SourceDef
 
 LOG_OPTIONS = ("connector", "path", "format", "max.events.per.epoch", "scan.startup.mode")
 LOG_FORMATS = ("json",)
@@ -256,7 +257,7 @@ class LogSource:
         # are), the full schema is only needed for upserts. _op is read as STRING, which takes any
         # JSON value (5 comes back as "5"), so an odd _op is reported as such.
         parsed = _parsed_once(
-            lines, {"_parsed": _parse(raw, self.columns), "_head": _parse(raw, (*keys, _Column(OP_KEY, "STRING")))}
+            lines, {"_parsed": _parse(raw, self.columns), "_head": _parse(raw, (*keys, Column(OP_KEY, "STRING")))}
         )
         op_text = F.col("_head").getField(OP_KEY)
         lowered = F.lower(op_text)
@@ -333,19 +334,7 @@ def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:
 
 
 
-@dataclass(frozen=True)
-class _Column:
-    """A field to parse that is no declared column (``_op``); shaped like ``model.Column``."""
-
-    name: str
-    type: str
-
-    @property
-    def key(self) -> str:
-        return self.name
-
-
-def _parse(raw: "SparkColumn", columns: "Iterable[Column | _Column]") -> "SparkColumn":
+def _parse(raw: "SparkColumn", columns: "Iterable[Column]") -> "SparkColumn":
     """``raw`` parsed as a struct of ``columns`` plus the corrupt-record field."""
     from pyspark.sql import functions as F
 
