@@ -288,6 +288,15 @@ def test_the_plan_says_which_operator_reads_which_state() -> None:
     assert "state read: bid at auction in the affected keys" in text
 
 
+def test_a_join_on_expressions_is_keyed_by_each_sides_expression() -> None:
+    planned = plan("SELECT b.auction, a.id FROM bid b JOIN auction a ON lower(b.channel) = lower(a.extra)")
+    assert planned.plan.rule == "delta join"
+    assert sorted(leaf.key for leaf in planned.plan.leaves) == [("LOWER(channel)",), ("LOWER(extra)",)]
+    # an expression over both inputs partitions neither: still refused
+    with pytest.raises(Unmaintainable, match="not all joined on one key"):
+        plan("SELECT b.auction FROM bid b JOIN auction a ON b.price + a.reserve = 10")
+
+
 # ---------------------------------------------------------------------------------------- Spark SQL as users write it
 
 #: The sources of the corpus below: Nexmark's three tables, as any source declares them.

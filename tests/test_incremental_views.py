@@ -251,6 +251,11 @@ SPARK_FORMS = {
     "hinted": "SELECT /*+ BROADCAST(c) */ o.id, o.qty, c.region FROM orders o JOIN customers c ON o.cust = c.id",
     # the higher-order exists(), which was taken for EXISTS (subquery)
     "a_lines": "SELECT cust, count(*) AS n FROM orders WHERE exists(array(item, 'z'), x -> x = 'a') GROUP BY cust",
+    # joins, IN and EXISTS on expressions of one input's columns (were refused as "not joined on one key")
+    "by_initial": "SELECT o.id, c.region FROM orders o JOIN customers c ON o.item = substr(c.region, 1, 1)",
+    "next_ids": "SELECT id FROM customers WHERE id + 1 IN (SELECT cust FROM orders)",
+    "unmatched": "SELECT c.id FROM customers c WHERE NOT EXISTS "
+    "(SELECT 1 FROM orders o WHERE coalesce(o.cust, 0) = c.id - 1)",
 }
 
 

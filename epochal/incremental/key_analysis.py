@@ -228,19 +228,8 @@ class KeyAnalyzer:
             required.append(("LIMIT", []))
             operators.insert(0, "LIMIT over all rows")
 
-        # A member is an expression over one item's columns: a column, a struct field of one, or
-        # (for grouping) any expression that reads one item only, e.g. date_trunc('hour', b.ts).
         def member(node: exp.Expression) -> tuple[int, str] | None:
-            found = self._member_of(node, by_alias)
-            if found is not None:
-                return found
-            owners = {c.table for c in node.find_all(exp.Column)}
-            if len(owners) != 1 or next(iter(owners)) not in by_alias or not is_row_function(node):
-                return None
-            local = node.copy()
-            for column in local.find_all(exp.Column):
-                column.set("table", None)
-            return by_alias[next(iter(owners))].id, local.sql(dialect=DIALECT)
+            return self._member(node, by_alias)
 
         for node in self._required_nodes(required):
             if (m := member(node)) is not None:
@@ -347,11 +336,26 @@ class KeyAnalyzer:
         found = []
         for conjunct in conjuncts(condition):
             if isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
-                left, right = self._member_of(conjunct.this, by_alias), self._member_of(conjunct.expression, by_alias)
+                left, right = self._member(conjunct.this, by_alias), self._member(conjunct.expression, by_alias)
                 if left and right:
                     classes.union(left, right)
                     found.append(conjunct.sql(dialect=DIALECT))
         return found
+
+    def _member(self, node: exp.Expression, by_alias) -> tuple[int, str] | None:
+        """A member is an expression over one item's columns: a column, a struct field of one, or
+        any expression that reads one item only, e.g. date_trunc('hour', b.ts) as a grouping or
+        lower(c.email) as a join key. The item's rows are then restricted by that expression."""
+        found = self._member_of(node, by_alias)
+        if found is not None:
+            return found
+        owners = {c.table for c in node.find_all(exp.Column)}
+        if len(owners) != 1 or next(iter(owners)) not in by_alias or not is_row_function(node):
+            return None
+        local = node.copy()
+        for column in local.find_all(exp.Column):
+            column.set("table", None)
+        return by_alias[next(iter(owners))].id, local.sql(dialect=DIALECT)
 
     @staticmethod
     def _member_of(node: exp.Expression, by_alias) -> tuple[int, str] | None:
@@ -383,7 +387,7 @@ class KeyAnalyzer:
             item = self._item(subquery)
             item.alias = f"__in{item.id}"
             add(item)
-            outer = self._member_of(inner.this, by_alias)
+            outer = self._member(inner.this, by_alias)
             if outer is not None:
                 classes.union(outer, (item.id, quote(query.named_selects[0], when_needed=True)))
             operators.append(f"semi join on {inner.this.sql(dialect=DIALECT)} IN (subquery)")
@@ -404,7 +408,7 @@ class KeyAnalyzer:
             correlated = []
             for c in conjuncts(query.args.get("where")):
                 if isinstance(c, (exp.EQ, exp.NullSafeEQ)):
-                    left, right = self._member_of(c.this, local), self._member_of(c.expression, local)
+                    left, right = self._member(c.this, local), self._member(c.expression, local)
                     if left and right and (left[0] == item.id) != (right[0] == item.id):
                         classes.union(left, right)
                         correlated.append(c.sql(dialect=DIALECT))
