@@ -19,15 +19,12 @@ import dagster as dg
 import duckdb
 import pytest
 
-from epochal.checkpoint.records import Collected
 from epochal.checkpoint.sink_batches import SinkBatchState
-from epochal.controller import CheckpointController
-from epochal.settings import Settings
 from epochal.sinks.base import SNAPSHOT_FIRST_EPOCH
 from epochal.sinks.spec import validate_sink
 from tests.consistency import batch_view, multiset
 from tests.epochal_harness import make_harness
-from tests.test_compaction import plan_one, run_epoch
+from tests.test_compaction import committed_src, run_epoch
 from tests.test_controller import mark_delivered
 from tests.test_postgres_sink import database, prepared, sql_rows  # noqa: F401 - the fixture
 
@@ -195,18 +192,7 @@ def test_a_snapshot_start_compacted_before_delivery_moves_to_the_committed_epoch
 
 
 def test_retention_is_not_pinned_by_a_sink_waiting_for_its_snapshot(tmp_path: Path, meta_url: str) -> None:
-    ctl = CheckpointController(
-        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}),
-        ["src"],
-        [],
-        sinks=["snap", "late", "old"],
-    )
-    ctl.recover("bootstrap", discard=lambda locs: None)
-    epochs = []
-    for _ in range(6):
-        e = ctl.epoch_log.inject(plan_one).epoch
-        ctl.epoch_log.collect(e, Collected("src", f"/w/src/{e}"))
-        epochs.append(e)
+    ctl, epochs = committed_src(tmp_path, meta_url, 6, sinks=["snap", "late", "old"])
     coordinator = ctl.sink_coordinator
     assert coordinator.start("snap", True, epochs[3]).history_upto == epochs[2]
     assert coordinator.start("late", False, epochs[3]).history_upto == epochs[2]
