@@ -335,7 +335,7 @@ class RebuildSteps:
             )
             diff_location = warehouse.new_location(view, epoch)
             changed = warehouse.write(diff, diff_location)
-            garbage = runtime.controller.backend.transaction(
+            runtime.controller.backend.transaction(
                 lambda cur: rebuilds.switch(cur, view, epoch, location, rows, len(files))
             )
         except BaseException:
@@ -345,7 +345,6 @@ class RebuildSteps:
                 warehouse.delete([diff_location])
             raise
         fault_point("rebuild-switched")
-        warehouse.delete(garbage, prune_parents=True)
         if change.location is not None:
             warehouse.delete([change.location])  # in the snapshot now; nothing else reads it
         # 4. Collected like any step of the view: the epoch commits it with every other table.

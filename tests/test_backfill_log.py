@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from epochal.backfill.state import BACKFILL_TRANSITIONS, BackfillPhase, VnodeRange, next_range
-from epochal.checkpoint import backfill_log, rebuilds
+from epochal.checkpoint import backfill_log, rebuilds, retired_files
 from epochal.checkpoint.backfill_log import BackfillLost
 from epochal.checkpoint.definitions import DefinitionChanged
 from epochal.checkpoint.rebuilds import REBUILD_TRANSITIONS, RebuildState
@@ -168,7 +168,12 @@ def test_a_changed_definition_restarts_a_backfill_or_serves_the_old_rows_until_t
     assert rebuild.state is RebuildState.SERVING_OLD and rebuild.switched_epoch is None
     assert not [s for s in rebuilding.catalog.snapshots("v1") if s.location == "/snap/aborted"]
     at = rebuilding.epoch_log.inject(plan_ten).epoch
+    switch_at(rebuilding, at, "/snap/first-try")
+    # The same step again (its run retried it): the first attempt's snapshot is replaced, and
+    # retired rather than deleted, since a step of a later epoch may be scanning it.
     switch_at(rebuilding, at, "/snap/kept")
+    assert rebuilding.catalog.state_parts("v1", at, inclusive=True).snapshot.location == "/snap/kept"
+    assert "/snap/first-try" in rebuilding.backend.transaction(retired_files.retired_locations)
     collect_all(rebuilding, at)
     shadows = rebuilding.backend.transaction(lambda cur: rebuilds.finish_committed(cur, at))
     assert shadows == ["v1__rebuild"]

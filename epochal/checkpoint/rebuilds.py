@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from epochal.checkpoint import retired_files
 from epochal.checkpoint.records import InvariantViolation
 from epochal.meta.backend import Cursor
 from epochal.pipeline.model import REBUILD_SEPARATOR
@@ -201,19 +202,19 @@ def restart(cur: Cursor, view: str, new_fingerprint: str) -> None:
     )
 
 
-def switch(cur: Cursor, view: str, epoch: int, snapshot: str, rows: int, files: int) -> list[str]:
+def switch(cur: Cursor, view: str, epoch: int, snapshot: str, rows: int, files: int) -> None:
     """SERVING_OLD -> SWITCHED at ``epoch``: the new rows' snapshot (announced WRITING at
     ``snapshot``) becomes the view's state at that epoch, READY in this transaction; readers of
     earlier epochs still see the old rows. Taken back by ``revert_aborted`` if the epoch is aborted.
-    Returns what an earlier attempt of the same step left, for deletion."""
+    An earlier attempt of the same step (its run retried it) leaves a snapshot that a step of a
+    later epoch, in another run, may be scanning: it is retired, not deleted (see retired_files)."""
     rebuild = read(cur, view)
     if rebuild is None:
         raise InvariantViolation(f"{view} switches to its new statement without a rebuild")
-    garbage = []
     if rebuild.state is RebuildState.SWITCHED and rebuild.switched_epoch == epoch and rebuild.switch_snapshot:
-        # The same step again (its run retried it): the earlier attempt's snapshot is replaced.
+        # The same step again: the earlier attempt's snapshot is replaced.
         cur.execute("DELETE FROM snapshots WHERE location = ?", [rebuild.switch_snapshot])
-        garbage.append(rebuild.switch_snapshot)
+        retired_files.retire(cur, view, [rebuild.switch_snapshot])
         _move(cur, view, RebuildState.SWITCHED, RebuildState.SERVING_OLD, switched_epoch=None, switch_snapshot=None)
     published = cur.execute(
         "UPDATE snapshots SET state = 'READY', rows_out = ?, files_out = ?, finished_at = ?, owner_pid = NULL "
@@ -226,7 +227,6 @@ def switch(cur: Cursor, view: str, epoch: int, snapshot: str, rows: int, files: 
             "ran out): the step fails, and the epoch's retry writes it again"
         )
     _move(cur, view, RebuildState.SERVING_OLD, RebuildState.SWITCHED, switched_epoch=epoch, switch_snapshot=snapshot)
-    return garbage
 
 
 #: The most epochs a view's step writes of its new statement to switch at once (``switch_gap``).
