@@ -128,8 +128,7 @@ def partial_change(
         _, after, read = leaf_states(spark, leaf, redo_keys, deltas, read_state, empty, cache)
         rows_read += read
         inserted = _aggregated_rows(spark, spec, leaf.name, after, 1)
-        nothing = spark.createDataFrame([], old.schema)
-        rebuilt = _merged(spec, _per_group(spec, inserted, exact), nothing, exact, typed)
+        rebuilt = _new_groups(spec, _per_group(spec, inserted, exact, inserts_only=True), typed)
         rebuilt = rebuilt.where(present).select(*(quote(n) for n in stored))
         outputs.append(rebuilt.withColumn(WEIGHT, F.lit(1).cast("bigint")))
     return KeyedChange(reduce(lambda a, b: a.unionByName(b), outputs), rows_read, cached)
@@ -154,17 +153,45 @@ def partial_inserts(
             typed[c.cache] = ArrayType(typed[c.name])
     exact = {c.name: c.kind == "sum" and _exact(rows.schema[c.argument].dataType) for c in spec.columns}
     delta = _per_group(spec, rows, exact, inserts_only=True)
-    nothing = spark.createDataFrame([], _stored_schema(spec, columns, typed))
-    merged = _merged(spec, delta, nothing, exact, typed)
     present = F.col(quote(spec.rows)) > 0 if spec.groups else F.lit(True)
-    return merged.where(present).select(*(quote(n) for n in (*columns, *spec.hidden)))
+    return _new_groups(spec, delta, typed).where(present).select(*(quote(n) for n in (*columns, *spec.hidden)))
 
 
-def _stored_schema(spec: PartialAggregate, columns: tuple[str, ...], typed: Mapping[str, DataType]) -> StructType:
-    """The table's stored columns: the query's, then the hidden kept values."""
-    from pyspark.sql.types import StructField, StructType
+def _new_groups(spec: PartialAggregate, delta: DataFrame, typed: Mapping[str, DataType]) -> DataFrame:
+    """The stored rows of groups that were empty before ``delta`` (inserts only): what ``_merged``
+    computes against no old rows, without its join with them (a shuffle and a sort of every group
+    for nothing) or its kept-values merge (lambdas Spark interprets row by row): the kept values
+    are the best inserted ones, sorted."""
+    from pyspark.sql import functions as F
 
-    return StructType([StructField(n, typed[n]) for n in (*columns, *spec.hidden)])
+    # counts first: a SUM is NULL where its argument's count is 0, and that count is one of them
+    counts = {
+        c.name: F.coalesce(F.col(quote(_DELTA + c.name)), F.lit(0)).cast(typed[c.name])
+        for c in spec.columns
+        if c.kind == "count"
+    }
+    caches = {
+        c.cache: F.slice(
+            F.sort_array(F.coalesce(F.col(quote(_IN + c.name)), F.array()), asc=c.kind == "min"),
+            1,
+            spec.min_max_cache,
+        ).cast(typed[c.cache])
+        for c in spec.columns
+        if c.cache
+    }
+    rows = delta.withColumns({**counts, **caches})
+    values: dict[str, Column] = {name: F.col(quote(name)) for name in counts}
+    for c in spec.columns:
+        if c.kind == "sum":
+            values[c.name] = F.when(F.col(quote(c.nonnull)) > 0, F.col(quote(_DELTA + c.name)))
+        elif c.kind in ("min", "max"):
+            require(c.cache, "a MIN/MAX of a partial aggregate keeps its values")
+            values[c.name] = F.try_element_at(F.col(quote(c.cache)), F.lit(1))
+    return rows.select(
+        *(F.col(quote(g)) for g in spec.groups),
+        *(values[c.name].cast(typed[c.name]).alias(c.name) for c in spec.columns),
+        *(F.col(quote(h)) for h in spec.hidden),
+    )
 
 
 def _aggregated_rows(spark: SparkSession, spec: PartialAggregate, leaf: str, rows: DataFrame, sign: int) -> DataFrame:
