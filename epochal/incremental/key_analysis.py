@@ -297,10 +297,42 @@ class KeyAnalyzer:
                 select,
             )
         what = ", ".join(name for name, _ in required) or "the query"
+        if len(items) > 1:
+            return Unmaintainable(
+                what,
+                "its partitioning does not include the join key, so one change can move rows across groups",
+                f"join in a subquery in FROM and apply {what} in the query that reads it",
+                select,
+            )
+        # One input: the operators partition its rows differently, or by what is no column of it.
+        owned = {item.alias for item in items}
+
+        def partitioning(name: str, nodes: list[exp.Expression]) -> str:
+            if not nodes:
+                return f"{name} over all rows"
+            shown = ", ".join(n.sql(dialect=DIALECT) for n in nodes)
+            return f"{name} by {shown}"
+
+        foreign = [
+            n for _, nodes in required for n in nodes if any(c.table not in owned for c in n.find_all(exp.Column))
+        ]
+        if len(required) == 1 or foreign:
+            shown = ", ".join(n.sql(dialect=DIALECT) for n in foreign) or what
+            return Unmaintainable(
+                what,
+                f"it partitions by {shown}, which is no column of the table or subquery in FROM",
+                "compute it as a column of a subquery in FROM and partition that subquery's rows by it",
+                select,
+            )
+        # (in the order Spark applies them: the rewrite computes the first below the rest)
+        steps = sorted(required, key=lambda r: _EVALUATION_ORDER.index(_operator_kind(r[0])))
+        first, rest = steps[0][0], ", ".join(name for name, _ in steps[1:])
         return Unmaintainable(
             what,
-            "its partitioning does not include the join key, so one change can move rows across groups",
-            "",
+            "its operators partition the rows by different keys ("
+            + "; ".join(partitioning(name, nodes) for name, nodes in steps)
+            + "), so no one key does",
+            f"compute {first} in a subquery in FROM and apply {rest} in the query that reads it",
             select,
         )
 
@@ -423,6 +455,19 @@ class KeyAnalyzer:
             return
         if isinstance(inner, (exp.EQ, exp.NullSafeEQ)) and not negated:
             self._equalities(inner, by_alias, classes)
+
+
+#: The order Spark applies a level's operators in, which a rewrite splitting them must keep.
+_EVALUATION_ORDER = ("aggregate", "window", "DISTINCT", "LIMIT")
+
+
+def _operator_kind(name: str) -> str:
+    """The kind of a required partitioning, by the name :meth:`KeyAnalyzer._select` gives it."""
+    if name.endswith("OVER (...)"):
+        return "window"
+    if name in ("DISTINCT", "LIMIT"):
+        return name
+    return "aggregate"
 
 
 def is_stateful_outside_where(select: exp.Select) -> bool:
