@@ -57,6 +57,7 @@ from epochal.incremental.plan import (
     Unmaintainable,
 )
 from epochal.incremental.query_shapes import is_stateful
+from epochal.incremental.rewrites import split_groupings
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.time_windows import windows_as_input_columns
@@ -97,6 +98,8 @@ def plan_query(
         # A grouped time window becomes a column of the input it reads, which a key can restrict
         # (again after a split: a window over two joined inputs reads one stage then)
         tree = windows_as_input_columns(tree, schema)
+        # an aggregation ranked or limited by another key: its groups become a stage (below)
+        tree = split_groupings(tree)
         analyzer = KeyAnalyzer()
         level = analyzer.level(tree)
         if level.conflict is None:
