@@ -57,7 +57,7 @@ from epochal.incremental.plan import (
     Unmaintainable,
 )
 from epochal.incremental.query_shapes import is_stateful
-from epochal.incremental.rewrites import split_groupings
+from epochal.incremental.rewrites import split_groupings, wrap_lateral_views
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.time_windows import windows_as_input_columns
@@ -96,8 +96,9 @@ def plan_query(
     schema = dict(schema)
     while True:
         # A grouped time window becomes a column of the input it reads, which a key can restrict
-        # (again after a split: a window over two joined inputs reads one stage then)
-        tree = windows_as_input_columns(tree, schema)
+        # (again after a split: a window over two joined inputs reads one stage then), and so
+        # does a column a LATERAL VIEW generates
+        tree = windows_as_input_columns(wrap_lateral_views(tree, schema), schema)
         # an aggregation ranked or limited by another key: its groups become a stage (below)
         tree = split_groupings(tree)
         analyzer = KeyAnalyzer()

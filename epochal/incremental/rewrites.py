@@ -6,15 +6,21 @@ Spark accepts but no one key partitions into an equivalent one whose levels each
   ``rank() OVER (ORDER BY count(*))``) is two operators with two partitionings. The aggregation
   moves into a subquery in FROM, which the planner materializes as a stage (keyed by the
   grouping), and the rest reads it (here one partition, recomputed from the stage).
+* :func:`wrap_lateral_views`: a column a ``LATERAL VIEW`` generates belongs to no FROM item, so a
+  grouping, DISTINCT or window partition by it has no input column to restrict. The FROM item
+  and its lateral views become a linear subquery (a leaf) that carries the generated columns.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 from sqlglot import exp
 
 from epochal.incremental.key_analysis import KeyAnalyzer
 from epochal.incremental.plan import Unmaintainable
-from epochal.incremental.query_shapes import is_aggregate_call
+from epochal.incremental.query_shapes import conjuncts, is_aggregate_call
+from epochal.pipeline.dialect import DIALECT
 
 #: The clauses evaluated after the aggregation: they read its groups, never its input rows.
 _AFTER_GROUPING = ("distinct", "order", "limit", "offset", "qualify", "sort", "cluster", "distribute")
@@ -154,6 +160,142 @@ def _split(select: exp.Select) -> exp.Select | None:
     return outer
 
 
+# ---------------------------------------------------------------------------------- LATERAL VIEW
+
+
+def wrap_lateral_views(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> exp.Expression:
+    """``tree`` (qualified; changed in place and returned) with the lateral views of every level
+    that groups, deduplicates, partitions a window or semi-joins by a column one generates moved
+    into the FROM item they read: ``FROM orders LATERAL VIEW explode(orders.tags) t AS x GROUP BY
+    t.x`` becomes ``FROM (SELECT orders.id AS id, ..., t.x AS x FROM orders AS orders LATERAL VIEW
+    explode(orders.tags) t AS x) AS orders GROUP BY orders.x``. A level that only reads generated
+    columns keeps its lateral views: its inputs stay whole tables, restricted where they are read.
+
+    Raises :class:`Unmaintainable` when the lateral views cannot move into one input."""
+    for select in list(tree.find_all(exp.Select)):
+        laterals = [lateral for lateral in select.args.get("laterals") or [] if lateral.args.get("view")]
+        if laterals and _keyed_by_generated(select, {lateral.alias_or_name for lateral in laterals}):
+            _wrap(select, laterals, schema)
+    return tree
+
+
+def _keyed_by_generated(select: exp.Select, generated: set[str]) -> bool:
+    """Some expression ``select`` partitions its rows by reads a column of ``generated``."""
+    group = select.args.get("group")
+    keys: list[exp.Expression] = list(group.expressions) if group is not None else []
+    if select.args.get("distinct"):
+        keys += select.expressions
+    keys += [
+        p for w in select.find_all(exp.Window) if w.parent_select is select for p in w.args.get("partition_by") or []
+    ]
+    for conjunct in conjuncts(select.args.get("where")):
+        inner = conjunct.this if isinstance(conjunct, exp.Not) else conjunct
+        if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+            keys.append(inner.this)
+    # (an unqualified column there is a generated one the query did not name: _wrap says so)
+    return any(c.table in generated or not c.table for key in keys for c in key.find_all(exp.Column))
+
+
+def _wrap(select: exp.Select, laterals: list[exp.Lateral], schema: Mapping[str, Sequence[str]]) -> None:
+    items = _items(select)
+    by_alias = {item.alias_or_name: index for index, item in enumerate(items)}
+    padded = _padded(select)
+    owner_of: dict[str, int] = {}  # lateral alias -> the item it reads (a later one may read an earlier)
+    for lateral in laterals:
+        alias = lateral.alias_or_name
+        if not lateral.args["alias"].columns:
+            raise _refusal(lateral, "its generated columns have no names", f"name them: LATERAL VIEW ... {alias} AS x")
+        read = {c.table for c in lateral.this.find_all(exp.Column)}
+        if any(a not in by_alias and a not in owner_of for a in read):
+            raise _refusal(lateral, "it reads a column of no input of its FROM", "qualify its columns by their input")
+        owners = {by_alias[a] for a in read if a in by_alias} | {owner_of[a] for a in read if a in owner_of}
+        if len(owners) > 1:
+            raise _refusal(
+                lateral,
+                "it reads the columns of two joined inputs",
+                "join them in a subquery in FROM and apply the LATERAL VIEW to that subquery",
+            )
+        owner = owners.pop() if owners else next((i for i, p in enumerate(padded) if not p), 0)
+        if padded[owner]:
+            raise _refusal(
+                lateral,
+                f"it reads {items[owner].alias_or_name}, which an outer join pads with NULLs",
+                "apply the LATERAL VIEW in a subquery in FROM that reads that input, then join the subquery",
+            )
+        owner_of[alias] = owner
+
+    moved = {id(lateral) for lateral in laterals}
+    staying = [lateral for lateral in select.args.get("laterals") or [] if id(lateral) not in moved]
+    select.set("laterals", staying or None)
+    renamed: dict[tuple[str, str], tuple[str, str]] = {}  # (lateral, column) -> (item, column)
+    wrappers: dict[int, exp.Select] = {}
+    for lateral in laterals:
+        owner = owner_of[lateral.alias_or_name]
+        item = items[owner]
+        if owner not in wrappers:
+            columns = _item_columns(item, schema)
+            if columns is None:
+                raise _refusal(lateral, "the columns of the input it reads are not known", "list them in a subquery")
+            alias = item.alias_or_name
+            wrappers[owner] = exp.select(*(exp.alias_(exp.column(c, table=alias), c) for c in columns)).from_(
+                item.copy()
+            )
+        wrapper = wrappers[owner]
+        wrapper.append("laterals", lateral)
+        taken = {name.lower() for name in wrapper.named_selects}
+        for identifier in lateral.args["alias"].columns:
+            name = identifier.name
+            if name.lower() in taken:  # an input column of that name: the generated one is renamed
+                name = f"{lateral.alias_or_name}__{identifier.name}"
+            if name.lower() in taken:
+                raise _refusal(
+                    lateral,
+                    f"its column {identifier.name} has the name of a column of {item.alias_or_name}",
+                    "rename the generated column",
+                )
+            taken.add(name.lower())
+            wrapper.append("expressions", exp.alias_(exp.column(identifier.name, table=lateral.alias_or_name), name))
+            renamed[(lateral.alias_or_name, identifier.name.lower())] = (item.alias_or_name, name)
+
+    for column in list(select.find_all(exp.Column)):
+        target = renamed.get((column.table, column.name.lower()))
+        if target is not None:
+            column.replace(exp.column(target[1], table=target[0]))
+    for owner, wrapper in wrappers.items():
+        item = items[owner]
+        alias = exp.TableAlias(this=exp.to_identifier(item.alias_or_name))
+        item.replace(exp.Subquery(this=wrapper, alias=alias))
+
+
+def _refusal(lateral: exp.Lateral, why: str, rewrite: str) -> Unmaintainable:
+    shown = lateral.sql(dialect=DIALECT)
+    return Unmaintainable(shown if len(shown) <= 60 else shown[:57] + "...", why, rewrite, lateral)
+
+
+def _padded(select: exp.Select) -> list[bool]:
+    """Per FROM item, whether an outer join pads it with NULLs (then it has rows it did not read)."""
+    joins = select.args.get("joins") or []
+    padded = [False] * (len(joins) + 1)
+    for index, join in enumerate(joins, start=1):
+        side = (join.side or "").upper()
+        if side in ("LEFT", "FULL"):
+            padded[index] = True
+        if side in ("RIGHT", "FULL"):
+            padded[:index] = [True] * index
+    return padded
+
+
 def _items(select: exp.Select) -> list[exp.Expression]:
     source = select.args.get("from_")
     return ([source.this] if source is not None else []) + [join.this for join in select.args.get("joins") or []]
+
+
+def _item_columns(item: exp.Expression, schema: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """The columns a FROM item offers, or None when they are not known."""
+    if isinstance(item, exp.Table):
+        columns = schema.get(item.name.lower())
+        return None if columns is None else list(columns)
+    if isinstance(item, exp.Subquery):
+        names = list(item.this.named_selects)
+        return None if "*" in names or "" in names else names
+    return None
