@@ -316,8 +316,16 @@ class KeyAnalyzer:
         foreign = [
             n for _, nodes in required for n in nodes if any(c.table not in owned for c in n.find_all(exp.Column))
         ]
-        if len(required) == 1 or foreign:
-            shown = ", ".join(n.sql(dialect=DIALECT) for n in foreign) or what
+        if not foreign and len(required) <= 1:
+            # (a stateful subquery in FROM partitioned by other keys: the planner makes it a stage)
+            return Unmaintainable(
+                what,
+                "it partitions its rows by other keys than the subquery in FROM it reads",
+                "compute the subquery in a view of its own and read that view",
+                select,
+            )
+        if foreign:
+            shown = ", ".join(n.sql(dialect=DIALECT) for n in foreign)
             return Unmaintainable(
                 what,
                 f"it partitions by {shown}, which is no column of the table or subquery in FROM",
