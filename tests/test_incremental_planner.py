@@ -230,6 +230,130 @@ def test_a_recompute_finds_its_stored_rows_by_the_key_columns_it_selects(query: 
     assert planned.plan.rule == "recompute" and planned.plan.output_keys == output_keys
 
 
+def test_an_aggregation_limited_or_ranked_by_another_key_keeps_its_groups_in_a_stage() -> None:
+    planned = plan("SELECT auction, count(*) AS n FROM bid GROUP BY auction ORDER BY count(*) DESC, auction LIMIT 2")
+    (stage,) = planned.stages
+    # the groups, keyed by their grouping (kept as partial state), and every aggregate by a name
+    assert stage.query == "SELECT bid.auction AS auction, COUNT(*) AS a1 FROM bid AS bid GROUP BY bid.auction"
+    assert plan(stage.query, internal=True).plan.rule == PARTIAL_RULE
+    # LIMIT over all the groups: one partition, recomputed from the stage; names kept (ORDER BY
+    # count(*) reads the output column, as qualification writes it)
+    assert planned.plan.key_classes == () and planned.plan.leaves[0].table == "v__stage1"
+    assert planned.plan.query == (
+        "SELECT _grouped.auction AS auction, _grouped.a1 AS n FROM __epochal_leaf_0 AS _grouped "
+        "ORDER BY n DESC, auction LIMIT 2"
+    )
+    # an aggregate in a window, WHERE and HAVING below it, an aggregate only HAVING reads
+    ranked = plan(
+        "SELECT auction, max(price) AS hi, rank() OVER (ORDER BY max(price) DESC) AS rk FROM bid WHERE price > 0 "
+        "GROUP BY auction HAVING count(*) > 1"
+    )
+    assert ranked.stages[0].query == (
+        "SELECT bid.auction AS auction, MAX(bid.price) AS a1 FROM bid AS bid WHERE bid.price > 0 "
+        "GROUP BY bid.auction HAVING COUNT(*) > 1"
+    )
+    assert "RANK() OVER (ORDER BY _grouped.a1 DESC) AS rk" in ranked.plan.query
+    # a filter on the ranking reads it as a stage, which reads the groups' stage
+    filtered = plan(
+        "SELECT auction, rk FROM (SELECT auction, rank() OVER (ORDER BY count(*) DESC) AS rk FROM bid "
+        "GROUP BY auction) WHERE rk <= 2"
+    )
+    (ranking,) = filtered.stages
+    assert filtered.plan.kind == "linear" and "_grouped" in ranking.query
+    # DISTINCT over the groups is keyed by what it deduplicates
+    distinct = plan("SELECT DISTINCT count(*) AS n FROM bid GROUP BY auction")
+    assert distinct.plan.key_classes == ("_grouped.a1",) and len(distinct.stages) == 1
+    # a window partitioned by a grouping key needs no stage: the level has one key
+    keyed = plan(
+        "SELECT auction, bidder, count(*) AS n, rank() OVER (PARTITION BY auction ORDER BY count(*) DESC) AS rk "
+        "FROM bid GROUP BY auction, bidder"
+    )
+    assert not keyed.stages and keyed.plan.key_classes == ("bid.auction",)
+
+
+def test_a_column_a_lateral_view_generates_is_a_key_of_the_input_it_reads() -> None:
+    planned = plan("SELECT x, count(*) AS n FROM bid LATERAL VIEW explode(array(bidder, price)) t AS x GROUP BY x")
+    assert not planned.stages and planned.plan.rule == PARTIAL_RULE
+    assert planned.plan.key_classes == ("bid.x",) and planned.plan.leaves[0].key == ("x",)
+    assert planned.plan.leaves[0].sql == (
+        "SELECT bid.auction AS auction, bid.bidder AS bidder, bid.price AS price, bid.ts AS ts, t.x AS x "
+        "FROM bid AS bid LATERAL VIEW EXPLODE(ARRAY(bid.bidder, bid.price)) t AS x"
+    )
+    # a generated column named like an input column is renamed; OUTER and posexplode's two columns
+    renamed = plan(
+        "SELECT t.price, count(*) AS n FROM bid LATERAL VIEW OUTER posexplode(array(bidder, price)) t AS pos, price "
+        "GROUP BY t.price"
+    )
+    assert renamed.plan.key_classes == ("bid.t__price",)
+    assert "LATERAL VIEW OUTER POSEXPLODE" in renamed.plan.leaves[0].sql
+    # a lateral view over one input of a join goes into that input; the join is a stage
+    joined = plan(
+        "SELECT a.category, x, count(*) AS n FROM bid b JOIN auction a ON a.id = b.auction "
+        "LATERAL VIEW explode(array(b.bidder, b.price)) t AS x GROUP BY a.category, x"
+    )
+    assert joined.plan.key_classes == ("_s1.a__category", "_s1.b__x")
+    # not keyed by a generated column: the lateral view stays, the input a whole table
+    kept = plan(
+        "SELECT bidder, count(x) AS n FROM bid LATERAL VIEW explode(array(bidder, price)) t AS x GROUP BY bidder"
+    )
+    assert kept.plan.leaves[0].table == "bid" and "LATERAL VIEW" in kept.plan.query
+
+
+@pytest.mark.parametrize(
+    ("query", "construct", "why", "rewrite"),
+    [
+        (
+            "SELECT DISTINCT bidder FROM bid ORDER BY bidder LIMIT 5",
+            "DISTINCT, LIMIT",
+            "(DISTINCT by bid.bidder; LIMIT over all rows)",
+            "compute DISTINCT in a subquery in FROM and apply LIMIT in the query that reads it",
+        ),
+        (
+            "SELECT auction, price, row_number() OVER (PARTITION BY auction ORDER BY price) AS rn FROM bid "
+            "ORDER BY price LIMIT 3",
+            "ROW_NUMBER() OVER (...), LIMIT",
+            "different keys",
+            "compute ROW_NUMBER() OVER (...) in a subquery in FROM and apply LIMIT",
+        ),
+        # grouping sets are not split: the rewrite does it by hand
+        (
+            "SELECT auction, bidder, count(*) AS n FROM bid GROUP BY auction, ROLLUP(bidder) ORDER BY n DESC LIMIT 2",
+            "GROUP BY, LIMIT",
+            "(GROUP BY by bid.auction; LIMIT over all rows)",
+            "compute GROUP BY in a subquery in FROM and apply LIMIT",
+        ),
+        (
+            "SELECT col, count(*) AS n FROM bid LATERAL VIEW explode(array(bidder)) t GROUP BY col",
+            "LATERAL VIEW",
+            "its generated columns have no names",
+            "t AS x",
+        ),
+        (
+            "SELECT x, count(*) AS n FROM bid b JOIN auction a ON a.id = b.auction "
+            "LATERAL VIEW explode(array(b.bidder, a.seller)) t AS x GROUP BY x",
+            "LATERAL VIEW",
+            "two joined inputs",
+            "apply the LATERAL VIEW to that subquery",
+        ),
+        (
+            "SELECT x, count(*) AS n FROM bid b LEFT JOIN auction a ON a.id = b.auction "
+            "LATERAL VIEW explode(array(a.seller)) t AS x GROUP BY x",
+            "LATERAL VIEW",
+            "an outer join pads with NULLs",
+            "then join the subquery",
+        ),
+    ],
+)
+def test_a_level_no_key_partitions_is_refused_naming_its_operators(
+    query: str, construct: str, why: str, rewrite: str
+) -> None:
+    with pytest.raises(Unmaintainable) as refused:
+        plan(query)
+    assert refused.value.construct.startswith(construct), refused.value.construct
+    assert why in refused.value.why and rewrite in refused.value.rewrite, refused.value.message
+    assert "join key" not in refused.value.message  # (one input: there is no join)
+
+
 def test_ctes_are_planned_as_the_subqueries_they_stand_for() -> None:
     planned = plan(
         "WITH m AS (SELECT auction, max(price) AS mp FROM bid GROUP BY auction) "
@@ -415,6 +539,14 @@ SPARK_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
                     ("id", "name")),
     "union": ("SELECT seller AS who FROM auction UNION SELECT bidder AS who FROM bid", ("who",)),
     "top_ten": ("SELECT auction, price FROM bid ORDER BY price DESC LIMIT 10", ("auction", "price")),
+    # the top groups and a ranking of groups: the aggregation becomes a stage the rest reads
+    "top_groups": ("SELECT auction, count(*) AS n FROM bid GROUP BY auction ORDER BY n DESC, auction LIMIT 3",
+                   ("auction", "n")),
+    "ranked_groups": ("SELECT auction, max(price) AS hi, dense_rank() OVER (ORDER BY max(price) DESC) AS rk "
+                      "FROM bid GROUP BY auction", ("auction", "hi", "rk")),
+    # grouped by a column a LATERAL VIEW generates
+    "exploded": ("SELECT x, count(*) AS n FROM bid LATERAL VIEW explode(array(channel, url)) t AS x GROUP BY x",
+                 ("x", "n")),
 }
 
 #: Queries Spark accepts that no key partitions: refused, naming the construct and a rewrite.
@@ -498,6 +630,10 @@ def test_spark_forms_are_planned_by_the_keys_they_partition_by(tmp_path: Path) -
     assert pipeline.views["rollup_under_a_key"].plan.key_classes == ("bid.auction",)
     for name in ("rollup", "with_rollup", "grouping_sets"):
         assert pipeline.views[name].plan.key_classes == (), name
+    # the top groups read the groups' stage, one partition; the groups are partial state
+    assert rules("top_groups") == [PARTIAL_RULE, "recompute"] and rules("ranked_groups")[-1] == "recompute"
+    assert pipeline.views["top_groups"].plan.key_classes == ()
+    assert pipeline.views["exploded"].plan.key_classes == ("bid.x",) and rules("exploded") == [PARTIAL_RULE]
 
 
 @pytest.mark.parametrize("name", list(REFUSED_FORMS))

@@ -256,6 +256,20 @@ SPARK_FORMS = {
     "next_ids": "SELECT id FROM customers WHERE id + 1 IN (SELECT cust FROM orders)",
     "unmatched": "SELECT c.id FROM customers c WHERE NOT EXISTS "
     "(SELECT 1 FROM orders o WHERE coalesce(o.cust, 0) = c.id - 1)",
+    # the top groups and a ranking of groups (refused: the aggregation and the LIMIT or window
+    # partition differently); the planner makes the aggregation a stage the rest reads
+    "top_custs": "SELECT cust, count(*) AS n FROM orders GROUP BY cust ORDER BY n DESC, cust LIMIT 2",
+    "ranked_custs": "SELECT cust, n, rk FROM (SELECT cust, count(*) AS n, rank() OVER (ORDER BY count(*) DESC) AS rk "
+    "FROM orders GROUP BY cust) WHERE rk <= 2",
+    # grouped by a column a LATERAL VIEW generates (refused: it belongs to no input), with OUTER,
+    # under a LIMIT, and over one input of a join
+    "item_tags": "SELECT x, count(*) AS n FROM orders LATERAL VIEW explode(array(item, 'z')) t AS x GROUP BY x",
+    "big_tags": "SELECT x, count(*) AS n FROM orders "
+    "LATERAL VIEW OUTER explode(CASE WHEN qty > 2 THEN array(item) END) t AS x GROUP BY x",
+    "top_tags": "SELECT x, sum(qty) AS q FROM orders LATERAL VIEW explode(array(item, 'z')) t AS x GROUP BY x "
+    "ORDER BY q DESC, x LIMIT 2",
+    "region_tags": "SELECT c.region, x, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.id "
+    "LATERAL VIEW posexplode(array(o.item, 'z')) t AS pos, x GROUP BY c.region, x",
 }
 
 
@@ -269,6 +283,10 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
     assert pipeline.views["sessions"].plan.key_classes == ("orders.cust",)
     assert pipeline.views["running"].plan.key_classes == ("orders.cust",)
     assert pipeline.views["hinted"].plan.rule == "delta join"
+    # the groups are partial state in a stage; the LIMIT over them is one partition
+    assert pipeline.views["top_custs__stage1"].plan.rule == PARTIAL_RULE
+    assert pipeline.views["top_custs"].plan.key_classes == ()
+    assert pipeline.views["item_tags"].plan.key_classes == ("orders.x",)
     run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
 
 
