@@ -145,7 +145,7 @@ def _split(select: exp.Select) -> exp.Select | None:
         for column in clause.find_all(exp.Column):
             if column.table in sources or (not column.table and column.name.lower() not in output_names):
                 return None  # an input column outside an aggregate and the grouping
-    if not columns:  # (an aggregate only in HAVING: the level still needs a column to have rows)
+    if not columns:  # (no grouping, and aggregates only in HAVING: the inner level would have no column)
         return None
 
     inner = select.copy()
@@ -259,7 +259,8 @@ def _wrap(select: exp.Select, laterals: list[exp.Lateral], schema: Mapping[str, 
 
     for column in list(select.find_all(exp.Column)):
         target = renamed.get((column.table, column.name.lower()))
-        if target is not None:
+        # (a subquery of its own FROM may name a lateral view alike: its columns are its own)
+        if target is not None and column.parent_select is select:
             column.replace(exp.column(target[1], table=target[0]))
     for owner, wrapper in wrappers.items():
         item = items[owner]
