@@ -268,6 +268,12 @@ SPARK_FORMS = {
     "LATERAL VIEW OUTER explode(CASE WHEN qty > 2 THEN array(item) END) t AS x GROUP BY x",
     "top_tags": "SELECT x, sum(qty) AS q FROM orders LATERAL VIEW explode(array(item, 'z')) t AS x GROUP BY x "
     "ORDER BY q DESC, x LIMIT 2",
+    # calls sqlglot's Spark generator rewrote for Spark 2, losing meaning: an approximate percentile
+    # without DESC, and to_char without its format (the views ran, with wrong rows)
+    "medians": "SELECT item, percentile_cont(0.5) WITHIN GROUP (ORDER BY price) AS med, "
+    "percentile_disc(0.25) WITHIN GROUP (ORDER BY price DESC) AS p25 FROM orders GROUP BY item",
+    "daily": "SELECT to_char(ts, 'yyyy-MM-dd') AS d, count(*) AS n, "
+    "to_char(CAST(sum(qty) AS DECIMAL(10, 2)), '999.99') AS q FROM orders GROUP BY to_char(ts, 'yyyy-MM-dd')",
     "region_tags": "SELECT c.region, x, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.id "
     "LATERAL VIEW posexplode(array(o.item, 'z')) t AS pos, x GROUP BY c.region, x",
 }

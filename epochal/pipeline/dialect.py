@@ -1,7 +1,10 @@
 """Spark SQL as Epochal reads it: sqlglot's Spark dialect, extended where it refuses what Spark accepts.
 
 Every query Epochal parses (a view as written, a plan it generated, a query it binds to frames)
-goes through :data:`DIALECT`, so an extension here holds everywhere. Generation is Spark's, unchanged.
+goes through :data:`DIALECT`, so an extension here holds everywhere. A stateful view runs the SQL
+sqlglot generates from its plan, not the text as written, so generation must keep meaning: where
+sqlglot's Spark generator rewrites a call for an older Spark and loses it, the call is written as
+Spark 4 takes it.
 
 * ``GROUP BY window(date_time, '10 seconds')``: sqlglot stops a GROUP BY at the WINDOW keyword,
   taking it for the start of a ``WINDOW w AS (...)`` clause, and then fails on the ``(``. In Spark
@@ -11,12 +14,19 @@ goes through :data:`DIALECT`, so an extension here holds everywhere. Generation 
 * ``exists(tags, x -> x = 'b')``: Spark's higher-order function over an array. sqlglot builds it
   as ``exp.Exists``, the node of ``EXISTS (subquery)``, which the planner would take for a
   subquery to maintain; with an array and a lambda it is read as the plain function it is.
+* ``percentile_cont(0.5) WITHIN GROUP (ORDER BY price DESC)`` (and ``percentile_disc``): sqlglot
+  writes ``PERCENTILE_APPROX(price, 0.5)`` for Spark 2, an approximation that also drops DESC.
+* ``to_char(x, '999.99')``: sqlglot writes ``CAST(x AS STRING)``, dropping the format.
+* ``max_by(x, y, 3)`` / ``min_by``: sqlglot drops the count, which turns an array into one value.
+* ``to_date(s, 'yyyy-MM-dd')``: sqlglot drops the default format, and the call becomes a cast,
+  which also takes other shapes of string (a time after the date) where the format refuses them.
 """
 
 from __future__ import annotations
 
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
+from sqlglot.generator import Generator
 from sqlglot.tokens import TokenType
 
 
@@ -25,6 +35,25 @@ def _exists(args: list[exp.Expression]) -> exp.Expression:
     if len(args) == 2 and isinstance(args[1], exp.Lambda):
         return exp.Anonymous(this="exists", expressions=args)
     return exp.Exists.from_arg_list(args)
+
+
+def _to_char(generator: Generator, node: exp.ToChar) -> str:
+    fmt = node.args.get("format")
+    return generator.func("TO_CHAR", node.this, fmt) if fmt is not None else generator.tochar_sql(node)
+
+
+def _by(name: str):  # noqa: ANN202 - a sqlglot transform
+    def sql(generator: Generator, node: exp.ArgMax | exp.ArgMin) -> str:
+        return generator.func(name, node.this, node.expression, node.args.get("count"))
+
+    return sql
+
+
+def _to_date(generator: Generator, node: exp.TsOrDsToDate) -> str:
+    fmt = node.args.get("format")
+    if fmt is None:
+        return generator.func("TO_DATE", node.this)
+    return generator.func("TO_DATE", node.this, generator.format_time(node))
 
 
 class EpochalSpark(Spark):
@@ -44,6 +73,17 @@ class EpochalSpark(Spark):
                 if following is not None and following.token_type == TokenType.L_PAREN:
                     return self._MODIFIERS_BUT_WINDOW
             return self._MODIFIERS
+
+    class Generator(Spark.Generator):
+        TRANSFORMS = {
+            # (without an entry, WITHIN GROUP is written as parsed)
+            **{k: v for k, v in Spark.Generator.TRANSFORMS.items() if k is not exp.WithinGroup},
+            exp.ToChar: _to_char,
+            exp.ArgMax: _by("MAX_BY"),
+            exp.ArgMin: _by("MIN_BY"),
+            exp.TsOrDsToDate: _to_date,
+        }
+
 
 
 #: The dialect every parse and generation of Epochal uses (an instance: sqlglot builds one per
