@@ -276,6 +276,14 @@ SPARK_FORMS = {
     "to_char(CAST(sum(qty) AS DECIMAL(10, 2)), '999.99') AS q FROM orders GROUP BY to_char(ts, 'yyyy-MM-dd')",
     "region_tags": "SELECT c.region, x, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.id "
     "LATERAL VIEW posexplode(array(o.item, 'z')) t AS pos, x GROUP BY c.region, x",
+    # grouping() and grouping_id() in HAVING: Spark resolves their arguments against the output
+    # columns, which qualification had aliased (every epoch failed its analysis)
+    "item_customers": "SELECT item, cust, grouping(cust) AS g, count(*) AS n FROM orders "
+    "GROUP BY ROLLUP(item, cust) HAVING grouping(cust) = 0",
+    "cube_levels": "SELECT o.item, o.cust, sum(o.qty) AS q FROM orders o GROUP BY CUBE(o.item, o.cust) "
+    "HAVING grouping_id(o.item, o.cust) IN (0, 2)",
+    "set_totals": "SELECT item, cust, count(*) AS n FROM orders GROUP BY GROUPING SETS ((item, cust), (item), ()) "
+    "HAVING grouping(item) = 1 OR count(*) > 1",
 }
 
 

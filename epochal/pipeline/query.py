@@ -258,7 +258,7 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
         quote_identifiers=False,
         identify=False,
     )
-    return _expand_group_by_all(qualified)
+    return _bare_grouping_columns(_expand_group_by_all(qualified))
 
 
 def inline_named_windows(tree: exp.Expression) -> exp.Expression:
@@ -293,6 +293,31 @@ def _expand_group_by_all(tree: exp.Expression) -> exp.Expression:
             continue
         keys = [e.unalias().copy() for e in select.expressions if not _has_aggregate(e)]
         select.set("group", exp.Group(expressions=keys) if keys else None)
+    return tree
+
+
+def _bare_grouping_columns(tree: exp.Expression) -> exp.Expression:
+    """``t.c AS c`` written back as ``t.c`` in a SELECT whose HAVING or ORDER BY calls grouping()
+    or grouping_id() on columns.
+
+    Spark resolves those calls' arguments against the SELECT's output, and accepts one only when it
+    is a grouping column projected as it is: qualification's ``AS c`` hides it
+    (GROUPING_COLUMN_MISMATCH or UNRESOLVED_COLUMN), although the output name stays ``c``."""
+    for select in tree.find_all(exp.Select):
+        clauses = [select.args.get(part) for part in ("having", "order")]
+        calls = [
+            call
+            for clause in clauses
+            if clause is not None
+            for call in clause.find_all(exp.Grouping, exp.GroupingId)
+            if call.expressions and call.parent_select is select
+        ]
+        if not calls:
+            continue
+        for projection in select.expressions:
+            column = projection.this if isinstance(projection, exp.Alias) else None
+            if isinstance(column, exp.Column) and column.name.lower() == projection.alias.lower():
+                projection.replace(column.copy())
     return tree
 
 
