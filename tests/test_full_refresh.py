@@ -17,6 +17,9 @@ FULL_VIEWS = {
     "(PARTITION BY auction ORDER BY price DESC, bidder) AS rn FROM bid) WHERE rn = 1",
     "customer_bids": "SELECT o.customer, count(*) AS bids FROM orders o JOIN bid b ON o.id = b.auction % 5 "
     "GROUP BY o.customer HAVING count(*) > 1",
+    # an inline lookup table: VALUES reads no input (its rows are constant), every customer listed
+    "customer_tiers": "SELECT t.customer, t.tier, count(o.id) AS n FROM VALUES ('ann', 'gold'), ('dan', 'new') "
+    "AS t(customer, tier) LEFT JOIN orders o ON o.customer = t.customer GROUP BY t.customer, t.tier",
 }
 DOWNSTREAM = {"big_customers": "SELECT customer, total FROM order_totals WHERE total > 50"}
 

@@ -132,8 +132,16 @@ def analyze_query(view: str, query_text: str, query_line: int, full_refresh: boo
     analysis.tables = _tables(view, tree, lines, analysis.problems)
     if not analysis.tables and not analysis.problems:
         # with nothing to read, a view has no changes to follow epoch by epoch
-        message = f"view {view}: the query reads no source or view: add FROM a source or view"
-        analysis.problems.append(Problem(query_line, message))
+        values = tree.find(exp.Values)
+        if values is not None:
+            message = (
+                f"view {view}: the query reads only VALUES, whose rows never change: a view follows the "
+                "changes of the sources and views it reads; join the VALUES with one, or make the rows a source"
+            )
+            analysis.problems.append(Problem(lines.of(values, "VALUES"), message))
+        else:
+            message = f"view {view}: the query reads no source or view: add FROM a source or view"
+            analysis.problems.append(Problem(query_line, message))
     for finding in refused_constructs(tree):
         if finding.needs_state:
             # full views recompute; for incremental ones the planner decides, once columns are known
@@ -191,13 +199,6 @@ def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Probl
             continue
         start = table.this.meta.get("start")
         found.append((start if start is not None else 1 << 62, index, TableRef(name, lines.of(table))))
-    for values in tree.find_all(exp.Values):
-        problems.append(
-            Problem(
-                lines.of(values, "VALUES"),
-                f"view {view}: VALUES is not supported: a view reads sources and views, by name",
-            )
-        )
     refs: list[TableRef] = []
     seen: set[str] = set()
     for _, _, ref in sorted(found, key=lambda item: item[:2]):  # text order, not tree order
@@ -232,15 +233,18 @@ def inline_ctes(tree: exp.Expression) -> exp.Expression:
     what a CTE means (it is not materialized)."""
     tree = tree.copy()
     for with_ in list(tree.find_all(exp.With)):
-        definitions = [(cte.alias_or_name.lower(), cte.this) for cte in with_.expressions]
+        definitions = [(cte.alias_or_name.lower(), cte.this, cte.args["alias"].columns) for cte in with_.expressions]
         owner = with_.parent
         with_.pop()
-        for position, (name, query) in enumerate(definitions):
+        for position, (name, query, columns) in enumerate(definitions):
             # a CTE may read the ones defined before it
-            for scope in [owner, *(later for _, later in definitions[position + 1 :])]:
+            for scope in [owner, *(later for _, later, _ in definitions[position + 1 :])]:
                 for table in list(scope.find_all(exp.Table)):
                     if not table.args.get("db") and table.name.lower() == name:
-                        alias = exp.TableAlias(this=exp.to_identifier(table.alias or table.name))
+                        # WITH m(k, v) AS (...) names the CTE's columns: the subquery's alias does then
+                        alias = exp.TableAlias(
+                            this=exp.to_identifier(table.alias or table.name), columns=[c.copy() for c in columns]
+                        )
                         table.replace(exp.Subquery(this=query.copy(), alias=alias))
     return tree
 
@@ -250,7 +254,7 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
     the column a GROUP BY window(...) makes read as the call (:mod:`epochal.pipeline.time_windows`)."""
     mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
     qualified = qualify(
-        name_implicit_windows(inline_named_windows(inline_ctes(tree)), schema),
+        name_implicit_windows(inline_named_windows(name_values_columns(inline_ctes(tree))), schema),
         schema=MappingSchema(mapping, dialect=DIALECT),
         dialect=DIALECT,
         validate_qualify_columns=False,
@@ -259,6 +263,26 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
         identify=False,
     )
     return _bare_grouping_columns(_expand_group_by_all(qualified))
+
+
+def name_values_columns(tree: exp.Expression) -> exp.Expression:
+    """A copy of ``tree`` in which every VALUES without column names has Spark's: col1, col2...
+
+    sqlglot would name them _col_0, _col_1..., so a query reading ``col1`` would not resolve, and
+    ``SELECT *`` over the VALUES would name the view's columns otherwise than Spark."""
+    tree = tree.copy()
+    for values in tree.find_all(exp.Values):
+        alias = values.args.get("alias")
+        rows = values.expressions
+        if (alias is not None and alias.columns) or not rows:
+            continue
+        width = len(rows[0].expressions) if isinstance(rows[0], exp.Tuple) else 1
+        columns = [exp.to_identifier(f"col{i}") for i in range(1, width + 1)]
+        if alias is None:
+            values.set("alias", exp.TableAlias(columns=columns))
+        else:
+            alias.set("columns", columns)
+    return tree
 
 
 def inline_named_windows(tree: exp.Expression) -> exp.Expression:
@@ -343,7 +367,7 @@ def resolve_columns(
     mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
     try:
         qualified = qualify(
-            name_implicit_windows(tree, schema),  # (a copy)
+            name_implicit_windows(name_values_columns(tree), schema),  # (a copy)
             schema=MappingSchema(mapping, dialect=DIALECT),
             dialect=DIALECT,
             validate_qualify_columns=False,  # we report every unknown column, not just the first
