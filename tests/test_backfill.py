@@ -21,7 +21,7 @@ from epochal.errors import EpochalError
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import REPO, SMALL_PIPELINE, VIEW_QUERIES, make_harness
 
-#: one of each kind: linear, aggregate (partial), join, top-N, and a view on a new view
+#: one of each kind: linear, aggregate (partial), join, top-N, a view on a new view, and VALUES
 NEW_VIEWS = {
     "cheap_bids": "SELECT auction, bidder, price FROM bid WHERE price < 500",
     "bidder_counts": "SELECT bidder, count(*) AS n, sum(price) AS total, max(price) AS top FROM bid GROUP BY bidder",
@@ -32,6 +32,9 @@ NEW_VIEWS = {
     "top_bid": "SELECT auction, bidder, price FROM (SELECT auction, bidder, price, ROW_NUMBER() OVER "
     "(PARTITION BY auction ORDER BY price DESC, bidder) AS rn FROM bid) WHERE rn = 1",
     "busy_bidders": "SELECT bidder, n FROM bidder_counts WHERE n > 1",
+    # constant rows (VALUES) on the kept side of a LEFT JOIN: 'zed' has no order
+    "customer_tiers": "SELECT t.customer, t.tier, count(o.id) AS n FROM VALUES ('c1', 'gold'), ('zed', 'new') "
+    "AS t(customer, tier) LEFT JOIN orders o ON o.customer = t.customer GROUP BY t.customer, t.tier",
 }
 
 # Small ranges: the snapshot phase writes several vnode ranges however small the test's data.

@@ -284,6 +284,18 @@ SPARK_FORMS = {
     "HAVING grouping_id(o.item, o.cust) IN (0, 2)",
     "set_totals": "SELECT item, cust, count(*) AS n FROM orders GROUP BY GROUPING SETS ((item, cust), (item), ()) "
     "HAVING grouping(item) = 1 OR count(*) > 1",
+    # VALUES as a constant input (a leaf with no upstream; it was refused, full refresh included):
+    # joined, with Spark's col1/col2 names, in IN, as a CTE with column names, on the side of a
+    # LEFT JOIN whose unmatched rows only the first epoch computes, and as a UNION ALL branch
+    "labelled": "SELECT o.id, v.label FROM orders o JOIN (VALUES ('a', 'A'), ('b', 'B')) AS v(item, label) "
+    "ON o.item = v.item",
+    "labelled_cols": "SELECT o.id, col2 AS label FROM orders o JOIN VALUES ('a', 'A'), ('c', 'C') ON o.item = col1",
+    "listed": "SELECT id, qty FROM orders WHERE item IN (SELECT * FROM VALUES ('a'), ('c'))",
+    "weighted": "WITH m(k, w) AS (VALUES ('a', 1), ('b', 2)) SELECT m.w, count(*) AS n, sum(o.qty) AS q "
+    "FROM orders o JOIN m ON o.item = m.k GROUP BY m.w",
+    "every_item": "SELECT v.item, count(o.id) AS n FROM VALUES ('a'), ('b'), ('q') AS v(item) "
+    "LEFT JOIN orders o ON o.item = v.item GROUP BY v.item",
+    "items_and_z": "SELECT item FROM orders WHERE qty > 1 UNION ALL VALUES ('z')",
 }
 
 

@@ -817,6 +817,28 @@ def test_full_refresh_views_accept_stateful_queries(tmp_path: Path, query: str) 
     assert pipeline.views["v"].upstreams == ("bid",)
 
 
+@pytest.mark.parametrize(
+    ("query", "columns"),
+    [
+        ("SELECT b.auction, v.label FROM bid b JOIN (VALUES ('a', 'A')) AS v(channel, label) "
+         "ON b.channel = v.channel", ("auction", "label")),
+        ("SELECT b.auction, col2 FROM bid b JOIN VALUES ('a', 'A'), ('b', 'B') ON b.channel = col1",
+         ("auction", "col2")),
+        ("SELECT auction FROM bid WHERE channel IN (SELECT * FROM VALUES ('a'), ('b'))", ("auction",)),
+        ("WITH m(k, w) AS (VALUES ('a', 1)) SELECT b.auction, m.w FROM bid b JOIN m ON b.channel = m.k",
+         ("auction", "w")),
+    ],
+)
+def test_values_is_a_constant_input_of_an_incremental_view(tmp_path: Path, query: str, columns: tuple) -> None:
+    """An inline lookup table reads no source: its leaf has no upstream (its change is always
+    empty), and the view's upstreams are the tables it reads. Columns are named as Spark names
+    them (col1, col2... for VALUES without names)."""
+    pipeline = load(tmp_path, {"a.sql": BID_SOURCE + f"CREATE MATERIALIZED VIEW v AS {query};"})
+    view = pipeline.views["v"]
+    assert view.columns == columns and view.upstreams == ("bid",)
+    assert view.plan.kind == "keyed" and [leaf.upstreams for leaf in view.plan.leaves] == [("bid",), ()]
+
+
 def test_full_refresh_still_refuses_non_deterministic_functions(tmp_path: Path) -> None:
     issue = only_issue(
         tmp_path,

@@ -25,7 +25,7 @@ from epochal.sql import quote, unquote
 
 @dataclass
 class _Item:
-    """One input of a query level: a leaf (table or linear subquery) or a stateful subquery."""
+    """One input of a query level: a leaf (table, VALUES or linear subquery) or a stateful subquery."""
 
     id: int
     alias: str
@@ -83,6 +83,11 @@ class KeyAnalyzer:
                 self.leaves.append(_LeafSpec(node, query.sql(dialect=DIALECT), tables, None))
                 return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)
             return _Item(self._next_id(), alias, node, child=self.level(query))
+        if isinstance(node, exp.Values):
+            # Constant rows: a leaf with no upstream, whose change is always empty and whose state
+            # is the rows themselves (restricted by key like any leaf's)
+            self.leaves.append(_LeafSpec(node, f"SELECT * FROM {node.sql(dialect=DIALECT)}", (), None))
+            return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)
         raise Unmaintainable(
             f"FROM {node.sql(dialect=DIALECT)[:60]}", "only tables, views and subqueries can be read", node=node
         )

@@ -66,6 +66,8 @@ def affected_keys(spark: SparkSession, plan: Plan, deltas: Mapping[str, DataFram
     changes = {u: d.drop(WEIGHT) for u, d in deltas.items()}
     parts = []
     for leaf in plan.leaves:
+        if not leaf.upstreams:
+            continue  # VALUES: constant rows, in no epoch's change
         keys = ", ".join(f"{expr} AS {name}" for expr, name in zip(leaf.key, names, strict=True))
         parts.append(sql_over(spark, f"SELECT {keys} FROM ({leaf.sql}) AS _leaf", changes))
     return reduce(lambda a, b: a.unionByName(b), parts).distinct()
@@ -164,7 +166,10 @@ def keyed_change(
         cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return cached[-1]
 
-    keys = affected_keys(spark, plan, deltas)
+    # A VALUES leaf's rows are in no change, so the keys would miss those that only they reach
+    # (a LEFT JOIN's unmatched rows, a UNION ALL branch): the first epoch computes them all.
+    constant = first and any(not leaf.upstreams for leaf in plan.leaves)
+    keys = None if constant else affected_keys(spark, plan, deltas)
     recompute = plan.rule == "recompute" and not first
     if keys is not None and recompute and _needs_whole_retraction(plan, view, columns, stored):
         keys = None  # recomputed whole, so that every stored row can be retracted as it is

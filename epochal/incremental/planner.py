@@ -89,7 +89,8 @@ def plan_query(
             "sum(CASE WHEN status = 'paid' THEN amount END) AS paid ... GROUP BY customer_id",
             node=pivot,
         )
-    if not is_stateful(tree):
+    constant = tree.find(exp.Values) is not None
+    if not is_stateful(tree) and not constant:
         # query "": the view's own text is run, as written
         return PlannedView(Plan("linear", operators=("filter, project, UNION ALL",)))
     stages: list[Stage] = []
@@ -121,10 +122,13 @@ def plan_query(
             subquery.replace(
                 exp.Table(this=exp.to_identifier(name), alias=exp.TableAlias(this=subquery.args["alias"].this))
             )
-    if not is_stateful(tree):  # what needed state went into the stages
+    constant = tree.find(exp.Values) is not None  # (a stage may have taken them)
+    if not is_stateful(tree) and not constant:  # what needed state went into the stages
         plan = Plan("linear", query=tree.sql(dialect=DIALECT), operators=("filter, project, UNION ALL",))
         return PlannedView(plan, tuple(stages))
-    split = split_partial(tree, f"{view}{STAGE_SEPARATOR}{len(stages) + 1}", internal)
+    # VALUES rows are in no epoch's change, which is all a linear query or a partial aggregate
+    # reads: a query with them is recomputed at the keys its other inputs' change touches.
+    split = None if constant else split_partial(tree, f"{view}{STAGE_SEPARATOR}{len(stages) + 1}", internal)
     if split is not None:
         # The aggregate keeps its partial state in a stage (planned as a partial aggregate when the
         # loader plans it), and the view is a projection of that stage.
@@ -152,6 +156,9 @@ def plan_query(
             replacement.set("alias", exp.TableAlias(this=exp.to_identifier(node.name)))
         if isinstance(node.parent, exp.In):  # x IN (leaf): the leaf has the subquery's one column
             node.replace(exp.Subquery(this=exp.select("*").from_(replacement)))
+        elif isinstance(node, exp.Values):  # the leaf's SELECT * names the columns already
+            replacement.set("alias", exp.TableAlias(this=alias.this.copy()) if alias is not None else None)
+            node.replace(replacement)
         elif isinstance(node, (exp.Subquery, exp.Table)):
             node.replace(replacement)
         else:  # a set-operation branch: a SELECT over the leaf keeps the branch's columns
@@ -166,7 +173,7 @@ def plan_query(
         operators=tuple(level.operators),
         output_keys=_output_keys(tree, leaves) if rule == "recompute" else (),
     )
-    aggregate = partial_aggregate(tree, leaves, min_max_cache if internal else 0)
+    aggregate = None if constant else partial_aggregate(tree, leaves, min_max_cache if internal else 0)
     if aggregate is not None:
         plan = replace(plan, rule=PARTIAL_RULE, aggregate=aggregate)
     return PlannedView(plan, tuple(stages))
