@@ -827,6 +827,9 @@ def test_full_refresh_views_accept_stateful_queries(tmp_path: Path, query: str) 
         ("SELECT auction FROM bid WHERE channel IN (SELECT * FROM VALUES ('a'), ('b'))", ("auction",)),
         ("WITH m(k, w) AS (VALUES ('a', 1)) SELECT b.auction, m.w FROM bid b JOIN m ON b.channel = m.k",
          ("auction", "w")),
+        # grouped, but over VALUES only: constant all the same, not a stage no epoch would run
+        ("SELECT b.auction, m.n FROM bid b JOIN (SELECT k, count(*) AS n FROM VALUES ('a'), ('a') AS t(k) "
+         "GROUP BY k) m ON b.channel = m.k", ("auction", "n")),
     ],
 )
 def test_values_is_a_constant_input_of_an_incremental_view(tmp_path: Path, query: str, columns: tuple) -> None:
@@ -837,6 +840,25 @@ def test_values_is_a_constant_input_of_an_incremental_view(tmp_path: Path, query
     view = pipeline.views["v"]
     assert view.columns == columns and view.upstreams == ("bid",)
     assert view.plan.kind == "keyed" and [leaf.upstreams for leaf in view.plan.leaves] == [("bid",), ()]
+
+
+def test_a_stage_joining_only_values_is_refused_with_its_rewrite(tmp_path: Path) -> None:
+    """Keyed by different columns, the join splits into a stage of its first two inputs, both
+    VALUES: a table no epoch would change. Joined in a subquery, they are one constant input."""
+    query = (
+        "SELECT a.x, b.auction, count(*) AS n FROM VALUES (1, 'a') AS a(x, y) JOIN VALUES ('a', 2) AS c(y, z) "
+        "ON a.y = c.y JOIN bid b ON b.auction = c.z GROUP BY a.x, b.auction"
+    )
+    issue = only_issue(tmp_path, {"a.sql": BID_SOURCE + f"CREATE MATERIALIZED VIEW v AS {query};"})
+    assert at(issue) == ("a.sql", 4)
+    assert issue.message.startswith("view v: part of the query joins only VALUES, whose rows never change")
+    assert "join the VALUES in a subquery in FROM" in issue.message
+    rewritten = (
+        "SELECT ac.x, b.auction, count(*) AS n FROM (SELECT a.x, c.z FROM VALUES (1, 'a') AS a(x, y) "
+        "JOIN VALUES ('a', 2) AS c(y, z) ON a.y = c.y) ac JOIN bid b ON b.auction = ac.z GROUP BY ac.x, b.auction"
+    )
+    pipeline = load(tmp_path, {"a.sql": BID_SOURCE + f"CREATE MATERIALIZED VIEW v AS {rewritten};"})
+    assert pipeline.views["v"].plan is not None
 
 
 def test_full_refresh_still_refuses_non_deterministic_functions(tmp_path: Path) -> None:

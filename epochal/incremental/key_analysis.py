@@ -78,7 +78,9 @@ class KeyAnalyzer:
             return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)
         if isinstance(node, exp.Subquery):
             query = node.this
-            if not is_stateful(query):
+            # reading no table (only VALUES), a subquery is constant however it computes: a leaf
+            # with no upstream, rather than a stage that no epoch would ever run
+            if not is_stateful(query) or query.find(exp.Table) is None:
                 tables = tuple(dict.fromkeys(t.name.lower() for t in query.find_all(exp.Table)))
                 self.leaves.append(_LeafSpec(node, query.sql(dialect=DIALECT), tables, None))
                 return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)

@@ -66,10 +66,10 @@ def affected_keys(spark: SparkSession, plan: Plan, deltas: Mapping[str, DataFram
     changes = {u: d.drop(WEIGHT) for u, d in deltas.items()}
     parts = []
     for leaf in plan.leaves:
-        if not leaf.upstreams:
-            continue  # VALUES: constant rows, in no epoch's change
         keys = ", ".join(f"{expr} AS {name}" for expr, name in zip(leaf.key, names, strict=True))
-        parts.append(sql_over(spark, f"SELECT {keys} FROM ({leaf.sql}) AS _leaf", changes))
+        # VALUES: constant rows, in no epoch's change (typed like its keys, for the union)
+        unchanged = "" if leaf.upstreams else " WHERE false"
+        parts.append(sql_over(spark, f"SELECT {keys} FROM ({leaf.sql}) AS _leaf{unchanged}", changes))
     return reduce(lambda a, b: a.unionByName(b), parts).distinct()
 
 

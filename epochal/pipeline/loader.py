@@ -389,9 +389,18 @@ def _planned_views(
         result.update(_planned_views(stage_view, sqlglot.parse_one(stage.query, read=DIALECT), parsed, schema, issues))
     if planned.plan.query:  # what the planned query reads: leaves, or the stages of a linear rest
         upstreams = tuple(dict.fromkeys(u for leaf in planned.plan.leaves for u in leaf.upstreams))
-        if not upstreams:
+        if not planned.plan.leaves:
             read = sqlglot.parse_one(planned.plan.query, read=DIALECT).find_all(sqlglot.exp.Table)
             upstreams = tuple(dict.fromkeys(t.name.lower() for t in read))
+        elif not upstreams:  # only VALUES: a view is refused by its analysis, a stage here
+            if view.internal_of is not None:
+                message = (
+                    "part of the query joins only VALUES, whose rows never change, so it cannot be a stage of its "
+                    "own: join the VALUES in a subquery in FROM (one constant input), or add WITH (refresh = 'full')"
+                )
+                problem = problem_at(view.internal_of, parsed.query_text, parsed.query_line, None, message)
+                issues.add(view.location.file, problem.line, problem.message)
+            return {view.name: view}
     else:
         upstreams = view.upstreams
     result[view.name] = replace(view, upstreams=upstreams, plan=planned.plan)
