@@ -1180,3 +1180,20 @@ def test_names_epochal_makes_for_a_view_are_reserved(tmp_path: Path) -> None:
     assert [at(i) for i in found] == [("2.sql", 1), ("2.sql", 2)]
     assert "'counts__rebuild' contains '__rebuild', which Epochal reserves" in found[0].message
     assert "rename it" in found[0].message and "'__stage'" in found[1].message
+
+
+def test_a_query_sqlglot_cannot_write_back_for_spark_is_refused_at_its_line(tmp_path: Path) -> None:
+    """A stateful view runs the SQL generated from its plan; where sqlglot cannot write part of the
+    query for Spark, the view is refused by name rather than run as SQL that means something else."""
+    found = issues(
+        tmp_path,
+        {
+            "a.sql": BID_SOURCE
+            + "\nCREATE MATERIALIZED VIEW locked AS\n"
+            + "SELECT bidder, count(*) AS n FROM bid GROUP BY bidder FOR UPDATE;\n"
+        },
+    )
+    (issue,) = found
+    assert issue.line == 5  # the view's statement
+    assert "view locked" in issue.message and "FOR UPDATE" in issue.message
+    assert "refresh = 'full'" in issue.message

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
+from sqlglot.errors import ErrorLevel
 from sqlglot.generator import Generator
 from sqlglot.tokens import TokenType
 
@@ -75,6 +76,12 @@ class EpochalSpark(Spark):
             return self._MODIFIERS
 
     class Generator(Spark.Generator):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - sqlglot's arguments
+            # A call sqlglot cannot write for Spark is an error, not a warning beside SQL that
+            # means something else (the probe's to_char and max_by were such warnings).
+            kwargs.setdefault("unsupported_level", ErrorLevel.RAISE)
+            super().__init__(*args, **kwargs)
+
         TRANSFORMS = {
             # (without an entry, WITHIN GROUP is written as parsed)
             **{k: v for k, v in Spark.Generator.TRANSFORMS.items() if k is not exp.WithinGroup},

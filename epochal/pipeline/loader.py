@@ -372,6 +372,16 @@ def _planned_views(
         problem = problem_at(view.name, parsed.query_text, parsed.query_line, refusal.node, refusal.message)
         issues.add(view.location.file, problem.line, problem.message)
         return {view.name: view}
+    except sqlglot.errors.UnsupportedError as unsupported:
+        # The plan's SQL is generated, and sqlglot could not write part of the query for Spark
+        # (the dialect raises rather than write SQL that means something else).
+        message = (
+            f"view {view.name}: part of the query cannot be planned, because it cannot be written back as Spark "
+            f"SQL ({str(unsupported).strip()}): write that part another way, or add WITH (refresh = 'full') to run "
+            "the query as written every epoch"
+        )
+        issues.add(view.location.file, parsed.query_line, message)
+        return {view.name: view}
     result: dict[str, ViewDef] = {}
     for stage in planned.stages:
         schema[stage.name] = stage.columns
