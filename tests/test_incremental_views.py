@@ -274,6 +274,10 @@ SPARK_FORMS = {
     "percentile_disc(0.25) WITHIN GROUP (ORDER BY price DESC) AS p25 FROM orders GROUP BY item",
     "daily": "SELECT to_char(ts, 'yyyy-MM-dd') AS d, count(*) AS n, "
     "to_char(CAST(sum(qty) AS DECIMAL(10, 2)), '999.99') AS q FROM orders GROUP BY to_char(ts, 'yyyy-MM-dd')",
+    # a SELECT without FROM is a constant row (planned linear, it cancelled out and never showed)
+    "with_z": "SELECT item FROM orders UNION ALL SELECT 'z' AS item",
+    "counted_with_z": "SELECT item, count(*) AS n FROM (SELECT item FROM orders UNION ALL SELECT 'z' AS item) "
+    "GROUP BY item",
     "region_tags": "SELECT c.region, x, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.id "
     "LATERAL VIEW posexplode(array(o.item, 'z')) t AS pos, x GROUP BY c.region, x",
     # grouping() and grouping_id() in HAVING: Spark resolves their arguments against the output

@@ -57,7 +57,7 @@ from epochal.incremental.plan import (
     Unmaintainable,
 )
 from epochal.incremental.query_shapes import is_stateful
-from epochal.incremental.rewrites import split_groupings, wrap_lateral_views
+from epochal.incremental.rewrites import from_less_as_values, split_groupings, wrap_lateral_views
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.time_windows import windows_as_input_columns
@@ -89,6 +89,7 @@ def plan_query(
             "sum(CASE WHEN status = 'paid' THEN amount END) AS paid ... GROUP BY customer_id",
             node=pivot,
         )
+    tree = from_less_as_values(tree)  # a constant row is a constant input (VALUES)
     constant = tree.find(exp.Values) is not None
     if not is_stateful(tree) and not constant:
         # query "": the view's own text is run, as written

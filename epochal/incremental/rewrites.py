@@ -9,6 +9,7 @@ Spark accepts but no one key partitions into an equivalent one whose levels each
 * :func:`wrap_lateral_views`: a column a ``LATERAL VIEW`` generates belongs to no FROM item, so a
   grouping, DISTINCT or window partition by it has no input column to restrict. The FROM item
   and its lateral views become a linear subquery (a leaf) that carries the generated columns.
+* :func:`from_less_as_values`: a SELECT without FROM is a constant row, read from a one-row VALUES.
 """
 
 from __future__ import annotations
@@ -300,3 +301,42 @@ def _item_columns(item: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
         names = list(item.this.named_selects)
         return None if "*" in names or "" in names else names
     return None
+
+
+# ---------------------------------------------------------------------------------- a SELECT without FROM
+
+
+#: Alias and column of the one-row VALUES a SELECT without FROM reads.
+ONE_ROW = ("_epochal_one_row", "_epochal_row")
+
+
+def from_less_as_values(tree: exp.Expression) -> exp.Expression:
+    """``tree`` (changed in place) with every SELECT without FROM that yields rows of the query
+    (a set-operation branch, a subquery in FROM, JOIN or IN) reading a one-row VALUES instead.
+
+    ``... UNION ALL SELECT 'z' AS item`` is a constant row: planned linear, the branch gave the row in
+    the query over the inserted rows and again over the deleted ones, so it cancelled and the view
+    never had it. Reading VALUES, it is a constant input like any inline table (keyed, present
+    from the first epoch)."""
+    for select in list(tree.find_all(exp.Select)):
+        if select.args.get("from_") is not None or not _yields_rows(select):
+            continue
+        alias, column = ONE_ROW
+        one = exp.Values(
+            expressions=[exp.Tuple(expressions=[exp.Literal.number(0)])],
+            alias=exp.TableAlias(this=exp.to_identifier(alias), columns=[exp.to_identifier(column)]),
+        )
+        select.set("from_", exp.From(this=one))
+    return tree
+
+
+def _yields_rows(select: exp.Select) -> bool:
+    """Whether ``select``'s rows are rows of the query (not a scalar subquery's value)."""
+    node: exp.Expression = select
+    while isinstance(node.parent, exp.Paren):
+        node = node.parent
+    parent = node.parent
+    if parent is None or isinstance(parent, (exp.SetOperation, exp.CTE, exp.In)):
+        return True
+    relation = (exp.From, exp.Join, exp.SetOperation, exp.In)
+    return isinstance(parent, exp.Subquery) and isinstance(parent.parent, relation)
