@@ -70,6 +70,13 @@ def plan(query: str, schema: dict | None = None, internal: bool = False, min_max
             ("bid.auction", "bid.bidder"),
             [("auction", "bidder")],
         ),
+        # a window function under IGNORE NULLS: the window's partition, not an aggregate of the level
+        (
+            "SELECT auction, first_value(bidder) IGNORE NULLS OVER (PARTITION BY auction ORDER BY price) AS fb, "
+            "lag(bidder) IGNORE NULLS OVER (PARTITION BY auction ORDER BY price) AS pb FROM bid",
+            ("bid.auction",),
+            [("auction",)],
+        ),
     ],
 )
 def test_each_operator_is_keyed_by_what_it_partitions_by(query: str, classes: tuple, leaf_keys: list) -> None:
@@ -544,6 +551,10 @@ SPARK_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
                    ("auction", "n")),
     "ranked_groups": ("SELECT auction, max(price) AS hi, dense_rank() OVER (ORDER BY max(price) DESC) AS rk "
                       "FROM bid GROUP BY auction", ("auction", "hi", "rk")),
+    # window functions under IGNORE/RESPECT NULLS (were refused as aggregates without GROUP BY)
+    "ignore_nulls": ("SELECT auction, first_value(bidder) IGNORE NULLS OVER (PARTITION BY auction ORDER BY date_time) "
+                     "AS fb, lag(bidder) RESPECT NULLS OVER (PARTITION BY auction ORDER BY date_time) AS pb FROM bid",
+                     ("auction", "fb", "pb")),
     # grouped by a column a LATERAL VIEW generates
     "exploded": ("SELECT x, count(*) AS n FROM bid LATERAL VIEW explode(array(channel, url)) t AS x GROUP BY x",
                  ("x", "n")),

@@ -300,6 +300,9 @@ SPARK_FORMS = {
     "every_item": "SELECT v.item, count(o.id) AS n FROM VALUES ('a'), ('b'), ('q') AS v(item) "
     "LEFT JOIN orders o ON o.item = v.item GROUP BY v.item",
     "items_and_z": "SELECT item FROM orders WHERE qty > 1 UNION ALL VALUES ('z')",
+    # window functions under IGNORE NULLS (were refused as aggregates without GROUP BY)
+    "first_custs": "SELECT id, first_value(cust) IGNORE NULLS OVER (PARTITION BY item ORDER BY id) AS fc, "
+    "lag(cust) IGNORE NULLS OVER (PARTITION BY item ORDER BY id) AS pc FROM orders",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS
+from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS, is_window_call
 from epochal.pipeline.time_windows import window_call
 
 
@@ -30,7 +30,7 @@ def is_stateful(node: exp.Expression) -> bool:
 
 
 def is_aggregate_call(node: exp.Func) -> bool:
-    if isinstance(node.parent, exp.Window) and node.parent.this is node:
+    if is_window_call(node):
         return False  # a window aggregate: reported as the window
     name = node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
     return isinstance(node, exp.AggFunc) or name in AGGREGATE_FUNCTIONS

@@ -22,11 +22,10 @@ from epochal.incremental.key_analysis import KeyAnalyzer
 from epochal.incremental.plan import Unmaintainable
 from epochal.incremental.query_shapes import conjuncts, is_aggregate_call
 from epochal.pipeline.dialect import DIALECT
+from epochal.pipeline.stateless import CALL_WRAPPERS, is_window_call
 
 #: The clauses evaluated after the aggregation: they read its groups, never its input rows.
 _AFTER_GROUPING = ("distinct", "order", "limit", "offset", "qualify", "sort", "cluster", "distribute")
-#: Modifiers of an aggregate call that belong to it (FILTER, IGNORE NULLS, WITHIN GROUP).
-_CALL_WRAPPERS = (exp.Filter, exp.IgnoreNulls, exp.RespectNulls, exp.WithinGroup)
 #: Alias of the subquery the aggregation moves into.
 GROUPED_ALIAS = "_grouped"
 
@@ -72,7 +71,7 @@ def _aggregate_calls(select: exp.Select) -> list[exp.Expression]:
         f
         for clause in clauses
         for f in clause.find_all(exp.Func)
-        if f.parent_select is select and is_aggregate_call(f) and not _is_window_function(f)
+        if f.parent_select is select and is_aggregate_call(f) and not is_window_call(f)
     ]
 
 
@@ -83,21 +82,12 @@ def _conflicts(select: exp.Select) -> bool:
         return False  # refused for another reason, which the planner reports on its own
 
 
-def _is_window_function(node: exp.Expression) -> bool:
-    """``node`` is what a window computes (``sum(x)`` of ``sum(x) OVER (...)``), possibly under
-    IGNORE NULLS, not an aggregate of the level."""
-    parent = node.parent
-    if isinstance(parent, _CALL_WRAPPERS) and parent.this is node:
-        node, parent = parent, parent.parent
-    return isinstance(parent, exp.Window) and parent.this is node
-
-
 def _aggregate_node(node: exp.Expression) -> bool:
     """``node`` is a whole aggregate call of the level: the call with its FILTER or IGNORE NULLS."""
-    if isinstance(node, _CALL_WRAPPERS) and isinstance(node.this, exp.Func):
-        return is_aggregate_call(node.this) and not _is_window_function(node)
-    if isinstance(node, exp.Func) and is_aggregate_call(node) and not _is_window_function(node):
-        return not (isinstance(node.parent, _CALL_WRAPPERS) and node.parent.this is node)
+    if isinstance(node, CALL_WRAPPERS) and isinstance(node.this, exp.Func):
+        return is_aggregate_call(node.this) and not is_window_call(node)
+    if isinstance(node, exp.Func) and is_aggregate_call(node) and not is_window_call(node):
+        return not (isinstance(node.parent, CALL_WRAPPERS) and node.parent.this is node)
     return False
 
 

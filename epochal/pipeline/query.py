@@ -25,7 +25,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.schema import MappingSchema
 
 from epochal.pipeline.dialect import DIALECT
-from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS, refused_constructs
+from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS, is_window_call, refused_constructs
 from epochal.pipeline.statements import Problem
 from epochal.pipeline.time_windows import name_implicit_windows
 
@@ -347,7 +347,7 @@ def _bare_grouping_columns(tree: exp.Expression) -> exp.Expression:
 
 def _has_aggregate(node: exp.Expression) -> bool:
     for function in node.find_all(exp.Func):
-        if isinstance(function.parent, exp.Window) and function.parent.this is function:
+        if is_window_call(function):
             continue  # sum(x) OVER (...) is a window function, not an aggregate
         name = function.name.lower() if isinstance(function, exp.Anonymous) else function.sql_name().lower()
         if isinstance(function, exp.AggFunc) or name in AGGREGATE_FUNCTIONS:

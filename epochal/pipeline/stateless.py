@@ -192,8 +192,22 @@ def _is_expression_subquery(node: exp.Subquery) -> bool:
     return not isinstance(parent, (exp.In, exp.Exists, exp.Any, exp.All))
 
 
+#: What may stand between a function and its OVER: ``f(x) IGNORE NULLS OVER (...)``,
+#: ``f(x) FILTER (WHERE ...) OVER (...)``.
+CALL_WRAPPERS = (exp.Filter, exp.IgnoreNulls, exp.RespectNulls, exp.WithinGroup)
+
+
+def is_window_call(node: exp.Expression) -> bool:
+    """``node`` is what a window computes (``sum(x)`` of ``sum(x) OVER (...)``), possibly under
+    IGNORE/RESPECT NULLS or FILTER, so not an aggregate of its SELECT."""
+    parent = node.parent
+    while isinstance(parent, CALL_WRAPPERS) and parent.this is node:
+        node, parent = parent, parent.parent
+    return isinstance(parent, exp.Window) and parent.this is node
+
+
 def _function(node: exp.Func):
-    if isinstance(node.parent, exp.Window) and node.parent.this is node:
+    if is_window_call(node):
         return  # reported as the window function
     key = _key(node)
     if key in WINDOW_FUNCTIONS:
