@@ -70,6 +70,12 @@ def plan(query: str, schema: dict | None = None, internal: bool = False, min_max
             ("bid.auction", "bid.bidder"),
             [("auction", "bidder")],
         ),
+        # a constant grouping key (by ordinal or written out) reads no column: it partitions nothing
+        (
+            "SELECT 'all' AS segment, auction, sum(price) AS s FROM bid GROUP BY 1, auction",
+            ("bid.auction",),
+            [("auction",)],
+        ),
         # a window function under IGNORE NULLS: the window's partition, not an aggregate of the level
         (
             "SELECT auction, first_value(bidder) IGNORE NULLS OVER (PARTITION BY auction ORDER BY price) AS fb, "
@@ -91,6 +97,23 @@ def test_each_operator_is_keyed_by_what_it_partitions_by(query: str, classes: tu
     assert all(name.startswith(LEAF_PREFIX) for name in tables)
     for leaf in planned.plan.leaves:
         assert leaf.name in planned.plan.query
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT 'all' AS segment, count(*) AS n FROM bid GROUP BY 1",
+        "SELECT 'all' AS segment, count(*) AS n FROM bid GROUP BY 'all'",
+        "SELECT 'all' AS segment, 2 AS two, max(price) AS hi FROM bid GROUP BY 1, 2",
+    ],
+)
+def test_constant_grouping_keys_are_one_partition(query: str) -> None:
+    """A grouping key that reads no column puts every row in one group: planned like an aggregate
+    over all rows (recomputed: a partial aggregate keeps no constant groups), not refused."""
+    planned = plan(query)
+    assert planned.plan.kind == "keyed"
+    assert planned.plan.key_classes == ()
+    assert planned.plan.rule == "recompute"
 
 
 def test_whole_table_leaves_are_read_restricted_at_storage() -> None:
@@ -555,6 +578,8 @@ SPARK_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ignore_nulls": ("SELECT auction, first_value(bidder) IGNORE NULLS OVER (PARTITION BY auction ORDER BY date_time) "
                      "AS fb, lag(bidder) RESPECT NULLS OVER (PARTITION BY auction ORDER BY date_time) AS pb FROM bid",
                      ("auction", "fb", "pb")),
+    # a constant grouping key: every row in one group, as without GROUP BY
+    "one_segment": ("SELECT 'all' AS segment, count(*) AS n FROM bid GROUP BY 1", ("segment", "n")),
     # grouped by a column a LATERAL VIEW generates
     "exploded": ("SELECT x, count(*) AS n FROM bid LATERAL VIEW explode(array(channel, url)) t AS x GROUP BY x",
                  ("x", "n")),

@@ -303,6 +303,9 @@ SPARK_FORMS = {
     # window functions under IGNORE NULLS (were refused as aggregates without GROUP BY)
     "first_custs": "SELECT id, first_value(cust) IGNORE NULLS OVER (PARTITION BY item ORDER BY id) AS fc, "
     "lag(cust) IGNORE NULLS OVER (PARTITION BY item ORDER BY id) AS pc FROM orders",
+    # a constant grouping key, alone and beside a column (was refused as partitioned by no column)
+    "all_orders": "SELECT 'all' AS segment, count(*) AS n FROM orders GROUP BY 1",
+    "item_totals": "SELECT 'all' AS segment, item, sum(qty) AS q FROM orders GROUP BY 1, item",
 }
 
 

@@ -57,6 +57,14 @@ class _LeafSpec:
     table: str | None
 
 
+def _constant_grouping(node: exp.Expression, select: exp.Select) -> bool:
+    """``node`` of ``select``'s GROUP BY reads no column: a constant, or an ordinal (GROUP BY 1,
+    which qualification leaves in place when the select item is a literal) naming one."""
+    if isinstance(node, exp.Literal) and node.is_int and 1 <= int(node.name) <= len(select.expressions):
+        node = select.expressions[int(node.name) - 1].unalias()
+    return node.find(exp.Column) is None
+
+
 class KeyAnalyzer:
     def __init__(self) -> None:
         self.leaves: list[_LeafSpec] = []
@@ -207,9 +215,11 @@ class KeyAnalyzer:
         if group is not None:
             # What every grouping set groups by: a plain expression outside ROLLUP, CUBE and
             # GROUPING SETS (none when WITH ROLLUP/CUBE covers them all), and no session window,
-            # whose bounds depend on the other rows. Nothing left: one partition.
+            # whose bounds depend on the other rows. A constant (GROUP BY 'all') reads no column, so
+            # it puts every row in the same group. Nothing left: one partition.
             sets = any(group.args.get(a) for a in ("grouping_sets", "cube", "rollup", "totals"))
-            required.append(("GROUP BY", [] if sets else [g for g in group.expressions if is_row_function(g)]))
+            keyed = [g for g in group.expressions if is_row_function(g) and not _constant_grouping(g, select)]
+            required.append(("GROUP BY", [] if sets else keyed))
             names = sorted({f.sql_name().lower() if not isinstance(f, exp.Anonymous) else f.name for f in aggregates})
             operators.insert(
                 0,
