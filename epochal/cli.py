@@ -210,6 +210,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     runtime = _runtime()
     tables = None
     if args.table:
+        # names are case-insensitive, as in Spark; the loader keeps them lowercased
+        args.table = {t.lower(): t for t in runtime.pipeline.tables}.get(args.table.lower(), args.table)
         if args.table not in runtime.pipeline.tables:
             raise EpochalError(f"{args.table} is not a table of this pipeline ({', '.join(runtime.pipeline.tables)})")
         tables = [args.table]

@@ -559,11 +559,24 @@ class EpochRuntime:
 
     def state(self, table: str, epoch: int | None = None) -> "DataFrame":
         """The rows of ``table`` as of committed ``epoch`` (default: the committed epoch), as Spark reads them."""
+        table = self.table_name(table)
         committed = self.controller.epoch_log.committed_epoch()
         if committed is None:
             raise EpochalError(f"table {table} has no committed epoch yet: run epoch_job first")
         limit = committed if epoch is None else min(epoch, committed)
         return self.read_state(table, limit, inclusive=True)[0]
+
+    def table_name(self, name: str) -> str:
+        """The state table ``name`` means: names are case-insensitive, as in Spark, and the loader
+        keeps them lowercased (CREATE MATERIALIZED VIEW DailyRev is the table dailyrev)."""
+        tables = [*self.pipeline.tables, *(dead_letter_table(s) for s in self.pipeline.sources)]
+        if name in tables:
+            return name
+        folded = {t.lower(): t for t in tables}
+        if name.lower() in folded:
+            return folded[name.lower()]
+        # otherwise the catalog would report the epochs it has not written, as if it were late
+        raise EpochalError(f"no table {name} in the pipeline: its tables are {', '.join(sorted(tables))}")
 
     def compact(
         self, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None

@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 
 from epochal.connectors.log import append_records
-from epochal.errors import PipelineError
+from epochal.errors import EpochalError, PipelineError
 from epochal.incremental.analysis import FINGERPRINT_FILE, analyse_pipeline, check_pipeline, written_schemas
 from epochal.incremental.binding import sql_over
 from epochal.incremental.plan import PARTIAL_RULE, Plan
@@ -306,6 +306,8 @@ SPARK_FORMS = {
     # a constant grouping key, alone and beside a column (was refused as partitioned by no column)
     "all_orders": "SELECT 'all' AS segment, count(*) AS n FROM orders GROUP BY 1",
     "item_totals": "SELECT 'all' AS segment, item, sum(qty) AS q FROM orders GROUP BY 1, item",
+    # a view named with capitals, read by the name as written (the loader keeps it lowercased)
+    "DailyRev": "SELECT item, sum(qty * price) AS rev FROM orders GROUP BY item",
 }
 
 
@@ -323,7 +325,11 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
     assert pipeline.views["top_custs__stage1"].plan.rule == PARTIAL_RULE
     assert pipeline.views["top_custs"].plan.key_classes == ()
     assert pipeline.views["item_tags"].plan.key_classes == ("orders.x",)
-    run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
+    runtime = run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
+    # names are case-insensitive; one no table has is said to be unknown, not late
+    assert runtime.state("DAILYREV").count() == runtime.state("dailyrev").count()
+    with pytest.raises(EpochalError, match="no table DailyRevs in the pipeline"):
+        runtime.state("DailyRevs")
 
 
 def _with_plan(pipeline: Pipeline, view: str, plan: Plan) -> Pipeline:
