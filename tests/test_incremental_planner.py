@@ -580,6 +580,9 @@ SPARK_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
                      ("auction", "fb", "pb")),
     # a constant grouping key: every row in one group, as without GROUP BY
     "one_segment": ("SELECT 'all' AS segment, count(*) AS n FROM bid GROUP BY 1", ("segment", "n")),
+    # a generator's several named columns (was refused as a column without a name)
+    "stacked": ("SELECT auction, stack(2, 'bidder', bidder, 'price', price) AS (k, v) FROM bid",
+                ("auction", "k", "v")),
     # grouped by a column a LATERAL VIEW generates
     "exploded": ("SELECT x, count(*) AS n FROM bid LATERAL VIEW explode(array(channel, url)) t AS x GROUP BY x",
                  ("x", "n")),

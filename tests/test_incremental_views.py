@@ -308,6 +308,8 @@ SPARK_FORMS = {
     "item_totals": "SELECT 'all' AS segment, item, sum(qty) AS q FROM orders GROUP BY 1, item",
     # a view named with capitals, read by the name as written (the loader keeps it lowercased)
     "DailyRev": "SELECT item, sum(qty * price) AS rev FROM orders GROUP BY item",
+    # a generator's several named columns (was refused as a column without a name)
+    "order_values": "SELECT id, stack(2, 'qty', CAST(qty AS DOUBLE), 'price', price) AS (k, v) FROM orders",
 }
 
 
@@ -325,6 +327,7 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
     assert pipeline.views["top_custs__stage1"].plan.rule == PARTIAL_RULE
     assert pipeline.views["top_custs"].plan.key_classes == ()
     assert pipeline.views["item_tags"].plan.key_classes == ("orders.x",)
+    assert pipeline.views["order_values"].columns == ("id", "k", "v")
     runtime = run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
     # names are case-insensitive; one no table has is said to be unknown, not late
     assert runtime.state("DAILYREV").count() == runtime.state("dailyrev").count()

@@ -1058,6 +1058,19 @@ def test_duplicate_output_columns_are_refused(tmp_path: Path) -> None:
     assert "view v: column 'auction' appears more than once in the output" in issue.message
 
 
+def test_a_generator_named_by_several_aliases_gives_each_column(tmp_path: Path) -> None:
+    """stack(...) AS (k, v) names two columns, as Spark gives them: not a column without a name."""
+    view = (
+        "CREATE MATERIALIZED VIEW v AS "
+        "SELECT auction, stack(2, 'bidder', bidder, 'price', price) AS (k, v) FROM bid;"
+    )
+    pipeline = load(tmp_path, {"a.sql": BID_SOURCE + view})
+    assert pipeline.views["v"].columns == ("auction", "k", "v")
+    twice = "CREATE MATERIALIZED VIEW w AS SELECT auction AS k, stack(1, bidder, price) AS (k, v) FROM bid;"
+    issue = only_issue(tmp_path, {"a.sql": BID_SOURCE + twice})
+    assert "view w: column 'k' appears more than once in the output" in issue.message
+
+
 def test_view_options_are_checked(tmp_path: Path) -> None:
     found = issues(
         tmp_path,

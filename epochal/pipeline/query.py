@@ -154,7 +154,7 @@ def analyze_query(view: str, query_text: str, query_line: int, full_refresh: boo
             )
         )
     for position, projection in enumerate(tree.selects, start=1):
-        if _output_name(projection) is None:
+        if _output_names(projection) is None:
             shown = projection.sql(dialect=DIALECT)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             analysis.problems.append(
@@ -173,13 +173,17 @@ def _unwrap(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _output_name(projection: exp.Expression) -> str | None:
+def _output_names(projection: exp.Expression) -> list[str] | None:
+    """The columns ``projection`` gives, by name; None when it has none."""
     if isinstance(projection, exp.Alias):
-        return projection.alias
+        return [projection.alias]
+    if isinstance(projection, exp.Aliases):
+        # a generator's several columns: stack(2, ...) AS (k, v)
+        return [alias.name for alias in projection.expressions] or None
     if isinstance(projection, exp.Column):
-        return projection.name  # a.* has name "*", expanded later
+        return [projection.name]  # a.* has name "*", expanded later
     if isinstance(projection, exp.Star):
-        return "*"
+        return ["*"]
     return None
 
 
