@@ -51,9 +51,8 @@ def _by(name: str):  # noqa: ANN202 - a sqlglot transform
 
 
 def _to_date(generator: Generator, node: exp.TsOrDsToDate) -> str:
-    fmt = node.args.get("format")
-    if fmt is None:
-        return generator.func("TO_DATE", node.this)
+    if node.args.get("format") is None:  # (also the conversions sqlglot adds itself: written as before)
+        return Spark.Generator.TRANSFORMS[exp.TsOrDsToDate](generator, node)
     return generator.func("TO_DATE", node.this, generator.format_time(node))
 
 
