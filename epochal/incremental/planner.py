@@ -56,7 +56,7 @@ from epochal.incremental.plan import (
     Stage,
     Unmaintainable,
 )
-from epochal.incremental.query_shapes import is_stateful
+from epochal.incremental.query_shapes import is_stateful, padded_items
 from epochal.incremental.rewrites import from_less_as_values, split_groupings, wrap_lateral_views
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
@@ -193,13 +193,7 @@ def _output_keys(tree: exp.Expression, leaves: Sequence[Leaf]) -> tuple[int, ...
         return ()  # positions are only known when every column is written out
     joins = tree.args.get("joins") or []
     items = [tree.args["from_"].this, *(join.this for join in joins)]
-    padded = [False] * len(items)
-    for index, join in enumerate(joins, start=1):
-        side = (join.side or "").upper()
-        if side in ("LEFT", "FULL"):
-            padded[index] = True
-        if side in ("RIGHT", "FULL"):
-            padded[:index] = [True] * index
+    padded = padded_items(tree)
     by_name = {leaf.name: leaf for leaf in leaves}
     aliases: dict[str, Leaf] = {}
     for item, is_padded in zip(items, padded, strict=True):

@@ -95,3 +95,16 @@ class KeyClasses:
 
     def members(self, root: tuple[int, str]) -> list[tuple[int, str]]:
         return [m for m in list(self.parent) if self.find(m) == root]
+
+
+def padded_items(select: exp.Select) -> list[bool]:
+    """Per FROM item, whether an outer join pads it with NULLs (then it has rows it did not read)."""
+    joins = select.args.get("joins") or []
+    padded = [False] * (len(joins) + 1)
+    for index, join in enumerate(joins, start=1):
+        side = (join.side or "").upper()
+        if side in ("LEFT", "FULL"):
+            padded[index] = True
+        if side in ("RIGHT", "FULL"):
+            padded[:index] = [True] * index
+    return padded

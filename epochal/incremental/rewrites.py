@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from epochal.incremental.key_analysis import KeyAnalyzer
 from epochal.incremental.plan import Unmaintainable
-from epochal.incremental.query_shapes import conjuncts, is_aggregate_call
+from epochal.incremental.query_shapes import conjuncts, is_aggregate_call, padded_items
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.stateless import CALL_WRAPPERS, is_window_call
 
@@ -190,7 +190,7 @@ def _keyed_by_generated(select: exp.Select, generated: set[str]) -> bool:
 def _wrap(select: exp.Select, laterals: list[exp.Lateral], schema: Mapping[str, Sequence[str]]) -> None:
     items = _items(select)
     by_alias = {item.alias_or_name: index for index, item in enumerate(items)}
-    padded = _padded(select)
+    padded = padded_items(select)
     owner_of: dict[str, int] = {}  # lateral alias -> the item it reads (a later one may read an earlier)
     for lateral in laterals:
         alias = lateral.alias_or_name
@@ -262,19 +262,6 @@ def _wrap(select: exp.Select, laterals: list[exp.Lateral], schema: Mapping[str, 
 def _refusal(lateral: exp.Lateral, why: str, rewrite: str) -> Unmaintainable:
     shown = lateral.sql(dialect=DIALECT)
     return Unmaintainable(shown if len(shown) <= 60 else shown[:57] + "...", why, rewrite, lateral)
-
-
-def _padded(select: exp.Select) -> list[bool]:
-    """Per FROM item, whether an outer join pads it with NULLs (then it has rows it did not read)."""
-    joins = select.args.get("joins") or []
-    padded = [False] * (len(joins) + 1)
-    for index, join in enumerate(joins, start=1):
-        side = (join.side or "").upper()
-        if side in ("LEFT", "FULL"):
-            padded[index] = True
-        if side in ("RIGHT", "FULL"):
-            padded[:index] = [True] * index
-    return padded
 
 
 def _items(select: exp.Select) -> list[exp.Expression]:
