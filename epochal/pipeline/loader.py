@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.errors import PipelineError, PipelineIssue, require
 from epochal.options import unknown_option_problems
+from epochal.pipeline.cycles import view_cycles
 from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
 from epochal.pipeline.model import (
     REBUILD_SEPARATOR,
@@ -306,7 +306,7 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
                 issues.add(where.file, ref.line, message)
 
     upstreams = {name: [ref.name for ref in a.tables] for name, a in analyses.items()}
-    for cycle in _cycles(list(parsed_views), upstreams):
+    for cycle in view_cycles(list(parsed_views), upstreams):
         first = parsed_views[cycle[0]].location
         issues.add(
             first.file,
@@ -454,73 +454,6 @@ def _unknown_table(name: str, reader: str, named: dict[str, _Definition]) -> str
     close = difflib.get_close_matches(name, readable, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"defined: {', '.join(readable) or 'none'}"
     return f"{reader}: unknown table '{name}' (not a table, source or materialized view): {hint}"
-
-
-def _cycles(views: list[str], upstreams: dict[str, list[str]]) -> list[list[str]]:
-    """Each cycle among views once, as a path starting and ending at its first-defined view."""
-    order = {name: index for index, name in enumerate(views)}
-    edges = {v: [u for u in upstreams[v] if u in order] for v in views}
-    cycles: list[list[str]] = []
-    for component in _strongly_connected(views, edges):
-        if len(component) == 1 and component[0] not in edges[component[0]]:
-            continue
-        members = set(component)
-        start = min(component, key=order.__getitem__)
-        cycles.append(_path_back(start, members, edges))
-    cycles.sort(key=lambda cycle: order[cycle[0]])
-    return cycles
-
-
-def _path_back(start: str, members: set[str], edges: dict[str, list[str]]) -> list[str]:
-    """Shortest path start -> ... -> start inside one strongly connected component (BFS)."""
-    parent: dict[str, str | None] = {start: None}
-    queue = deque([start])
-    while queue:
-        node = queue.popleft()
-        for upstream in edges[node]:
-            if upstream == start:
-                path = [node]
-                while (step := parent[path[-1]]) is not None:
-                    path.append(step)
-                return [*reversed(path), start]
-            if upstream in members and upstream not in parent:
-                parent[upstream] = node
-                queue.append(upstream)
-    return [start, start]  # not reached for a component that is a cycle
-
-
-def _strongly_connected(nodes: list[str], edges: dict[str, list[str]]) -> list[list[str]]:
-    """Tarjan's algorithm; pipelines are small, recursion depth is fine."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in edges[node]:
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            components.append(component)
-
-    for node in nodes:
-        if node not in index:
-            visit(node)
-    return components
 
 
 def _sinks(
