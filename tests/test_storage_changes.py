@@ -54,3 +54,27 @@ def test_change_files_are_read_with_the_schema_spark_wrote_and_no_job_of_their_o
         pq.write_table(pa.table({"id": [1, 2]}).replace_schema_metadata(metadata), tmp_path / name / "part-0.parquet")
         assert warehouse.written_schema([str(tmp_path / name)]) is None
         assert [r.id for r in warehouse.read(spark, [str(tmp_path / name)]).collect()] == [1, 2]
+
+
+def test_change_files_say_whether_they_delete_from_their_footers(spark, tmp_path) -> None:
+    """A state whose changes since its snapshot only insert is read as their union, without netting
+    (a shuffle of the whole table). Whether a file deletes comes from its ``_weight`` statistics;
+    a file without them (or without the column) counts as deleting, so nothing is left un-netted."""
+    warehouse = Warehouse(str(tmp_path / "warehouse"))
+    schema = "k BIGINT, _weight BIGINT"
+    inserts, mixed, empty = (warehouse.new_location("t", e) for e in (1, 2, 3))
+    warehouse.write(frame(spark, [(1, 1), (1, 1), (2, 1)], schema), inserts)
+    warehouse.write(frame(spark, [(3, 1), (1, -1)], schema), mixed)
+    warehouse.write(frame(spark, [], schema), empty)
+    assert not warehouse.may_delete([inserts]) and not warehouse.may_delete([empty, inserts])
+    assert warehouse.may_delete([mixed]) and warehouse.may_delete([inserts, mixed])
+    rows, count, deletes = warehouse.read_changes(spark, [inserts, empty])
+    assert (count, deletes) == (3, False) and multiset(rows.collect()) == multiset([(1, 1), (1, 1), (2, 1)])
+    assert warehouse.read_changes(spark, [inserts, mixed])[1:] == (5, True)
+    for name, table, options in (
+        ("no_stats", pa.table({"k": [1], "_weight": [1]}), {"write_statistics": False}),
+        ("no_weight", pa.table({"k": [1]}), {}),
+    ):
+        (tmp_path / name).mkdir()
+        pq.write_table(table, tmp_path / name / "part-0.parquet", **options)
+        assert warehouse.may_delete([str(tmp_path / name)]), name

@@ -124,8 +124,10 @@ class StateReader:
             base = base.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
         if not parts.changes:
             return base, rows_read
-        changes, change_rows = self.warehouse.read_counted(self.spark, [loc for _, loc in parts.changes])
+        changes, change_rows, deletes = self.warehouse.read_changes(self.spark, [loc for _, loc in parts.changes])
         changes = changes.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
+        if not deletes:  # only inserts since the snapshot: their union, nothing to net
+            return base.unionByName(changes.drop(WEIGHT)), rows_read + change_rows
         weighted = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
         return net_rows(weighted), rows_read + change_rows
 
@@ -133,8 +135,10 @@ class StateReader:
         self, parts: StateParts, restrict: tuple[tuple[str, ...], DataFrame] | None
     ) -> tuple[DataFrame | None, int]:
         """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
-        the snapshot as it is (no ``_weight`` column: every row counts once); otherwise the snapshot
-        rows with weight +1 followed by the changes."""
+        the snapshot as it is (no ``_weight`` column: every row counts once), and so it is when no
+        change file deletes a row (an append-only table): the snapshot's rows followed by the
+        inserted ones, already net. Otherwise the snapshot rows with weight +1 followed by the
+        changes."""
         from pyspark.sql import functions as F
 
         if parts.snapshot is None and not parts.changes:
@@ -143,10 +147,13 @@ class StateReader:
         if not parts.changes:
             return base, rows_read
         locations = [loc for _, loc in parts.changes]
-        changes, change_rows = self.warehouse.read_counted(self.spark, locations)
+        changes, change_rows, deletes = self.warehouse.read_changes(self.spark, locations)
         rows_read += change_rows
         if restrict is not None:
             changes = semi_join(changes, restrict)
+        if not deletes:
+            inserted = changes.drop(WEIGHT)
+            return (inserted if base is None else base.unionByName(inserted)), rows_read
         if base is not None:
             changes = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
         return changes, rows_read

@@ -76,6 +76,23 @@ def _recorded_schema(footer: pq.FileMetaData) -> StructType | None:
         return None
 
 
+def _may_delete(footer: pq.FileMetaData) -> bool:
+    """Whether a change file may hold a row of negative weight: its ``_weight`` column's minimum
+    in some row group is below 0, or unknown (no statistics, or no such column)."""
+    paths = [footer.schema.column(i).path for i in range(footer.num_columns)]
+    if WEIGHT not in paths:
+        return True
+    column = paths.index(WEIGHT)
+    for group in range(footer.num_row_groups):
+        chunk = footer.row_group(group).column(column)
+        if chunk.num_values == 0:
+            continue
+        stats = chunk.statistics
+        if stats is None or not stats.has_min_max or stats.min < 0:
+            return True
+    return False
+
+
 class Warehouse:
     def __init__(self, root: str):
         self.root = root.rstrip("/")
@@ -111,11 +128,25 @@ class Warehouse:
     def read_counted(self, spark: SparkSession, locations: Iterable[str]) -> tuple[DataFrame, int]:
         """``read``, and the rows the files hold: each location is listed and each footer opened
         once for both."""
+        frame, rows, _ = self.read_changes(spark, locations)
+        return frame, rows
+
+    def read_changes(self, spark: SparkSession, locations: Iterable[str]) -> tuple[DataFrame, int, bool]:
+        """``read_counted`` of change files, and whether any of their rows may be a delete (a
+        ``_weight`` below 0), from the footers' column statistics: a state whose changes since
+        its snapshot only insert is their union, and netting it (a shuffle of every row of the
+        table) would change nothing. Files without statistics count as deleting."""
         locations = list(locations)
         footers = [self._footers(self.parquet_files(location)) for location in locations]
         newest = next((found[0] for found in reversed(footers) if found), None)
         schema = None if newest is None else _recorded_schema(newest)
-        return _with_schema(spark, locations, schema), sum(f.num_rows for found in footers for f in found)
+        rows = sum(f.num_rows for found in footers for f in found)
+        deletes = any(_may_delete(f) for found in footers for f in found)
+        return _with_schema(spark, locations, schema), rows, deletes
+
+    def may_delete(self, locations: Iterable[str]) -> bool:
+        """Whether the change files at ``locations`` may hold a delete (``read_changes``)."""
+        return any(_may_delete(f) for location in locations for f in self._footers(self.parquet_files(location)))
 
     def written_schema(self, locations: Iterable[str]) -> StructType | None:
         """The Spark schema recorded in a file footer at the last of ``locations`` that has a file,
