@@ -71,7 +71,14 @@ class ViewSteps:
 
         if view.plan.rule == PARTIAL_RULE:
             change = partial_change(
-                self.runtime.spark, view.plan, name, view.columns, deltas, read, self.runtime.view_schema(view)
+                self.runtime.spark,
+                view.plan,
+                name,
+                view.columns,
+                deltas,
+                read,
+                self.runtime.view_schema(view),
+                inserts_only=not any(self._may_delete(epoch, u, collected) for u in view.upstreams),
             )
         else:
             changed = frozenset(u for u in view.upstreams if collected[u].rows_out)
@@ -189,6 +196,15 @@ class ViewSteps:
                 "recorded": recorded,
             },
         )
+
+    def _may_delete(self, epoch: int, upstream: str, collected: Mapping[str, Collected]) -> bool:
+        """Whether ``upstream``'s change of the epoch may delete rows (its files' statistics say;
+        an idle epoch and a SOURCE's records read again only insert)."""
+        entry = collected.get(upstream)
+        if entry is not None and entry.location is None:
+            history = self.runtime.reader.history
+            return not (entry.rows_out == 0 or (history is not None and history.covers(upstream)))
+        return entry is None or self.runtime.warehouse.may_delete([entry.location])
 
     def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
         from pyspark.sql.types import LongType, StructField, StructType

@@ -569,3 +569,60 @@ def test_a_changed_view_is_refused_then_rebuilt_in_place(spark, tmp_path: Path, 
     assert runtime.controller.status()["backfills"]["big_bids"]["phase"] == "done"
     query = "SELECT auction, bidder, price * 0.908 AS price_eur, date_time FROM bid WHERE price > 5000"
     assert_views_match_batch(runtime, {"big_bids": query})
+
+
+def test_extremes_backfilled_over_an_append_only_input_stay_exact_when_a_delete_comes(
+    spark, tmp_path: Path, monkeyenv
+) -> None:
+    """A MIN/MAX view added over an input that only appends (big_bids: a filter of bid, a SOURCE
+    without a key) keeps just each group's best value from its backfill: a hash aggregate instead
+    of a bounded heap per group that Spark can only sort-aggregate. That is a hint, not a promise:
+    when big_bids' statement changes, its switch deletes the bids it no longer takes, the lowest
+    of nearly every group among them. Those groups are reread from big_bids, and the view equals
+    the batch over the sources at every epoch, before the change, at the switch and after it."""
+    from pyspark.sql import functions as F
+
+    h = make_harness(tmp_path, {"sources.sql": SMALL_PIPELINE["sources.sql"], "views.sql": SMALL_PIPELINE["views.sql"]})
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance)
+    extremes = (
+        "SELECT bidder, count(*) AS n, min(price_eur) AS low, max(price_eur) AS high, "
+        "min(date_time) AS first_at FROM {big_bids} GROUP BY bidder"
+    )
+    (h.pipeline_dir / "new.sql").write_text(_views_file({"extremes": extremes.format(big_bids="big_bids")}))
+    _run(h, instance)  # registers the backfill
+    BackfillRunner(h.runtime(spark)).advance(budget_s=600)
+    runtime = h.runtime(spark)
+    assert runtime.controller.status()["backfills"]["extremes"]["phase"] == "done"
+    # The stage's snapshot the backfill wrote (later epochs may add inserted values that are better)
+    snapshot = runtime.controller.catalog.snapshots("extremes__stage1")[0]
+    written = spark.read.parquet(*runtime.warehouse.snapshot_files(snapshot.location))
+    kept = [c for c in written.columns if c.startswith("_epochal_kept_")]
+    assert len(kept) == 3, kept
+    sizes = written.select(*(F.max(F.size(c)).alias(c) for c in kept)).first()
+    assert all(size == 1 for size in sizes), f"the backfill kept more than the best value: {sizes}"
+
+    def oracle(floor: int) -> dict[str, str]:
+        big_bids = VIEW_QUERIES["big_bids"].replace("price > 1000", f"price > {floor}")
+        return {"extremes": extremes.format(big_bids=f"({big_bids})"), "big_bids": big_bids}
+
+    for i in range(2):  # live epochs append: no group needs its input
+        h.produce([order(500 + i, "c1", 12.0)])
+        _run(h, instance)
+        assert_views_match_batch(h.runtime(spark), oracle(1000))
+
+    views_file = h.pipeline_dir / "views.sql"
+    views_file.write_text(views_file.read_text().replace("price > 1000", "price > 2500"))
+    _run(h, instance)  # the new statement of big_bids starts its backfill; the old one serves
+    BackfillRunner(h.runtime(spark)).advance(budget_s=600)
+    switch = _run(h, instance)  # big_bids switches, and hands extremes the difference
+    assert _metadata(switch, "big_bids").get("serving") != "old statement, maintained"
+    runtime = h.runtime(spark)
+    assert runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "big_bids")).state in (
+        rebuilds.RebuildState.SWITCHED,
+        rebuilds.RebuildState.DONE,
+    )
+    assert_views_match_batch(runtime, oracle(2500))
+    h.produce([order(600, "c2", 30.0)])
+    _run(h, instance)
+    assert_views_match_batch(h.runtime(spark), oracle(2500))

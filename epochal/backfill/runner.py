@@ -424,7 +424,9 @@ class BackfillRunner:
         if plan.kind == "keyed" and plan.rule == PARTIAL_RULE:
             # The table stores partial state (hidden MIN/MAX values): every input row is an insert
             # into an empty group, so the epoch's merge reduces to one aggregation.
-            return partial_inserts(spark, plan, view.columns, states, runtime.query_schema(name)), nothing
+            append_only = all(runtime.pipeline.append_only(u) for u in view.upstreams)
+            rows = partial_inserts(spark, plan, view.columns, states, runtime.query_schema(name), append_only)
+            return rows, nothing
         if plan.kind == "keyed":
             # The view at every key of the range: its query over the leaves' rows (what an epoch
             # computes at the keys it touches, without the restriction: the range is the restriction).

@@ -63,13 +63,16 @@ def partial_change(
     read_state: StateReader,
     declared: StructType,
     dry_run: bool = False,
+    inserts_only: bool = False,
 ) -> KeyedChange:
     """The change of partial-aggregate ``table`` for the epoch (``plan.rule`` is PARTIAL_RULE).
     ``columns`` are the table's query's, typed as ``declared`` (the query's schema); the change
     also carries the hidden kept values. ``dry_run``: build every frame, the rebuild of groups
     from their input included, without asking Spark anything (whether a group needs the rebuild
     is a Spark job) and without persisting: the load-time analysis of the plan
-    (:mod:`epochal.incremental.analysis`)."""
+    (:mod:`epochal.incremental.analysis`). ``inserts_only``: the deltas are known to delete
+    nothing (their files' statistics), so no kept value goes, no sum loses one and no group
+    needs its input: that question, a Spark job, is not asked."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType
@@ -99,7 +102,7 @@ def partial_change(
     stored = (*columns, *spec.hidden)
     exact = {c.name: c.kind == "sum" and _exact(rows.schema[c.argument].dataType) for c in spec.columns}
 
-    delta = cache(_per_group(spec, rows, exact))
+    delta = cache(_per_group(spec, rows, exact, inserts_only=inserts_only))
     # The table's own rows at the touched groups: distributed by its groups, so read at their vnodes.
     # An aggregate over all rows has one group and one row (a COUNT of 0 included), read whole.
     touched = (spec.groups, delta.select(*(quote(g) for g in spec.groups))) if spec.groups else None
@@ -116,7 +119,9 @@ def partial_change(
     redo = judged.where(F.col(_REDO))
     # Only a MIN/MAX or an inexact sum can need its group's input (``_merged``): without one the
     # flag is the constant False, and asking Spark whether any group has it is a job for nothing.
-    can_redo = any(c.kind in ("min", "max") or (c.kind == "sum" and not exact[c.name]) for c in spec.columns)
+    can_redo = not inserts_only and any(
+        c.kind in ("min", "max") or (c.kind == "sum" and not exact[c.name]) for c in spec.columns
+    )
     if dry_run or (can_redo and not redo.isEmpty()):
         # The groups whose kept MIN/MAX values all went (or whose float sum lost a value): rebuilt
         # from their input rows after the epoch, read at their keys, as if every row were inserted
@@ -135,11 +140,22 @@ def partial_change(
 
 
 def partial_inserts(
-    spark: SparkSession, plan: Plan, columns: tuple[str, ...], inputs: Mapping[str, DataFrame], declared: StructType
+    spark: SparkSession,
+    plan: Plan,
+    columns: tuple[str, ...],
+    inputs: Mapping[str, DataFrame],
+    declared: StructType,
+    append_only: bool = False,
 ) -> DataFrame:
     """The stored rows of partial-aggregate ``plan`` over ``inputs`` when every row is an insert
     into an empty table (a backfill's snapshot): one aggregation per group. Nothing is deleted, so
-    nothing is read back, netted, persisted or rebuilt, and the input is scanned once."""
+    nothing is read back, netted, persisted or rebuilt, and the input is scanned once.
+
+    ``append_only``: the input is not expected to delete, so each MIN/MAX keeps only its best
+    value. One value is a prefix of the group's sorted values like any other, so the state stays
+    exact; what it saves is the bounded heap per group, which Spark can only sort-aggregate
+    (a sort of the whole input), for a plain MIN/MAX it hash-aggregates. Should a delete of that
+    value come after all, the group is reread from its input, as when kept values run out."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType
 
@@ -152,7 +168,7 @@ def partial_inserts(
         if c.cache:
             typed[c.cache] = ArrayType(typed[c.name])
     exact = {c.name: c.kind == "sum" and _exact(rows.schema[c.argument].dataType) for c in spec.columns}
-    delta = _per_group(spec, rows, exact, inserts_only=True)
+    delta = _per_group(spec, rows, exact, inserts_only=True, best_only=append_only)
     present = F.col(quote(spec.rows)) > 0 if spec.groups else F.lit(True)
     return _new_groups(spec, delta, typed).where(present).select(*(quote(n) for n in (*columns, *spec.hidden)))
 
@@ -210,12 +226,17 @@ def _counted(column: PartialColumn) -> Column:
 
 
 def _per_group(
-    spec: PartialAggregate, rows: DataFrame, exact: Mapping[str, bool], inserts_only: bool = False
+    spec: PartialAggregate,
+    rows: DataFrame,
+    exact: Mapping[str, bool],
+    inserts_only: bool = False,
+    best_only: bool = False,
 ) -> DataFrame:
     """The change aggregated per group: weighted counts and exact sums, an inexact sum's inserted
     total and whether it lost a value, and per MIN/MAX its best inserted and deleted values (at
     most min_max_cache of each: no more can enter the kept values, or match one of them).
-    ``inserts_only``: the rows are all inserts, so what was deleted is known to be nothing."""
+    ``inserts_only``: the rows are all inserts, so what was deleted is known to be nothing.
+    ``best_only`` (with ``inserts_only``, into empty groups): a MIN/MAX's best inserted value alone."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType
 
@@ -239,6 +260,13 @@ def _per_group(
             # bulk load aggregates partially before its shuffle); rows whose ordering value is
             # NULL (not counted, or the other sign) are not taken.
             value = F.col(quote(c.argument))
+            if best_only:
+                require(inserts_only, "a MIN/MAX's best value alone is kept only for groups that were empty")
+                extreme = (F.min if c.kind == "min" else F.max)(F.when(_counted(c), value))
+                aggregations.append(F.when(extreme.isNotNull(), F.array(extreme)).alias(_IN + c.name))
+                dtype = rows.schema[c.argument].dataType
+                aggregations.append(F.lit(None).cast(ArrayType(dtype)).alias(_OUT + c.name))
+                continue
             best = F.min_by if c.kind == "min" else F.max_by
             for label, sign in ((_IN, w > 0), (_OUT, w < 0)):
                 if label == _OUT and inserts_only:

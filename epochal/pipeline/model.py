@@ -137,6 +137,19 @@ class Pipeline:
                 raise ValueError(f"cycle among views: {pending}")
         return order
 
+    def append_only(self, table: str) -> bool:
+        """Whether ``table``'s changes should only ever insert: a source without a PRIMARY KEY (its
+        connector appends), or a linear view over such tables (a linear query maps inserts to
+        inserts). A planning hint, not a guarantee: a view whose statement changes emits the
+        difference at its switch, deletes included, so what relies on this must stay correct,
+        only slower, when a delete comes anyway."""
+        if table in self.sources:
+            return not self.sources[table].primary_key
+        view = self.views.get(table)
+        if view is None or view.refresh == "full" or view.plan is None or view.plan.kind != "linear":
+            return False
+        return all(self.append_only(u) for u in view.upstreams)
+
     def upstreams(self, table: str) -> tuple[str, ...]:
         if table in self.views:
             return self.views[table].upstreams
