@@ -546,9 +546,10 @@ class EpochRuntime:
         epoch: int,
         inclusive: bool,
         restrict: "tuple[tuple[str, ...], DataFrame] | None" = None,
+        cached: bool = True,
     ) -> tuple["DataFrame", int]:
         """``table``'s rows inside ``epoch`` and the stored rows read: ``StateReader.read_state``."""
-        return self.reader.read_state(table, epoch, inclusive, restrict)
+        return self.reader.read_state(table, epoch, inclusive, restrict, cached)
 
     def query_schema(self, table: str) -> "StructType":
         """``table``'s columns and types as its query gives them (:class:`QuerySchemas`)."""

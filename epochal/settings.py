@@ -198,8 +198,8 @@ class Settings:
     backfill_chunk_rows: int = setting(
         "EPOCHAL_BACKFILL_CHUNK_ROWS",
         "2000000",
-        "Input rows a backfill's snapshot phase reads per vnode range, and records per chunk it reads from a "
-        "SOURCE's split; progress is saved after each.",
+        "Input rows a backfill's snapshot phase reads in its first vnode range (later ranges grow towards about "
+        "10 s each), and records per chunk it reads from a SOURCE's split; progress is saved after each.",
         minimum=1000,
     )
     snapshot_directory_rows: int = setting(

@@ -333,3 +333,16 @@ def test_the_phase_rules_and_vnode_ranges() -> None:
     assert next_range([VnodeRange(0, 256)], 64) is None
     with pytest.raises(InvariantViolation):
         VnodeRange(10, 10)
+
+
+def test_snapshot_ranges_grow_towards_ten_seconds_and_stay_even() -> None:
+    """A range of a few seconds grows (at most 4x a step) until ranges take about 10 s; a slow one
+    never shrinks the next; the vnodes left are split evenly, never into a range and a sliver."""
+    from epochal.backfill.state import grown_width
+
+    assert grown_width(8, 248, 1.0) == 32 - 1  # 4x: 32 wide, evened over 248 left (8 ranges of 31)
+    assert grown_width(52, 204, 3.0) == 102  # 3.3x: 173 wide would leave 31; two of 102 instead
+    assert grown_width(52, 204, 30.0) == 51  # slower than 10 s: not narrower (evened: 4 x 51)
+    assert grown_width(100, 156, 0.5) == 156  # the rest in one range
+    assert grown_width(64, 0, 1.0) == 64  # nothing left
+    assert grown_width(1, 255, 0.0) == 4  # no time measured: the largest step

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import source_splits
-from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, next_range
+from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, grown_width, next_range
 from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.records import Collected, StateCompacted
@@ -297,6 +297,9 @@ class BackfillRunner:
             if not self.throttle(view, rows_read, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return False
+            if chunking is not None and self.rate_limit(view) is None:
+                # (a rate limit sizes ranges by rows: progress about every 10 s at that rate)
+                width = grown_width(width, VNODES_TOTAL - done_vnodes, elapsed)
         if not warehouse.exists(target):  # a view with no rows at all
             warehouse.make_dir(target)
         files = warehouse.snapshot_files(target)
@@ -386,7 +389,9 @@ class BackfillRunner:
                 states[upstream], read = ranged
                 total += read * VNODES_TOTAL // vnodes.size
                 continue
-            state, read = runtime.read_state(upstream, epoch, inclusive=True)
+            # (not through the warm snapshot cache: each range scans only the columns it needs,
+            # where filling the cache scans and keeps them all, for reads that do not come back)
+            state, read = runtime.read_state(upstream, epoch, inclusive=True, cached=False)
             total += read
             hashed = None if chunking is None else chunking.get(upstream)
             if hashed is not None and vnodes.size < VNODES_TOTAL:

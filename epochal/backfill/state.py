@@ -85,6 +85,30 @@ class VnodeRange:
         return self.hi - self.lo
 
 
+#: About how long a snapshot range takes once ranges have grown: the work a killed runner loses
+RANGE_SECONDS = 10.0
+#: ... growing at most this much from one range to the next
+RANGE_GROWTH = 4.0
+
+
+def grown_width(width: int, left: int, seconds: float, target: float = RANGE_SECONDS) -> int:
+    """The next range's width after a range of ``width`` vnodes took ``seconds``: grown towards
+    ranges of about ``target`` seconds (at most RANGE_GROWTH times a step), never narrower, and
+    even over the ``left`` vnodes not done (two ranges of 51, not 100 and a sliver of 2).
+
+    The first range's width comes from EPOCHAL_BACKFILL_CHUNK_ROWS. A range costs a Spark job and
+    its fixed costs, and when the input is not laid out by the range's key it scans the whole
+    input whatever its width: fixed-size ranges of a few seconds then cost one full scan each."""
+    if left <= 0:
+        return width
+    factor = RANGE_GROWTH if seconds <= 0 else max(1.0, min(RANGE_GROWTH, target / seconds))
+    wanted = max(width, int(width * factor))
+    if wanted >= left:
+        return left
+    ranges = -(-left // wanted)
+    return -(-left // ranges)
+
+
 def next_range(done: list[VnodeRange], width: int) -> VnodeRange | None:
     """The first vnode range not yet done, at most ``width`` vnodes wide; None when all are."""
     covered = sorted((r.lo, r.hi) for r in done)

@@ -59,7 +59,12 @@ class StateReader:
         return self._spark()
 
     def read_state(
-        self, table: str, epoch: int, inclusive: bool, restrict: tuple[tuple[str, ...], DataFrame] | None = None
+        self,
+        table: str,
+        epoch: int,
+        inclusive: bool,
+        restrict: tuple[tuple[str, ...], DataFrame] | None = None,
+        cached: bool = True,
     ) -> tuple[DataFrame, int]:
         """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
         and how many stored rows were read to get them; a table without change files
@@ -69,7 +74,10 @@ class StateReader:
         (committed or in flight, ``SnapshotCatalog.state_parts``), never older change files.
         ``restrict = (columns, keys)`` keeps only rows whose ``columns`` equal (null-safe) a row of
         the small DataFrame ``keys``; it is applied before netting, and when ``columns`` is the
-        snapshot's distribution key only the keys' vnode directories of the snapshot are read."""
+        snapshot's distribution key only the keys' vnode directories of the snapshot are read.
+        ``cached`` False: the snapshot is scanned from its files even where the warm snapshot cache
+        would take it (a one-off read, such as a backfill's: filling the cache scans every column
+        and keeps them all, for a read that does not come back)."""
         try:
             parts = self.catalog.state_parts(table, epoch, inclusive)
         except StateCompacted:
@@ -78,7 +86,7 @@ class StateReader:
             # A SOURCE that stores nothing: its connector reads the records again.
             rows, records = self.history.read(table, epoch, inclusive)
             return (rows if restrict is None else semi_join(rows, restrict)), records
-        weighted, rows_read = self.read_weighted(parts, restrict)
+        weighted, rows_read = self.read_weighted(parts, restrict, cached)
         if weighted is None:
             # No change file yet (every epoch so far was idle, or none ran): the table is empty.
             return self.spark.createDataFrame([], self.schema_of(table)), 0
@@ -132,7 +140,7 @@ class StateReader:
         return net_rows(weighted), rows_read + change_rows
 
     def read_weighted(
-        self, parts: StateParts, restrict: tuple[tuple[str, ...], DataFrame] | None
+        self, parts: StateParts, restrict: tuple[tuple[str, ...], DataFrame] | None, cached: bool = True
     ) -> tuple[DataFrame | None, int]:
         """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
         the snapshot as it is (no ``_weight`` column: every row counts once), and so it is when no
@@ -143,7 +151,7 @@ class StateReader:
 
         if parts.snapshot is None and not parts.changes:
             return None, 0
-        base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict)
+        base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict, cached)
         if not parts.changes:
             return base, rows_read
         locations = [loc for _, loc in parts.changes]
@@ -159,7 +167,7 @@ class StateReader:
         return changes, rows_read
 
     def _read_snapshot(
-        self, snapshot: Snapshot, restrict: tuple[tuple[str, ...], DataFrame] | None
+        self, snapshot: Snapshot, restrict: tuple[tuple[str, ...], DataFrame] | None, cached: bool = True
     ) -> tuple[DataFrame, int]:
         from pyspark.sql.types import StructType
 
@@ -186,7 +194,7 @@ class StateReader:
         every = list(dict.fromkeys(d for v in sorted(dirs) for d in dirs[v]))
         # (the restriction's semi-join below drops the other vnodes of a directory of a run)
         wanted = every if chosen is None else list(dict.fromkeys(d for v in chosen for d in dirs[v]))
-        if self.cache.worth_caching(len(wanted), len(every)):
+        if cached and self.cache.worth_caching(len(wanted), len(every)):
             # Most of the snapshot is read anyway: scan it from memory (filled on first use).
             rows = self.cache.get(snapshot.table, snapshot.location)
             if rows is None:
