@@ -93,8 +93,9 @@ RANGE_GROWTH = 4.0
 
 def grown_width(width: int, left: int, seconds: float, target: float = RANGE_SECONDS) -> int:
     """The next range's width after a range of ``width`` vnodes took ``seconds``: grown towards
-    ranges of about ``target`` seconds (at most RANGE_GROWTH times a step), never narrower, and
-    even over the ``left`` vnodes not done (two ranges of 51, not 100 and a sliver of 2).
+    ranges of about ``target`` seconds (at most RANGE_GROWTH times a step; a slow range does not
+    shrink the next), then evened over the ``left`` vnodes not done (two ranges of 51, not 100
+    and a sliver of 2), which may take a few vnodes off.
 
     The first range's width comes from EPOCHAL_BACKFILL_CHUNK_ROWS. A range costs a Spark job and
     its fixed costs, and when the input is not laid out by the range's key it scans the whole
