@@ -56,19 +56,23 @@ def write_rows(directory: Path, first: int, count: int, groups: int, name: str) 
     tmp.rename(directory / name)
 
 
-def runtime_for(home: Path, pipeline: Path, spark, chunk_rows: int, directory_rows: int | None = None):  # noqa: ANN001, ANN201
+def knobs_of(args: argparse.Namespace) -> dict[str, str]:
+    """The settings the command line sets; the rest keep their defaults."""
+    given = {
+        "EPOCHAL_BACKFILL_RANGE_ROWS": args.range_rows,
+        "EPOCHAL_BACKFILL_CHUNK_ROWS": args.chunk_rows,
+        "EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": args.directory_rows,
+    }
+    return {key: str(value) for key, value in given.items() if value is not None}
+
+
+def runtime_for(home: Path, pipeline: Path, spark, knobs: dict[str, str]):  # noqa: ANN001, ANN201
     from epochal.pipeline.loader import load_pipeline
     from epochal.runtime import EpochRuntime
     from epochal.settings import Settings
 
     settings = Settings.from_env(
-        {
-            "EPOCHAL_HOME": str(home),
-            "EPOCHAL_PIPELINE": str(pipeline),
-            "EPOCHAL_BACKFILL_CHUNK_ROWS": str(chunk_rows),
-            "EPOCHAL_BACKFILL_RUN_S": "100000",
-            **({} if directory_rows is None else {"EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": str(directory_rows)}),
-        }
+        {"EPOCHAL_HOME": str(home), "EPOCHAL_PIPELINE": str(pipeline), "EPOCHAL_BACKFILL_RUN_S": "100000", **knobs}
     )
     return EpochRuntime(settings, load_pipeline(pipeline), lambda: spark)
 
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", type=int, default=100_000)
     p.add_argument("--change", type=int, default=10_000, help="rows per live epoch (default 10,000)")
     p.add_argument("--epochs", type=int, default=5, help="live epochs timed per side (default 5)")
-    p.add_argument("--chunk-rows", type=int, default=2_000_000, help="EPOCHAL_BACKFILL_CHUNK_ROWS")
+    p.add_argument("--range-rows", type=int, help="EPOCHAL_BACKFILL_RANGE_ROWS (default: the setting's)")
+    p.add_argument("--chunk-rows", type=int, help="EPOCHAL_BACKFILL_CHUNK_ROWS (default: the setting's)")
     p.add_argument("--driver-memory", default="6g")
     p.add_argument("--kind", choices=("table", "source"), default="table", help="how t is declared")
     p.add_argument(
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot-only", action="store_true", help="measure the snapshot backfill only (part 1)")
     p.add_argument("--json", help="result file (default benchmarks/results/bench_backfill-<time>.json)")
     args = p.parse_args(argv)
+    knobs = knobs_of(args)
 
     from pyspark.sql import functions as F
 
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "change": args.change,
         "kind": args.kind,
         "directory_rows": args.directory_rows,
+        "settings": knobs,
     }
     try:
         log_dir, pipeline, home = root / "log" / "t", root / "pipeline", root / "home"
@@ -127,14 +134,14 @@ def main(argv: list[str] | None = None) -> int:
             f"WITH (connector = 'log', path = '{log_dir}', format = 'json');\n"
             "CREATE MATERIALIZED VIEW big AS SELECT id, k, v FROM t WHERE v > 990000;\n"
         )
-        runtime = runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)
+        runtime = runtime_for(home, pipeline, spark, knobs)
         log(f"ingesting {args.rows:,} rows")
         result["ingest_s"] = epoch(runtime)
         runtime.compact(every=1)
 
         # -- 1: snapshot backfill of a new aggregation vs Spark read -> aggregate -> write
         (pipeline / "02.sql").write_text(f"CREATE MATERIALIZED VIEW agg AS {AGG};\n")
-        runtime = runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)
+        runtime = runtime_for(home, pipeline, spark, knobs)
         write_rows(log_dir, args.rows, args.change, args.groups, "b-0000.jsonl")
         epoch(runtime)  # registers the backfill; commits without it
         snapshot = runtime.controller.catalog.snapshots("t")[-1]
@@ -183,18 +190,18 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(n):
                 first = args.rows + args.change * (i + 1)
                 write_rows(log_dir, first, args.change, args.groups, f"c-{tag}-{i:04d}.jsonl")
-                times.append(epoch(runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)))
+                times.append(epoch(runtime_for(home, pipeline, spark, knobs)))
             return times
 
         log("live epochs without a backfill")
         alone = live(args.epochs, "alone")
         (pipeline / "03.sql").write_text(f"CREATE MATERIALIZED VIEW second AS {SECOND};\n")
-        epoch(runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows))  # registers it
+        epoch(runtime_for(home, pipeline, spark, knobs))  # registers it
         done = threading.Event()
 
         def backfill() -> None:
             try:
-                BackfillRunner(runtime_for(home, pipeline, spark, args.chunk_rows, args.directory_rows)).advance()
+                BackfillRunner(runtime_for(home, pipeline, spark, knobs)).advance()
             finally:
                 done.set()
 

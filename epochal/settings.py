@@ -195,11 +195,17 @@ class Settings:
         "How long one `backfill_job` run advances backfills before it ends (the sensor requests the next).",
         minimum=1,
     )
+    backfill_range_rows: int = setting(
+        "EPOCHAL_BACKFILL_RANGE_ROWS",
+        "10000000",
+        "Input rows a backfill's snapshot phase covers in its first vnode range (a few seconds on a laptop); "
+        "later ranges grow towards about 10 s each. Progress is saved after each range.",
+        minimum=100,
+    )
     backfill_chunk_rows: int = setting(
         "EPOCHAL_BACKFILL_CHUNK_ROWS",
         "2000000",
-        "Input rows a backfill's snapshot phase reads in its first vnode range (later ranges grow towards about "
-        "10 s each), and records per chunk it reads from a SOURCE's split; progress is saved after each.",
+        "Records per chunk a backfill reads from a SOURCE's split; progress is saved after each.",
         minimum=1000,
     )
     snapshot_directory_rows: int = setting(

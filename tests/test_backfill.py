@@ -38,7 +38,7 @@ NEW_VIEWS = {
 }
 
 # Small ranges: the snapshot phase writes several vnode ranges however small the test's data.
-ENV = {"EPOCHAL_BACKFILL_CHUNK_ROWS": "1000"}
+ENV = {"EPOCHAL_BACKFILL_CHUNK_ROWS": "1000", "EPOCHAL_BACKFILL_RANGE_ROWS": "300"}  # several of each
 
 
 def order(i: int, customer: str, amount: float) -> str:
@@ -101,9 +101,24 @@ def test_new_views_backfill_while_epochs_commit_and_match_the_batch_oracle(spark
     runner.advance(views=["cheap_bids"], budget_s=0.001)
     h.produce([order(100, "c1", 40.0)])
     _run(h, instance)
-    runner = BackfillRunner(h.runtime(spark))
+    runtime = h.runtime(spark)
+    registered = runtime.controller.backfills.get("bidder_counts").snapshot_epoch
+    assert registered < committed
+    # What a runner killed in its first range would have left under the registration's epoch.
+    leftover = Path(runtime.warehouse.backfill_root("bidder_counts", registered)) / "snapshot" / "000-255"
+    leftover.mkdir(parents=True)
+    (leftover / "unrecorded.parquet").write_bytes(b"not recorded")
+    runner = BackfillRunner(runtime)
     reports = runner.advance(budget_s=600)
     assert set(NEW_VIEWS) <= {r.view for r in reports}  # with the planner's stages of them
+    # A backfill that had written nothing reads its inputs at the newest committed epoch when it
+    # starts, not at its registration's: the epochs between are not replayed one by one. A view
+    # that waited for a backfilling view starts at that one's new snapshot epoch.
+    newest = runtime.controller.status()["committed_epoch"]
+    by_view = {r.view: r for r in reports}
+    for name in ("bidder_counts", "busy_bidders", "bidder_counts__stage1"):
+        if name in by_view:
+            assert (by_view[name].snapshot_epoch, by_view[name].epochs_written) == (newest, 0), by_view[name]
     runtime = h.runtime(spark)
     status = runtime.controller.status()
     for name in NEW_VIEWS:
@@ -118,6 +133,7 @@ def test_new_views_backfill_while_epochs_commit_and_match_the_batch_oracle(spark
         runtime = h.runtime(spark)
         assert_views_match_batch(runtime, NEW_VIEWS)
     assert not runtime.controller.status()["in_flight"]
+    assert not leftover.exists()  # listed when the snapshot epoch moved; deleted by the next injection
 
 
 SMALL_PIPELINE_TABLES = ["bid", "orders", "big_bids", "big_orders"]
@@ -146,7 +162,7 @@ def test_a_killed_backfill_resumes_where_it_stopped(spark, tmp_path: Path, postg
     _history(h, spark, instance)
     views = {"bidder_counts": NEW_VIEWS["bidder_counts"], "cheap_bids": NEW_VIEWS["cheap_bids"]}
     (h.pipeline_dir / "new.sql").write_text(_views_file(views))
-    _run(h, instance)  # registers the backfills; this epoch is one the log-store phase writes
+    _run(h, instance)  # registers the backfills; their first run reads their inputs at this epoch
 
     # bid is a SOURCE: its history is read split by split from the connector first.
     killed = _backfill_cli(h, "cheap_bids", "--run", fault="backfill-split-recorded")
@@ -176,6 +192,9 @@ def test_a_killed_backfill_resumes_where_it_stopped(spark, tmp_path: Path, postg
     assert killed.returncode == -9, killed.stderr[-2000:]
     third = h.runtime(spark).controller.backfills.get("cheap_bids")
     assert third.phase.value == "LOG_STORE" and third.vnodes_done == 256, third
+    # Once it had read something, the epoch committed since did not move its snapshot epoch.
+    newest = h.runtime(spark).controller.status()["committed_epoch"]
+    assert third.snapshot_epoch == first.snapshot_epoch < newest, third
 
     runtime = h.runtime(spark)
     BackfillRunner(runtime).advance(budget_s=600)

@@ -101,6 +101,45 @@ def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_
         other.backfills.record_chunk("v4", VnodeRange(0, 256), "r000-y-", 1, 1)  # not its claim
 
 
+def test_a_backfill_that_has_written_nothing_reads_at_the_newest_epoch_and_its_readers_follow(
+    tmp_path: Path, meta_url: str
+) -> None:
+    """Registered at one epoch, a backfill whose runner starts epochs later reads its inputs at the
+    committed epoch then (no epoch left to replay), unless it has written something. A view over two
+    backfilling views waits until both have written the later of their snapshot epochs, and reads
+    there: never before a backfilling input's snapshot, where it has no state."""
+    from epochal.checkpoint import backfill_rows
+
+    first = history(tmp_path, meta_url)
+    upstreams = {**UPSTREAMS, "v5": ("src",), "v6": ("v3", "v5")}
+    ctl = CheckpointController(
+        settings(tmp_path, meta_url), ["src"], ["v1", "v2", "v3", "v5", "v6"], upstreams=upstreams
+    )
+    e2 = ctl.epoch_log.inject(plan_ten).epoch  # registers v3, v5 at `first`; v6 waits for them
+    assert collect_all(ctl, e2) == [e2]
+    for view in ("v3", "v5", "v6"):
+        assert ctl.backfills.claim(view)
+    # v5 starts at once and writes a range: it stays at `first`.
+    assert ctl.backfills.refresh_snapshot("v5") == (first, e2)
+    ctl.backfills.record_chunk("v5", VnodeRange(0, 256), "r000-x-", 10, 5)
+    e3 = ctl.epoch_log.inject(plan_ten).epoch
+    assert collect_all(ctl, e3) == [e3]
+    assert ctl.backfills.refresh_snapshot("v5") is None and ctl.backfills.get("v5").snapshot_epoch == e2
+    # v3's runner starts after e3 committed: it reads at e3; its old directory is listed for deletion.
+    assert ctl.backfills.refresh_snapshot("v3") == (first, e3)
+    _, roots = ctl.backend.transaction(backfill_rows.dropped_files)
+    assert ("v3", first) in roots and ("v5", first) in roots
+    assert ctl.backfills.refresh_snapshot("v6") is None  # still waiting
+    ctl.backfills.record_chunk("v3", VnodeRange(0, 256), "r000-y-", 10, 5)
+    ctl.backfills.finish_snapshot("v3", "/snap/v3", ("k",), "{}", 5, 1)
+    ctl.backfills.finish_snapshot("v5", "/snap/v5", ("k",), "{}", 5, 1)
+    # v5 has written e2 only: v6 cannot read v3 (from e3) and v5 (up to e2) at one epoch yet.
+    assert not ctl.backfills.start_snapshot("v6")
+    ctl.backfills.record_epoch("v5", e3, "/loc/v5/e3", 1, 1, 0.1)
+    assert ctl.backfills.start_snapshot("v6")
+    assert ctl.backfills.refresh_snapshot("v6") == (first, e3)
+
+
 def test_retention_keeps_what_a_backfill_reads(tmp_path: Path, meta_url: str) -> None:
     e1 = history(tmp_path, meta_url)
     ctl = grown(tmp_path, meta_url)
@@ -336,13 +375,38 @@ def test_the_phase_rules_and_vnode_ranges() -> None:
 
 
 def test_snapshot_ranges_grow_towards_ten_seconds_and_stay_even() -> None:
-    """A range of a few seconds grows (at most 4x a step) until ranges take about 10 s; a slow one
-    never shrinks the next; the vnodes left are split evenly, never into a range and a sliver."""
-    from epochal.backfill.state import grown_width
+    """A range of a few seconds grows (at most 4x a step) until ranges take about 10 s; ranges are
+    never narrower than the first (EPOCHAL_BACKFILL_RANGE_ROWS); the vnodes left are split evenly,
+    never into a range and a sliver, and a rest within half a range of the width is done in one."""
+    from epochal.backfill.state import evened, grown_width
 
-    assert grown_width(8, 248, 1.0) == 32 - 1  # 4x: 32 wide, evened over 248 left (8 ranges of 31)
-    assert grown_width(52, 204, 3.0) == 102  # 3.3x: 173 wide would leave 31; two of 102 instead
-    assert grown_width(52, 204, 30.0) == 51  # slower than 10 s: not narrower (evened: 4 x 51)
-    assert grown_width(100, 156, 0.5) == 156  # the rest in one range
-    assert grown_width(64, 0, 1.0) == 64  # nothing left
-    assert grown_width(1, 255, 0.0) == 4  # no time measured: the largest step
+    assert grown_width([(8, 1.0)], 248) == 32 - 1  # 4x: 32 wide, evened over 248 left (8 ranges of 31)
+    assert grown_width([(52, 3.0)], 300) == 150  # 3.3x: 173 wide would leave a sliver; two of 150
+    assert grown_width([(52, 3.0)], 204) == 204  # 173 wide leaves 31: the rest in one range, not two
+    assert grown_width([(52, 30.0)], 204) == 102  # slower than 10 s: twice as wide once (evened: 2 x 102)
+    assert grown_width([(52, 30.0), (102, 60.0)], 102) == 51  # time grows with the width: back to the first (evened)
+    assert grown_width([(100, 0.5)], 156) == 156  # the rest in one range
+    assert grown_width([(64, 1.0)], 0) == 64  # nothing left
+    assert grown_width([(1, 0.0)], 255) == 4  # no time measured: the largest step
+    # The first range too: 10.01M rows at 10M rows a range is one range, not two of 128.
+    assert (evened(255, 256), evened(51, 256)) == (256, 43)  # 51 wide: 6 ranges of 43, not 5 and a sliver
+
+
+def test_ranges_that_each_scan_the_whole_input_grow_past_the_time_target() -> None:
+    """Where the input is not laid out by the view's key every range scans all of it: a 300-s scan
+    with 1-vnode ranges would be 256 scans. Once two ranges show the time does not grow with the
+    width, ranges widen (16x a step at most) so the scan is at most half of each; where the time
+    does grow with the width, the model sizes ranges to the 10-s target."""
+    from epochal.backfill.state import grown_width, range_cost
+
+    assert range_cost([(1, 300.0)]) is None
+    assert range_cost([(1, 300.0), (4, 303.0)]) == (299.0, 1.0)
+    assert range_cost([(4, 300.0), (4, 301.0)]) is None  # one width: nothing to tell apart
+    scans = [(1, 300.0)]
+    scans.append((grown_width(scans, 255), 301.0))
+    assert scans[-1][0] == 2  # one range measured: twice as wide, however slow
+    assert grown_width(scans, 253) == 32  # the scan is all of it: 16x
+    assert grown_width([(4, 300.0), (64, 303.0)], 188) == 188  # 300 s more of scan would be the most of it
+    # 1 s fixed, 0.1 s a vnode: 90 vnodes make a 10-s range
+    assert grown_width([(10, 2.0), (20, 3.0)], 226) == 76  # 90 wanted: evened as 3 ranges of 76
+    assert grown_width([(20, 2.0), (10, 3.0)], 250) == 125  # the wider was faster (noise): 16x, evened as 2

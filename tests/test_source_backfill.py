@@ -41,6 +41,7 @@ def _run(h, instance) -> None:  # noqa: ANN001
 def small_chunks(monkeypatch):
     # The smallest chunk: the busy split's history (3,300 records) takes four, each persisted.
     monkeypatch.setenv("EPOCHAL_BACKFILL_CHUNK_ROWS", "1000")
+    monkeypatch.setenv("EPOCHAL_BACKFILL_RANGE_ROWS", "1000")
     return monkeypatch
 
 
@@ -63,7 +64,8 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
         "\n".join(f"CREATE MATERIALIZED VIEW {name} AS {query};" for name, query in VIEWS.items())
     )
     h.produce([order(5000, "c1", 3.0)], split="busy")
-    _run(h, instance)  # registers the backfills at the committed epoch; this epoch is after it
+    _run(h, instance)  # registers the backfills; their first run fixes the snapshot epoch
+    h.produce([order(5001, "c1", 3.0)], split="busy")  # in the log, in no committed epoch yet
 
     # A bounded run reads some chunks of one view; the idle and empty splits are not waited for.
     # (500 rows a second: the busy split's 3,300 records cannot all be read in the 3 s it gets)
@@ -74,7 +76,7 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     splits = shown["splits"]["orders"]
     assert set(splits) == {"busy", "idle", "empty"}, splits
     assert splits["empty"] == {"phase": "caching_up", "offset": 0, "target": 0, "rows": 0}
-    assert splits["busy"]["target"] == 3300  # the committed end at the snapshot epoch, not the live one
+    assert splits["busy"]["target"] == 3301  # the committed end at the snapshot epoch, not the log's end
     assert shown["splits_total"] == 3 and shown["splits_done"] >= 1
     assert set(shown["splits"]) == {"orders"}  # only the SOURCE inputs it reads
     with pytest.raises(EpochalError, match=r"cheap_orders is backfilling.*\d/3 source splits read"):
@@ -89,6 +91,9 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     assert main(["backfill", "cheap_orders", "--restart"]) == 0
     assert not runtime.warehouse.exists(old_root)
     assert h.runtime(spark).controller.backfills.split_states("cheap_orders") == []
+    _run(h, instance)  # starts it again
+    # Paused, a run fixes each backfill's snapshot epoch (the committed one) and begins its splits.
+    BackfillRunner(h.runtime(spark, env={"EPOCHAL_BACKFILL_RATE_LIMIT": "0"})).advance(budget_s=60)
 
     # A split appears while the backfills run, and live epochs commit meanwhile.
     h.produce([order(6000, "c4", 8.0), order(6001, "c1", 70.0)], split="late")

@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import source_splits
-from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase, VnodeRange, grown_width, next_range
+from epochal.backfill.state import (
+    VNODES_TOTAL,
+    Backfill,
+    BackfillPhase,
+    VnodeRange,
+    evened,
+    grown_width,
+    next_range,
+)
 from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.records import Collected, StateCompacted
@@ -183,6 +191,9 @@ class BackfillRunner:
         if backfill.phase is BackfillPhase.WAITING and not self.log.start_snapshot(view):
             progress.note = "waiting for a backfilling upstream to reach the snapshot epoch"
             return
+        moved = self.log.refresh_snapshot(view)
+        if moved is not None:
+            log.info("backfill %s: nothing written yet; snapshot epoch %s -> %s (the committed epoch)", view, *moved)
         backfill = self.log.get(view)
         if backfill.phase is BackfillPhase.SNAPSHOT:
             if not self._snapshot_phase(backfill, deadline, progress):
@@ -255,6 +266,7 @@ class BackfillRunner:
         read_rows = {u: source_splits.source_rows(self, view, u) for u in from_splits}
         input_rows = self._input_rows(backfill, read_rows)
         width = self._range_width(backfill, input_rows) if chunking is not None else VNODES_TOTAL
+        timed: list[tuple[int, float]] = []  # (width, seconds) of this run's ranges: what sizes the next
         while True:
             ranges = [r for r, _ in done]
             vnodes = next_range(ranges, width if chunking is not None else VNODES_TOTAL)
@@ -299,7 +311,8 @@ class BackfillRunner:
                 return False
             if chunking is not None and self.rate_limit(view) is None:
                 # (a rate limit sizes ranges by rows: progress about every 10 s at that rate)
-                width = grown_width(width, VNODES_TOTAL - done_vnodes, elapsed)
+                timed.append((vnodes.size, elapsed))
+                width = grown_width(timed, VNODES_TOTAL - done_vnodes)
         if not warehouse.exists(target):  # a view with no rows at all
             warehouse.make_dir(target)
         files = warehouse.snapshot_files(target)
@@ -322,17 +335,15 @@ class BackfillRunner:
         return sum(read_rows[u][1] if u in read_rows else self._stored_rows(u, epoch) for u in inputs)
 
     def _range_width(self, backfill: Backfill, total: int) -> int:
-        """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_CHUNK_ROWS of the inputs' ``total``
+        """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_RANGE_ROWS of the inputs' ``total``
         rows (fewer under a rate limit: progress about every 10 s)."""
-        wanted = self.runtime.settings.backfill_chunk_rows
+        wanted = self.runtime.settings.backfill_range_rows
         rate = self.rate_limit(backfill.view)
         if rate:
             wanted = min(wanted, max(1000, int(rate * 10)))
         per_vnode = max(1.0, total / VNODES_TOTAL)
-        width = max(1, min(VNODES_TOTAL, int(wanted / per_vnode)))
-        # Even ranges: 5 ranges of 51 vnodes would leave a sixth of one vnode, a job for nothing.
-        ranges = -(-VNODES_TOTAL // width)
-        return -(-VNODES_TOTAL // ranges)
+        # (even ranges: 5 ranges of 51 vnodes would leave a sixth of one vnode, a job for nothing)
+        return evened(max(1, min(VNODES_TOTAL, int(wanted / per_vnode))), VNODES_TOTAL)
 
     def _stored_rows(self, table: str, epoch: int) -> int:
         """The rows ``table``'s state at ``epoch`` is stored in, from the meta store and file footers:

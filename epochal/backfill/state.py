@@ -7,6 +7,7 @@ Plain data: the meta-store side is :mod:`epochal.checkpoint.backfill_log`, the w
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epochal.checkpoint.records import InvariantViolation
@@ -87,26 +88,64 @@ class VnodeRange:
 
 #: About how long a snapshot range takes once ranges have grown: the work a killed runner loses
 RANGE_SECONDS = 10.0
-#: ... growing at most this much from one range to the next
+#: ... growing at most this much from one range to the next while only one range was measured
 RANGE_GROWTH = 4.0
+#: ... and at most this much once two were: the cost model then says where the time goes
+MODELLED_GROWTH = RANGE_GROWTH**2
+#: vnodes left that fit in this many ranges of the wanted width are done in one range
+ONE_MORE_RANGE = 1.5
 
 
-def grown_width(width: int, left: int, seconds: float, target: float = RANGE_SECONDS) -> int:
-    """The next range's width after a range of ``width`` vnodes took ``seconds``: grown towards
-    ranges of about ``target`` seconds (at most RANGE_GROWTH times a step; a slow range does not
-    shrink the next), then evened over the ``left`` vnodes not done (two ranges of 51, not 100
-    and a sliver of 2), which may take a few vnodes off.
+def range_cost(history: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """(fixed seconds, seconds per vnode) of a range, from the last two ranges of different widths
+    in ``history`` ((width, seconds), oldest first); None before there are two. A range's fixed part
+    is its job's overhead and, where the input is not laid out by the view's key, a scan of all of
+    it whatever the width; the part per vnode is what the range's share of the rows costs."""
+    last_width, last_seconds = history[-1]
+    for width, seconds in reversed(history[:-1]):
+        if width != last_width:
+            # (noise can make the wider range faster: then nothing is seen to grow with width)
+            per_vnode = max(0.0, (last_seconds - seconds) / (last_width - width))
+            return max(0.0, last_seconds - per_vnode * last_width), per_vnode
+    return None
 
-    The first range's width comes from EPOCHAL_BACKFILL_CHUNK_ROWS. A range costs a Spark job and
-    its fixed costs, and when the input is not laid out by the range's key it scans the whole
-    input whatever its width: fixed-size ranges of a few seconds then cost one full scan each."""
+
+def grown_width(history: Sequence[tuple[int, float]], left: int, target: float = RANGE_SECONDS) -> int:
+    """The next range's width after the ranges in ``history`` ((width, seconds), oldest first), with
+    ``left`` vnodes not done.
+
+    After one range its time is taken as proportional to its width (an upper bound) and the width
+    grows towards ranges of about ``target`` seconds: at most RANGE_GROWTH times, and at least twice
+    however slow the range was, since the second width is what tells the fixed cost apart. After two,
+    the ranges' fixed and per-vnode costs (``range_cost``) size it: long enough that the fixed part is
+    at most half of each range (when every range scans the whole input, few wide ranges, not one scan
+    per narrow one), at most MODELLED_GROWTH times a step, never narrower than the first. The rest is
+    done in one range when it is within ONE_MORE_RANGE of the width, else evened over the vnodes
+    left (two ranges of 51, not 100 and a sliver of 2), which may take a few vnodes off.
+
+    The first range's width comes from EPOCHAL_BACKFILL_RANGE_ROWS."""
+    width, seconds = history[-1]
     if left <= 0:
         return width
-    factor = RANGE_GROWTH if seconds <= 0 else max(1.0, min(RANGE_GROWTH, target / seconds))
-    wanted = max(width, int(width * factor))
-    if wanted >= left:
+    cost = range_cost(history)
+    if cost is None:
+        # (at least twice as wide, however slow: a second width is what tells fixed costs apart)
+        factor = RANGE_GROWTH if seconds <= 0 else max(2.0, min(RANGE_GROWTH, target / seconds))
+        wanted = int(width * factor)
+    else:
+        fixed, per_vnode = cost
+        budget = max(target, 2 * fixed) - fixed
+        most = int(width * MODELLED_GROWTH)
+        wanted = most if per_vnode <= 0 else min(most, int(budget / per_vnode))
+    return evened(max(history[0][0], wanted), left)
+
+
+def evened(wanted: int, left: int) -> int:
+    """A range width of about ``wanted`` vnodes with ``left`` to do: all of them when they are within
+    ONE_MORE_RANGE of it, else evened over them (two ranges of 51, not 100 and a sliver of 2)."""
+    if wanted * ONE_MORE_RANGE >= left:
         return left
-    ranges = -(-left // wanted)
+    ranges = -(-left // max(1, wanted))
     return -(-left // ranges)
 
 

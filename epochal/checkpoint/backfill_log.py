@@ -247,19 +247,71 @@ class BackfillLog(BackfillControl):
             b = self._check_owner(cur, view)
             if b.phase is not BackfillPhase.WAITING:
                 return b.phase is BackfillPhase.SNAPSHOT
+            backfilling = [o for o in (read(cur, u) for u in b.upstreams) if o and o.phase is not BackfillPhase.JOINED]
+            # Each backfilling input is readable from its own snapshot epoch on, which moved up if
+            # its work began after this view was registered (``refresh_snapshot``): wait for the
+            # latest of them, which this view's snapshot epoch then moves to.
+            target = max([b.snapshot_epoch, *(o.snapshot_epoch for o in backfilling)])
+            for other in backfilling:
+                if other.phase is BackfillPhase.CANCELLED:
+                    raise EpochalError(
+                        f"view {view} reads {other.view}, whose backfill was cancelled: restart it with "
+                        f"`epochal backfill {other.view} --restart`, or remove {view}"
+                    )
+                if other.caught_up_epoch is None or other.caught_up_epoch < target:
+                    return False
+            transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT)
+            return True
+
+        return self.backend.transaction(move)
+
+    def refresh_snapshot(self, view: str) -> tuple[int, int] | None:
+        """Before the snapshot phase has written anything, move its snapshot epoch up to the newest
+        epoch every input can be read at: the committed epoch, or a backfilling input's last written
+        one. Each epoch between registration and the first range would otherwise be one more epoch
+        of the log-store phase, a Spark epoch each, where reading the inputs at a later epoch costs
+        nothing more. Returns (old, new), or None when it stays. The old epoch's backfill directory
+        (what a runner killed in its first range left) is listed for deletion in ``dropped_files``."""
+
+        def move(cur: Cursor) -> tuple[int, int] | None:
+            b = self._check_owner(cur, view)
+            if b.phase is not BackfillPhase.SNAPSHOT:
+                return None
+            started = cur.execute(
+                "SELECT (SELECT count(*) FROM backfill_chunks WHERE view_name = ?) "
+                "+ (SELECT count(*) FROM backfill_splits WHERE view_name = ?)",
+                [view, view],
+            ).fetchone()[0]
+            decided = cur.execute("SELECT split_sources FROM backfills WHERE view_name = ?", [view]).fetchone()[0]
+            newest = q.committed_epoch(cur)
+            if started or decided is not None or newest is None:
+                return None  # (split offsets and written ranges are at the epoch they were read at)
+            earliest = b.snapshot_epoch  # where every input can be read from
             for upstream in b.upstreams:
                 other = read(cur, upstream)
                 if other is None or other.phase is BackfillPhase.JOINED:
                     continue
-                if other.phase is BackfillPhase.CANCELLED:
-                    raise EpochalError(
-                        f"view {view} reads {upstream}, whose backfill was cancelled: restart it with "
-                        f"`epochal backfill {upstream} --restart`, or remove {view}"
-                    )
-                if other.caught_up_epoch is None or other.caught_up_epoch < b.snapshot_epoch:
-                    return False
-            transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT)
-            return True
+                if other.phase is BackfillPhase.CANCELLED or other.caught_up_epoch is None:
+                    return None
+                newest = min(newest, other.caught_up_epoch)
+                earliest = max(earliest, other.snapshot_epoch)
+            if newest < earliest:
+                raise InvariantViolation(
+                    f"backfill of {view} would read its inputs at epoch {newest}, before a backfilling "
+                    f"input's snapshot epoch {earliest}"
+                )
+            if newest <= b.snapshot_epoch:
+                return None
+            now = time.time()
+            cur.execute(
+                "UPDATE backfills SET snapshot_epoch = ?, updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
+                [newest, now, now, view],
+            )
+            cur.execute(
+                "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, NULL, ?, ?)",
+                [view, b.snapshot_epoch, now],
+            )
+            return b.snapshot_epoch, newest
 
         return self.backend.transaction(move)
 

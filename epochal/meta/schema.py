@@ -244,7 +244,8 @@ DDL = (
     )""",
     # Files of a view's state dropped when its statement changed (epochal/checkpoint/definitions.py),
     # listed in the dropping transaction and deleted by the next run: a location, or the directory
-    # of the backfill at ``backfill_epoch`` (its unpublished ranges and chunks are named by no row).
+    # of the backfill at ``backfill_epoch`` (its unpublished ranges and chunks are named by no row;
+    # also listed when a backfill that had written nothing moves its snapshot epoch up).
     """CREATE TABLE IF NOT EXISTS dropped_files (
         table_name VARCHAR NOT NULL,
         location VARCHAR,
