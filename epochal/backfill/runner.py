@@ -278,10 +278,13 @@ class BackfillRunner:
             # Vnodes per snapshot directory, from the view's rows: at most its inputs' at first, then
             # as many as the ranges so far wrote per row read (an aggregate's far fewer). Ranges that
             # chose differently only make directories that overlap, which readers take.
-            share = progress.rows_written / progress.rows_read if progress.rows_read else 1.0
-            per_directory = vnodes_per_directory(
-                int(input_rows * min(1.0, share)), self.runtime.settings.snapshot_directory_rows
-            )
+            share = progress.rows_written / progress.rows_read if progress.rows_read else None
+            if share is None and self._aggregates(view):
+                per_directory = None  # far fewer, and how many is counted before the write
+            else:
+                per_directory = vnodes_per_directory(
+                    int(input_rows * min(1.0, share or 1.0)), self.runtime.settings.snapshot_directory_rows
+                )
             nonce = f"{'v' if storage else 'r'}{vnodes.lo:03d}-{uuid.uuid4().hex[:8]}-"
             rows_read, rows_written = self._write_range(
                 backfill, vnodes, chunking, storage, root, target, nonce, read_rows, per_directory
@@ -373,10 +376,11 @@ class BackfillRunner:
         target: str,
         nonce: str,
         read_rows: dict[str, tuple[DataFrame, int]],
-        per_directory: int,
+        per_directory: int | None,
     ) -> tuple[int, int]:
         """The view's rows at the snapshot epoch for one vnode range, into ``target``'s directories
-        of ``per_directory`` vnodes each. Returns (input rows read, rows written)."""
+        of ``per_directory`` vnodes each (None: as many as the range's rows, counted first, call
+        for). Returns (input rows read, rows written)."""
 
         runtime = self.runtime
         view = runtime.pipeline.views[backfill.view]
@@ -411,9 +415,22 @@ class BackfillRunner:
         rows, release = self._rows_over(backfill.view, states)
         key = runtime.distribution_key(backfill.view)
         staging = f"{root}/staging/{nonce.rstrip('-')}"
+        persisted = per_directory is None
         try:
+            if per_directory is None:
+                # Counted from the cached rows, which the write then reads: a guess from the input
+                # rows would give an aggregate of 100,000 groups over 10M rows 128 files, 2 s more.
+                from pyspark import StorageLevel
+
+                rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+                counted = rows.count()
+                per_directory = vnodes_per_directory(
+                    counted * VNODES_TOTAL // vnodes.size, runtime.settings.snapshot_directory_rows
+                )
             write_laid_out(rows, key, per_directory, staging, mode="overwrite")
         finally:
+            if persisted:
+                rows.unpersist()
             release()
         written = runtime.warehouse.files_row_count(runtime.warehouse.snapshot_files(staging))
         runtime.warehouse.adopt_vnode_files(staging, target, nonce)
@@ -421,6 +438,14 @@ class BackfillRunner:
         # Rows read: the range's share of the inputs (the read itself lists every file's rows).
         share = total * vnodes.size // VNODES_TOTAL if chunking is not None else total
         return share, written
+
+    def _aggregates(self, name: str) -> bool:
+        """Whether ``name`` is a grouped aggregate kept as partial state: its rows are its groups,
+        usually far fewer than its input's."""
+        from epochal.incremental.plan import PARTIAL_RULE
+
+        plan = self.runtime.pipeline.views[name].plan
+        return plan is not None and plan.kind == "keyed" and plan.rule == PARTIAL_RULE
 
     def _rows_over(self, name: str, states: dict[str, DataFrame]) -> tuple[DataFrame, Callable[[], None]]:
         """The view's stored rows over inputs ``states`` taken as inserts into empty tables, and
