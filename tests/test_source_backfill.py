@@ -92,7 +92,7 @@ def test_a_view_over_a_source_backfills_per_split_with_an_idle_split_and_one_add
     assert not runtime.warehouse.exists(old_root)
     assert h.runtime(spark).controller.backfills.split_states("cheap_orders") == []
     _run(h, instance)  # starts it again
-    # Paused, a run fixes each backfill's snapshot epoch (the committed one) and begins its splits.
+    # Paused, a run begins each backfill's splits (and so fixes its snapshot epoch), reading nothing.
     BackfillRunner(h.runtime(spark, env={"EPOCHAL_BACKFILL_RATE_LIMIT": "0"})).advance(budget_s=60)
 
     # A split appears while the backfills run, and live epochs commit meanwhile.

@@ -191,7 +191,8 @@ class BackfillRunner:
         if backfill.phase is BackfillPhase.WAITING and not self.log.start_snapshot(view):
             progress.note = "waiting for a backfilling upstream to reach the snapshot epoch"
             return
-        moved = self.log.refresh_snapshot(view)
+        # (not while paused: a paused backfill's runner comes every sensor tick and does nothing)
+        moved = None if self.rate_limit(view) == 0 else self.log.refresh_snapshot(view)
         if moved is not None:
             log.info("backfill %s: nothing written yet; snapshot epoch %s -> %s (the committed epoch)", view, *moved)
         backfill = self.log.get(view)
