@@ -241,18 +241,21 @@ class BackfillLog(BackfillControl):
     # ------------------------------------------------------------------ phases
 
     def start_snapshot(self, view: str) -> bool:
-        """WAITING -> SNAPSHOT once every backfilling upstream has written the snapshot epoch."""
+        """WAITING -> SNAPSHOT once every backfilling upstream has written the latest of its own
+        snapshot epoch and theirs, which becomes its snapshot epoch (theirs may have moved up)."""
 
         def move(cur: Cursor) -> bool:
             b = self._check_owner(cur, view)
             if b.phase is not BackfillPhase.WAITING:
                 return b.phase is BackfillPhase.SNAPSHOT
-            backfilling = [o for o in (read(cur, u) for u in b.upstreams) if o and o.phase is not BackfillPhase.JOINED]
-            # Each backfilling input is readable from its own snapshot epoch on, which moved up if
-            # its work began after this view was registered (``refresh_snapshot``): wait for the
-            # latest of them, which this view's snapshot epoch then moves to.
-            target = max([b.snapshot_epoch, *(o.snapshot_epoch for o in backfilling)])
-            for other in backfilling:
+            backfilled = [o for o in (read(cur, u) for u in b.upstreams) if o is not None]
+            # An input that was backfilled has state from its snapshot epoch on, which moved up if
+            # its work began after this view was registered (``refresh_snapshot``), joined or not:
+            # wait for the latest of them, which this view's snapshot epoch then moves to.
+            target = max([b.snapshot_epoch, *(o.snapshot_epoch for o in backfilled)])
+            for other in backfilled:
+                if other.phase is BackfillPhase.JOINED:
+                    continue
                 if other.phase is BackfillPhase.CANCELLED:
                     raise EpochalError(
                         f"view {view} reads {other.view}, whose backfill was cancelled: restart it with "
@@ -260,7 +263,8 @@ class BackfillLog(BackfillControl):
                     )
                 if other.caught_up_epoch is None or other.caught_up_epoch < target:
                     return False
-            transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT)
+            # (a waiting view has written nothing, so no directory of the old epoch is left)
+            transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT, snapshot_epoch=target)
             return True
 
         return self.backend.transaction(move)
@@ -289,12 +293,14 @@ class BackfillLog(BackfillControl):
             earliest = b.snapshot_epoch  # where every input can be read from
             for upstream in b.upstreams:
                 other = read(cur, upstream)
-                if other is None or other.phase is BackfillPhase.JOINED:
+                if other is None:
+                    continue
+                earliest = max(earliest, other.snapshot_epoch)  # (no state before it, joined or not)
+                if other.phase is BackfillPhase.JOINED:
                     continue
                 if other.phase is BackfillPhase.CANCELLED or other.caught_up_epoch is None:
                     return None
                 newest = min(newest, other.caught_up_epoch)
-                earliest = max(earliest, other.snapshot_epoch)
             if newest < earliest:
                 raise InvariantViolation(
                     f"backfill of {view} would read its inputs at epoch {newest}, before a backfilling "
