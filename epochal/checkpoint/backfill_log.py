@@ -51,6 +51,15 @@ from epochal.pipeline.model import STAGE_SEPARATOR
 log = logging.getLogger("epochal.backfill")
 
 
+def _list_old_directory(cur: Cursor, view: str, old_epoch: int) -> None:
+    """A backfill's snapshot epoch moved up: its directory under the old one (what a runner killed
+    before recording anything left) is deleted by the next injection (``dropped_files``)."""
+    cur.execute(
+        "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, NULL, ?, ?)",
+        [view, old_epoch, time.time()],
+    )
+
+
 class BackfillLost(EpochalError):
     """Another runner took the backfill over (this one was silent too long): stop, it goes on."""
 
@@ -263,8 +272,9 @@ class BackfillLog(BackfillControl):
                     )
                 if other.caught_up_epoch is None or other.caught_up_epoch < target:
                     return False
-            # (a waiting view has written nothing, so no directory of the old epoch is left)
             transition(cur, view, BackfillPhase.WAITING, BackfillPhase.SNAPSHOT, snapshot_epoch=target)
+            if target > b.snapshot_epoch:  # (as every move of it: the old epoch's directory goes)
+                _list_old_directory(cur, view, b.snapshot_epoch)
             return True
 
         return self.backend.transaction(move)
@@ -313,10 +323,7 @@ class BackfillLog(BackfillControl):
                 "UPDATE backfills SET snapshot_epoch = ?, updated_at = ?, heartbeat_at = ? WHERE view_name = ?",
                 [newest, now, now, view],
             )
-            cur.execute(
-                "INSERT INTO dropped_files (table_name, location, backfill_epoch, dropped_at) VALUES (?, NULL, ?, ?)",
-                [view, b.snapshot_epoch, now],
-            )
+            _list_old_directory(cur, view, b.snapshot_epoch)
             return b.snapshot_epoch, newest
 
         return self.backend.transaction(move)
