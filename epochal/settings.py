@@ -24,6 +24,7 @@ from epochal.errors import ConfigError
 from epochal.faults import FAULT_POINTS
 from epochal.redaction import is_secret_name, redact_conf, redact_url
 from epochal.spark_idle import MIN_IDLE_STOP_S
+from epochal.spark_session import BACKFILL_POOL
 
 DEMO_PIPELINE = Path(__file__).parent / "demo_pipeline"
 
@@ -194,6 +195,21 @@ class Settings:
         "300",
         "How long one `backfill_job` run advances backfills before it ends (the sensor requests the next).",
         minimum=1,
+    )
+    backfill_pool: str = setting(
+        "EPOCHAL_BACKFILL_POOL",
+        BACKFILL_POOL,
+        "Spark FAIR scheduler pool backfills run in. Epochal's Spark (in-process or its server) defines "
+        "`epochal_backfill`, which gets only the slots live epochs leave; a cluster's server needs the pool in "
+        "its `spark.scheduler.allocation.file` and `spark.scheduler.mode=FAIR`. `default`: Spark's default pool, "
+        "shared first come first served with live epochs.",
+    )
+    backfill_yield_s: int = setting(
+        "EPOCHAL_BACKFILL_YIELD_S",
+        "5",
+        "Seconds a backfill waits, before each vnode range of its snapshot and each chunk read from a SOURCE's "
+        "split, for the live epochs in flight to commit: it runs between them. `0`: it never waits.",
+        minimum=0,
     )
     backfill_range_rows: int = setting(
         "EPOCHAL_BACKFILL_RANGE_ROWS",

@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -137,6 +139,39 @@ def test_new_views_backfill_while_epochs_commit_and_match_the_batch_oracle(spark
 
 
 SMALL_PIPELINE_TABLES = ["bid", "orders", "big_bids", "big_orders"]
+
+
+def test_a_backfill_starts_no_range_while_a_live_epoch_is_in_flight(spark, tmp_path: Path, monkeyenv) -> None:
+    """Live epochs first (EPOCHAL_BACKFILL_YIELD_S): with an epoch in flight, the snapshot phase waits
+    before its range until the epoch commits, then runs to the join and matches the oracle."""
+    monkeyenv.setenv("EPOCHAL_BACKFILL_YIELD_S", "120")
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=1)
+    (h.pipeline_dir / "new.sql").write_text(_views_file({"cheap_bids": NEW_VIEWS["cheap_bids"]}))
+    _run(h, instance)  # registers the backfill
+    runtime = h.runtime(spark)
+    h.produce([order(100, "c1", 40.0)])
+    live, _ = runtime.start_epoch(None, None)  # injected, not committed: in flight
+
+    reports: list = []
+    worker = threading.Thread(target=lambda: reports.extend(BackfillRunner(h.runtime(spark)).advance(budget_s=600)))
+    worker.start()
+    time.sleep(3)
+    assert worker.is_alive(), reports
+    assert runtime.controller.backfills.done_ranges("cheap_bids") == []
+
+    for source in runtime.pipeline.sources:
+        runtime.run_source(live.epoch, source)
+    for view in runtime.pipeline.view_order():
+        runtime.run_view(live.epoch, view)
+    runtime.commit(live.epoch)
+    worker.join(timeout=600)
+    report = {r.view: r for r in reports}["cheap_bids"]
+    assert report.phase == "done", report.metadata()
+    assert 3 <= report.metadata()["seconds_yielded"] < 120, report.metadata()
+    assert_views_match_batch(h.runtime(spark), {"cheap_bids": NEW_VIEWS["cheap_bids"]})
+
 
 
 def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from epochal.connectors.log import append_records
+from epochal.spark_session import DEFAULT_CONF
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import make_harness
 from tests.test_connectors import assert_log_read_parses_once, assert_log_reads_ranges
 from tests.test_incremental_views import EPOCHS, SOURCES, VIEWS
+from tests.test_spark_pools import assert_live_waits_only_for_running_backfill_tasks
 
 # One view per way a step computes its change, so that each reaches the server at least once:
 VIEWS_ON_CONNECT = {
@@ -61,6 +63,9 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory):
             "--driver-memory", "1g",
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.ui.enabled=false",
+            # the scheduler Epochal's managed server starts with: backfills in a pool of their own
+            "--conf", f"spark.scheduler.mode={DEFAULT_CONF['spark.scheduler.mode']}",
+            "--conf", f"spark.scheduler.allocation.file={DEFAULT_CONF['spark.scheduler.allocation.file']}",
         ],
         # the server's Python workers (a sink's writer tasks) run this interpreter, which has Epochal
         env={**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable},
@@ -182,3 +187,19 @@ def test_log_pieces_are_read_by_the_connect_servers_workers(connect_url: str, tm
         assert_log_reads_ranges(remote, tmp_path, monkeypatch, "executors")
     finally:
         remote.stop()
+
+
+def test_a_backfills_session_gets_only_the_slots_live_sessions_leave(connect_url: str, monkeypatch) -> None:
+    """Two runs on one server, as a backfill run and an epoch run: Connect has no thread properties,
+    so the backfill's pool travels as its session's ``spark.scheduler.pool`` conf, which the server
+    copies into the properties of the jobs it runs."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    backfill = ConnectSession.builder.remote(connect_url).create()
+    live = ConnectSession.builder.remote(connect_url).create()
+    try:
+        assert_live_waits_only_for_running_backfill_tasks(backfill, live)
+    finally:
+        backfill.stop()
+        live.stop()

@@ -30,11 +30,15 @@ from epochal.checkpoint.records import Collected
 from epochal.errors import require
 from epochal.faults import fault_point
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
+from epochal.spark_session import scheduler_pool
 
 if TYPE_CHECKING:
     from epochal.runtime import EpochRuntime
 
 log = logging.getLogger("epochal.backfill")
+
+#: how often a backfill yielding to live epochs looks whether they committed (a meta-store read)
+YIELD_POLL_S = 0.1
 
 #: held switches this process has logged (shadow, reason)
 _TOLD_HELD: set[tuple[str, str]] = set()
@@ -59,6 +63,8 @@ class Progress:
     #: splits of the SOURCE inputs read from their connector that are done reading, of how many
     splits_done: int = 0
     splits_total: int = 0
+    #: seconds spent waiting for live epochs in flight to commit (EPOCHAL_BACKFILL_YIELD_S)
+    yielded_s: float = 0.0
 
     def metadata(self) -> dict[str, Any]:
         rate = round(self.rows_read / self.seconds, 1) if self.seconds > 0 else 0.0
@@ -77,6 +83,7 @@ class Progress:
             "caught_up_epoch": self.caught_up_epoch,
             "joined_epoch": self.joined_epoch,
             "seconds": round(self.seconds, 3),
+            "seconds_yielded": round(self.yielded_s, 3),
             "note": self.note,
         }
 
@@ -137,7 +144,11 @@ class BackfillRunner:
             return self._finish(progress, started)
         interval = max(0.05, self.runtime.settings.epoch_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
         try:
-            with Lease(f"backfill {view}", lambda: self.log.renew(view), interval):
+            # (in a pool that gets only the Spark slots live epochs leave)
+            with (
+                Lease(f"backfill {view}", lambda: self.log.renew(view), interval),
+                scheduler_pool(self.runtime.spark, self.runtime.settings.backfill_pool),
+            ):
                 self._advance(view, deadline, progress)
             self.log.record_error(view, None)
         except BackfillLost as lost:
@@ -194,9 +205,12 @@ class BackfillRunner:
             return float(written)
         return self.runtime.settings.backfill_rate_limit
 
-    def must_stop(self, view: str, deadline: float, progress: Progress, resumes: str) -> bool:
+    def must_stop(self, view: str, deadline: float, progress: Progress, resumes: str, live_first: bool = False) -> bool:
         """Whether to stop before the next piece of work: the time budget is used (``resumes``
-        says where the next run goes on) or the backfill is paused; the reason goes in the note."""
+        says where the next run goes on) or the backfill is paused; the reason goes in the note.
+        ``live_first``: live epochs in flight go first (``yield_to_live``)."""
+        if live_first:
+            self.yield_to_live(view, deadline, progress)
         if time.monotonic() >= deadline:
             progress.note = f"time budget used; {resumes}"
             return True
@@ -204,6 +218,27 @@ class BackfillRunner:
             progress.note = "paused (backfill_rate_limit = 0)"
             return True
         return False
+
+    def yield_to_live(self, view: str, deadline: float, progress: Progress) -> None:
+        """Wait while live epochs are in flight, at most EPOCHAL_BACKFILL_YIELD_S: as RisingWave's
+        backfill reads its snapshot between barriers. A live epoch that shares a 2-core machine with
+        a backfill's range took 2.5x its time even with the backfill's tasks in a low pool (the
+        driver's work competes for the cores too); between pieces the backfill lets it run alone.
+        The bound keeps a backfill moving when epochs are always in flight. Only the snapshot
+        phase yields: an epoch of the change log costs what the view's live step would, and a
+        backfill that waited before each could fall behind for good."""
+        limit = self.runtime.settings.backfill_yield_s
+        if limit <= 0:
+            return
+        started = time.monotonic()
+        end = min(deadline, started + limit)
+        epochs = self.runtime.controller.epoch_log
+        while epochs.in_flight() and time.monotonic() < end:
+            time.sleep(YIELD_POLL_S)
+        waited = time.monotonic() - started
+        progress.yielded_s += waited
+        if waited >= YIELD_POLL_S:
+            log.info("backfill %s: waited %.1fs for live epochs in flight to commit", view, waited)
 
     def throttle(self, view: str, rows: int, seconds: float, deadline: float) -> bool:
         """Sleep so the rows read stay within the rate limit; False when paused (rate 0)."""
@@ -284,7 +319,9 @@ class BackfillRunner:
         try:
             # release: the claim this step takes on the epoch ends with its collect, so the
             # backfill's process ending is never taken for the death of the epoch's run.
-            self.runtime.run_view(epoch, view, run_id="backfill", release=True)
+            # (live work: the epoch's commit waits for it)
+            with scheduler_pool(self.runtime.spark, None):
+                self.runtime.run_view(epoch, view, run_id="backfill", release=True)
         except EpochAborted:
             log.info("backfill %s: epoch %s was aborted meanwhile; recovery re-runs it", view, epoch)
         except Exception:

@@ -74,7 +74,7 @@ def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: P
         vnodes = next_range(ranges, width if chunking is not None else VNODES_TOTAL)
         if vnodes is None:
             break
-        if runner.must_stop(view, deadline, progress, "the next run resumes at the next vnode range"):
+        if runner.must_stop(view, deadline, progress, "the next run resumes at the next vnode range", live_first=True):
             return False
         started = time.time()
         # Vnodes per snapshot directory, from the view's rows: at most its inputs' at first, then

@@ -59,7 +59,9 @@ def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline:
         progress.splits_done = len(states) - len(pending)
         if not pending:
             return True
-        if runner.must_stop(view, deadline, progress, "the next run resumes each split at its recorded offset"):
+        if runner.must_stop(
+            view, deadline, progress, "the next run resumes each split at its recorded offset", live_first=True
+        ):
             return False
         # The split with the least read first: splits advance together, as RisingWave's readers do.
         state = min(pending, key=lambda s: (s.rows, s.source, s.split))
