@@ -207,8 +207,9 @@ class Settings:
     backfill_yield_s: int = setting(
         "EPOCHAL_BACKFILL_YIELD_S",
         "5",
-        "Seconds a backfill waits, before each vnode range of its snapshot and each chunk read from a SOURCE's "
-        "split, for the live epochs in flight to commit: it runs between them. `0`: it never waits.",
+        "Seconds a backfill waits for the live epochs in flight to commit, when its work starts, before each vnode "
+        "range of its snapshot and each chunk read from a SOURCE's split, and once before its change log: it runs "
+        "between them. `0`: it never waits.",
         minimum=0,
     )
     backfill_range_rows: int = setting(

@@ -182,7 +182,11 @@ class BackfillRunner:
             progress.note = "waiting for a backfilling upstream to reach the snapshot epoch"
             return
         # (not while paused: a paused backfill's runner comes every sensor tick and does nothing)
-        moved = None if self.rate_limit(view) == 0 else self.log.refresh_snapshot(view)
+        paused = self.rate_limit(view) == 0
+        if not paused:
+            # Live epochs first from the start: the snapshot epoch is then the one they commit.
+            self.yield_to_live(view, deadline, progress)
+        moved = None if paused else self.log.refresh_snapshot(view)
         if moved is not None:
             log.info("backfill %s: nothing written yet; snapshot epoch %s -> %s (the committed epoch)", view, *moved)
         backfill = self.log.get(view)
@@ -191,6 +195,8 @@ class BackfillRunner:
                 return
             backfill = self.log.get(view)
         if backfill.phase is BackfillPhase.LOG_STORE:
+            if not paused:  # once, not before each of its epochs (yield_to_live says why)
+                self.yield_to_live(view, deadline, progress)
             self._log_store_phase(backfill, deadline, progress)
 
     # ------------------------------------------------------------------ rate limit
@@ -224,9 +230,10 @@ class BackfillRunner:
         backfill reads its snapshot between barriers. A live epoch that shares a 2-core machine with
         a backfill's range took 2.5x its time even with the backfill's tasks in a low pool (the
         driver's work competes for the cores too); between pieces the backfill lets it run alone.
-        The bound keeps a backfill moving when epochs are always in flight. Only the snapshot
-        phase yields: an epoch of the change log costs what the view's live step would, and a
-        backfill that waited before each could fall behind for good."""
+        The bound keeps a backfill moving when epochs are always in flight. It waits when its work
+        starts, before each snapshot range and split chunk, and once when the log-store phase
+        starts, not before each of its epochs: an epoch of the change log costs what the view's
+        live step would, and a backfill that waited before each could fall behind for good."""
         limit = self.runtime.settings.backfill_yield_s
         if limit <= 0:
             return
