@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,11 +145,7 @@ class BackfillRunner:
             return self._finish(progress, started)
         interval = max(0.05, self.runtime.settings.epoch_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
         try:
-            # (in a pool that gets only the Spark slots live epochs leave)
-            with (
-                Lease(f"backfill {view}", lambda: self.log.renew(view), interval),
-                scheduler_pool(self.runtime.spark, self.runtime.settings.backfill_pool),
-            ):
+            with Lease(f"backfill {view}", lambda: self.log.renew(view), interval):
                 self._advance(view, deadline, progress)
             self.log.record_error(view, None)
         except BackfillLost as lost:
@@ -189,15 +186,19 @@ class BackfillRunner:
         moved = None if paused else self.log.refresh_snapshot(view)
         if moved is not None:
             log.info("backfill %s: nothing written yet; snapshot epoch %s -> %s (the committed epoch)", view, *moved)
-        backfill = self.log.get(view)
-        if backfill.phase is BackfillPhase.SNAPSHOT:
-            if not snapshot_phase.run(self, backfill, deadline, progress):
-                return
+        # Its Spark work in a pool that gets only the slots live epochs leave (a paused backfill
+        # starts no Spark for it).
+        pool = nullcontext() if paused else scheduler_pool(self.runtime.spark, self.runtime.settings.backfill_pool)
+        with pool:
             backfill = self.log.get(view)
-        if backfill.phase is BackfillPhase.LOG_STORE:
-            if not paused:  # once, not before each of its epochs (yield_to_live says why)
-                self.yield_to_live(view, deadline, progress)
-            self._log_store_phase(backfill, deadline, progress)
+            if backfill.phase is BackfillPhase.SNAPSHOT:
+                if not snapshot_phase.run(self, backfill, deadline, progress):
+                    return
+                backfill = self.log.get(view)
+            if backfill.phase is BackfillPhase.LOG_STORE:
+                if not paused:  # once, not before each of its epochs (yield_to_live says why)
+                    self.yield_to_live(view, deadline, progress)
+                self._log_store_phase(backfill, deadline, progress)
 
     # ------------------------------------------------------------------ rate limit
 
@@ -326,8 +327,10 @@ class BackfillRunner:
         try:
             # release: the claim this step takes on the epoch ends with its collect, so the
             # backfill's process ending is never taken for the death of the epoch's run.
-            # (live work: the epoch's commit waits for it)
-            with scheduler_pool(self.runtime.spark, None):
+            # Live work, which the epoch's commit waits for: back in the default pool (never
+            # starting Spark for it: the view's step starts it if it needs it).
+            live = scheduler_pool(self.runtime.spark, None) if "spark" in vars(self.runtime) else nullcontext()
+            with live:
                 self.runtime.run_view(epoch, view, run_id="backfill", release=True)
         except EpochAborted:
             log.info("backfill %s: epoch %s was aborted meanwhile; recovery re-runs it", view, epoch)
