@@ -138,18 +138,19 @@ def scheduler_pool(spark: "SparkSession", pool: str | None) -> Iterator[None]:
     local properties of the jobs it runs: the pool is then the session's while inside. A Spark
     whose scheduler is FIFO ignores pools."""
     if type(spark).__module__.startswith("pyspark.sql.connect"):
+
+        def set_pool(value: str | None) -> None:
+            if value is None:
+                spark.conf.unset(_POOL_PROPERTY)
+            else:
+                spark.conf.set(_POOL_PROPERTY, value)
+
         previous = spark.conf.get(_POOL_PROPERTY, None)
-        if pool is None:
-            spark.conf.unset(_POOL_PROPERTY)
-        else:
-            spark.conf.set(_POOL_PROPERTY, pool)
+        set_pool(pool)
         try:
             yield
         finally:
-            if previous is None:
-                spark.conf.unset(_POOL_PROPERTY)
-            else:
-                spark.conf.set(_POOL_PROPERTY, previous)
+            set_pool(previous)
         return
     context = spark.sparkContext
     previous = context.getLocalProperty(_POOL_PROPERTY)
