@@ -173,6 +173,58 @@ def test_a_backfill_starts_no_range_while_a_live_epoch_is_in_flight(spark, tmp_p
     assert_views_match_batch(h.runtime(spark), {"cheap_bids": NEW_VIEWS["cheap_bids"]})
 
 
+def test_a_runner_taken_over_mid_range_adds_nothing_to_the_snapshot_its_successor_published(
+    spark, tmp_path: Path, monkeyenv, monkeypatch
+) -> None:
+    """Runner A stalls inside its first range (a suspended laptop) long enough to lose its claim;
+    runner B takes the backfill over and runs it to the join. When A wakes and finishes its range,
+    the range must not land in the snapshot B published (a reader lists the directory: its rows
+    would count twice), and A leaves no files behind."""
+    from epochal.backfill import snapshot_phase
+
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=1)
+    views = {"big_bid_prices": "SELECT auction, price_eur FROM big_bids WHERE price_eur > 100"}
+    (h.pipeline_dir / "new.sql").write_text(_views_file(views))
+    _run(h, instance)  # registers the backfill
+
+    runner_a = BackfillRunner(h.runtime(spark))
+    runner_a.log.renew = lambda view: True  # stalled: its lease no longer beats
+    stalled, wake = threading.Event(), threading.Event()
+    real_rows_over = snapshot_phase.rows_over
+
+    def rows_over(runner, name, states):  # noqa: ANN001, ANN202
+        if runner is runner_a and not stalled.is_set():
+            stalled.set()
+            assert wake.wait(600)
+        return real_rows_over(runner, name, states)
+
+    monkeypatch.setattr(snapshot_phase, "rows_over", rows_over)
+    reports_a: list = []
+    worker = threading.Thread(target=lambda: reports_a.extend(runner_a.advance(budget_s=600)))
+    worker.start()
+    assert stalled.wait(300), "runner A never reached its first range"
+    backend = runner_a.log.backend
+    backend.transaction(
+        lambda cur: cur.execute("UPDATE backfills SET heartbeat_at = 0 WHERE view_name = ?", ["big_bid_prices"])
+    )
+    reports_b = {r.view: r for r in BackfillRunner(h.runtime(spark)).advance(budget_s=600)}
+    assert reports_b["big_bid_prices"].phase == "done", reports_b["big_bid_prices"].metadata()
+
+    wake.set()
+    worker.join(timeout=600)
+    assert "taken over" in {r.view: r for r in reports_a}["big_bid_prices"].note
+    runtime = h.runtime(spark)
+    snapshot = runtime.controller.catalog.snapshots("big_bid_prices")[0]
+    nonces = {nonce for _, nonce in runtime.controller.backfills.done_ranges("big_bid_prices")} or None
+    names = [f.rsplit("/", 1)[-1] for f in runtime.warehouse.snapshot_files(snapshot.location)]
+    assert names and (nonces is None or all(n.startswith(tuple(nonces)) for n in names)), names
+    staging = Path(snapshot.location).parent / "staging"  # (A's range went to staging first)
+    assert not [f for f in staging.rglob("*") if f.is_file()]
+    assert_views_match_batch(runtime, views)
+
+
 
 def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **h.env, **ENV}

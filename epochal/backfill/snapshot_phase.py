@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import source_splits
 from epochal.backfill.state import VNODES_TOTAL, Backfill, VnodeRange, evened, grown_width, next_range
+from epochal.checkpoint.backfill_log import BackfillLost
 from epochal.checkpoint.records import StateCompacted
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
@@ -118,6 +119,9 @@ def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: P
             # (a rate limit sizes ranges by rows: progress about every 10 s at that rate)
             timed.append((vnodes.size, elapsed))
             width = grown_width(timed, VNODES_TOTAL - done_vnodes)
+    # Only recorded ranges are published: a runner taken over mid-range may have moved files in
+    # since this one started.
+    _clean_unrecorded(runner, target, {nonce for _, nonce in done})
     if not warehouse.exists(target):  # a view with no rows at all
         warehouse.make_dir(target)
     files = warehouse.snapshot_files(target)
@@ -239,6 +243,14 @@ def _write_range(
     else:
         write_laid_out(rows, key, per_directory, staging, mode="overwrite")
     written = runtime.warehouse.files_row_count(runtime.warehouse.snapshot_files(staging))
+    try:
+        # A runner that stalled past its claim (a suspended laptop, a long pause) may have been
+        # taken over, and the new runner may have published the snapshot since: its range must not
+        # land in it (a reader lists the directory; the range would count twice).
+        runner.log.check_owner(backfill.view)
+    except BackfillLost:
+        runtime.warehouse.delete([staging])
+        raise
     runtime.warehouse.adopt_vnode_files(staging, target, nonce)
     runtime.warehouse.delete([staging])
     # Rows read: the range's share of the inputs (the read itself lists every file's rows).

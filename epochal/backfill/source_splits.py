@@ -17,6 +17,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from epochal.backfill.splits import next_chunk
+from epochal.checkpoint.backfill_log import BackfillLost
 from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
@@ -74,7 +75,11 @@ def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline:
         location = f"{directory}/{state.source}/{chunk.split}-{chunk.start}-{uuid.uuid4().hex[:8]}"
         rows = runtime.warehouse.write(batch.rows, location)
         fault_point("backfill-split-read")
-        moved = runner.log.record_split_read(view, state, chunk, rows, location)
+        try:
+            moved = runner.log.record_split_read(view, state, chunk, rows, location)
+        except BackfillLost:  # taken over while it read: the chunk is nobody's
+            runtime.warehouse.delete([location])
+            raise
         fault_point("backfill-split-recorded")
         progress.rows_read += rows
         elapsed = time.time() - started

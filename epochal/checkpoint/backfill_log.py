@@ -238,6 +238,10 @@ class BackfillLog(BackfillControl):
             )
         )
 
+    def check_owner(self, view: str) -> Backfill:
+        """The view's backfill, or BackfillLost if this runner no longer owns it."""
+        return self.backend.transaction(lambda cur: self._check_owner(cur, view))
+
     def _check_owner(self, cur: Cursor, view: str) -> Backfill:
         row = cur.execute("SELECT owner FROM backfills WHERE view_name = ?", [view]).fetchone()
         if row is None or row[0] != self.owner:
