@@ -411,6 +411,17 @@ class EpochRuntime:
             if rebuild.state is rebuilds.RebuildState.SERVING_OLD or rebuild.switched_epoch == epoch:
                 # Its statement changed: the old rows serve until the step that switches.
                 return self._guard(epoch, lambda: self.rebuild_steps.run(epoch, name, run_id, release))
+        if (
+            backfill is not None
+            and backfill.phase is BackfillPhase.JOINED
+            and backfill.caught_up_epoch is not None
+            and epoch <= backfill.caught_up_epoch
+        ):
+            # The epoch committed without the view while it backfilled, and its backfill then read
+            # or wrote it (its snapshot epoch, or a log-store epoch) and joined before this step
+            # came: the view's state already holds the epoch. Running the step would read state
+            # from before the snapshot, which the view never had.
+            return StepReport(name, epoch, {"epoch": epoch, "mode": "written by its backfill"})
         if backfill is not None and backfill.phase is not BackfillPhase.JOINED:
             # Outside commit alignment: the epoch commits without it, the backfill writes it later.
             return StepReport(
