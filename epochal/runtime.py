@@ -41,6 +41,7 @@ from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
 from epochal.source_history import SourceHistory
 from epochal.step_report import StepReport
+from epochal.storage.driver_lookup import DriverLookup
 from epochal.storage.state_cache import StateCache
 from epochal.storage.state_reader import StateReader, quoted
 from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
@@ -112,6 +113,7 @@ class EpochRuntime:
             self.state_cache,
             self.query_schema,
             SourceHistory(self),
+            DriverLookup(settings.driver_lookup_rows),
         )
         self._connectors: dict[str, SourceConnector] = {}
         self.schemas = QuerySchemas(self)

@@ -238,6 +238,14 @@ class Settings:
         "on",
         "Keep a snapshot that a read scans mostly whole in Spark's cache (memory, spilling to disk): `on` or `off`.",
     )
+    driver_lookup_rows: int = setting(
+        "EPOCHAL_DRIVER_LOOKUP_ROWS",
+        "100000",
+        "A read of a few keys' rows from a snapshot of over 1M rows on the driver's filesystem is done by DuckDB on "
+        "the driver from its Parquet files when the keys, and the rows found, are at most this many (Spark scans the "
+        "whole snapshot for them). `0`: always Spark.",
+        minimum=0,
+    )
     spark_master: str = setting(
         "EPOCHAL_SPARK_MASTER", "local[*]", "Spark master: `local[*]`, `spark://host:7077`, `yarn`, `k8s://…`"
     )

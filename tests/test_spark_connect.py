@@ -203,3 +203,31 @@ def test_a_backfills_session_gets_only_the_slots_live_sessions_leave(connect_url
     finally:
         backfill.stop()
         live.stop()
+
+
+def test_a_driver_lookup_answers_through_spark_connect(
+    connect_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys come from the server as Arrow and the rows DuckDB found go back to it as a local
+    relation: on Connect too, the same rows and values as the server's own semi-join."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    from pyspark.sql.types import StructType
+
+    from epochal.storage.driver_lookup import DriverLookup
+    from tests.test_driver_lookup import WIDE, spark_semi_join, wide_rows
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    remote = ConnectSession.builder.remote(connect_url).create()
+    try:
+        schema = StructType.fromDDL(WIDE)
+        remote.createDataFrame(wide_rows(60), schema).write.parquet(str(tmp_path / "snap"))
+        files = sorted(str(p) for p in (tmp_path / "snap").glob("*.parquet"))
+        snapshot = remote.read.schema(schema).parquet(*files)
+        keys = snapshot.where("i % 4 = 1").select("id", "s")
+        lookup = DriverLookup(max_rows=1000)
+        found = lookup.read(remote, schema, files, ("id", "s"), keys)
+        assert found is not None and lookup.answered == 1
+        expected = sorted(map(repr, spark_semi_join(snapshot, keys, ("id", "s")).collect()))
+        assert sorted(map(repr, found.collect())) == expected and len(expected) == 15
+    finally:
+        remote.stop()

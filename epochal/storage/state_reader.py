@@ -14,7 +14,9 @@ from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.records import Snapshot, StateCompacted, StateParts
 from epochal.errors import EpochalError
 from epochal.sql import quote
+from epochal.storage import driver_lookup
 from epochal.storage.changes import net_rows
+from epochal.storage.driver_lookup import DriverLookup
 from epochal.storage.state_cache import SnapshotPlan, StateCache
 from epochal.storage.warehouse import WEIGHT, Warehouse
 
@@ -44,8 +46,11 @@ class StateReader:
         cache: StateCache,
         schema_of: Callable[[str], StructType],
         history: SourceRows | None = None,
+        lookup: DriverLookup | None = None,
     ):
         self._spark = spark
+        #: answers a few keys' rows of a large snapshot without Spark scanning it (driver_lookup.py)
+        self.lookup = lookup
         self.catalog = catalog
         self.warehouse = warehouse
         self.cache = cache
@@ -181,6 +186,9 @@ class StateReader:
             small = self.cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows)
             if small is not None:
                 return semi_join(small, restrict), snapshot.rows
+            found = self._looked_up(snapshot, schema, restrict)
+            if found is not None:
+                return found, snapshot.rows
         dirs = self.warehouse.vnode_dirs(snapshot.location)
         chosen: list[int] | None = None  # None: every vnode
         if restrict is not None and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames()):
@@ -212,6 +220,20 @@ class StateReader:
             rows_read = snapshot.rows if chosen is None else self.warehouse.files_row_count(files)
             rows = self._parquet_rows(schema, files)
         return (rows if restrict is None else semi_join(rows, restrict)), rows_read
+
+    def _looked_up(
+        self, snapshot: Snapshot, schema: Any, restrict: tuple[tuple[str, ...], DataFrame]
+    ) -> DataFrame | None:
+        """The restricted rows of a large snapshot found by DuckDB on the driver, or None when the
+        lookup does not apply (``DriverLookup``): then Spark reads them."""
+        if self.lookup is None or self.lookup.max_rows <= 0 or snapshot.rows <= driver_lookup.MIN_SNAPSHOT_ROWS:
+            return None
+        columns, keys = restrict
+        files = self.warehouse.all_snapshot_files(snapshot.location)
+        if not self.lookup.applies(schema, tuple(columns), files):
+            return None
+        typed = _typed_keys(schema, tuple(columns), keys, names=list(columns))
+        return self.lookup.read(self.spark, schema, files, tuple(columns), typed)
 
     def snapshot_rows(self, plan: SnapshotPlan) -> DataFrame:
         """A snapshot's rows read as the cache read them: the same plan, so Spark matches it to
