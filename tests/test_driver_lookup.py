@@ -87,8 +87,10 @@ def test_a_lookup_finds_the_rows_and_values_spark_finds(spark, tmp_path: Path, t
         spark.conf.set("spark.sql.session.timeZone", zone)
 
 
-def test_what_a_lookup_cannot_answer_exactly_goes_back_to_spark(spark, tmp_path: Path) -> None:
+def test_what_a_lookup_cannot_answer_exactly_goes_back_to_spark(spark, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     from pyspark.sql.types import StructType
+
+    from epochal.storage import driver_lookup
 
     schema = StructType.fromDDL(WIDE)
     spark.createDataFrame(wide_rows(60), schema).repartition(3).write.parquet(str(tmp_path / "snap"))
@@ -117,6 +119,10 @@ def test_what_a_lookup_cannot_answer_exactly_goes_back_to_spark(spark, tmp_path:
     broken.write_bytes(b"not parquet")
     assert lookup.read(spark, schema, [str(broken)], ("id",), snapshot.select("id").limit(2)) is None
     assert lookup.declined == 3 and not lookup.applies(schema, ("id",), [str(broken)])
+    # rows too wide to hand to Spark as a local relation
+    monkeypatch.setattr(driver_lookup, "MAX_FOUND_BYTES", 100)
+    assert lookup.read(spark, schema, files, ("id",), snapshot.select("id").limit(5)) is None
+    assert lookup.declined == 4
     # no key at all: no rows, without DuckDB
     empty = lookup.read(spark, schema, files, ("id",), snapshot.select("id").limit(0))
     assert empty is not None and empty.count() == 0 and empty.schema == schema

@@ -13,7 +13,7 @@ It answers only what it can answer exactly, and says None otherwise so the calle
 - every column has a type whose value survives Parquet -> DuckDB -> Arrow -> Spark unchanged, and
   every key column one whose equality is the same in both (no floating point: Spark's join treats
   -0.0 and 0.0 as one key);
-- the keys, and the rows they find, are at most ``max_rows``.
+- the keys, and the rows they find, are at most ``max_rows`` (and the rows at most MAX_FOUND_BYTES).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ log = logging.getLogger("epochal.storage")
 #: Snapshots up to this many rows are left to Spark: the warm cache holds them, and a restricted
 #: read filters the cached copy without a job of its own (``StateCache.small_and_cached``).
 MIN_SNAPSHOT_ROWS = SMALL_ROWS
+#: Most bytes of rows found that go back to Spark as a local relation (held by the driver, and sent
+#: whole to a Spark Connect server): wide rows reach it before ``max_rows`` does.
+MAX_FOUND_BYTES = 64 * 1024 * 1024
 #: Key rows collected per distinct key allowed, before they are made distinct on the driver.
 _RAW_KEYS_PER_KEY = 4
 
@@ -137,7 +140,7 @@ class DriverLookup:
                 f"SELECT {projected} FROM read_parquet($files) AS s SEMI JOIN k ON {condition} LIMIT $limit",
                 params={"files": files, "limit": self.max_rows + 1},
             ).to_arrow_table()
-        if found.num_rows > self.max_rows:
+        if found.num_rows > self.max_rows or found.nbytes > MAX_FOUND_BYTES:
             return None
         return _as_instants(found, schema)
 
