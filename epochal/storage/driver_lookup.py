@@ -137,7 +137,10 @@ class DriverLookup:
         with duckdb.connect(config={"threads": self.threads}) as con:
             con.register("k", wanted)
             found = con.sql(
-                f"SELECT {projected} FROM read_parquet($files) AS s SEMI JOIN k ON {condition} LIMIT $limit",
+                # not hive_partitioning: a snapshot's path holds `snapshot=S/.../_vnode=V`, which DuckDB
+                # would otherwise read as columns, over a table's own column of that name
+                f"SELECT {projected} FROM read_parquet($files, hive_partitioning = false) AS s "
+                f"SEMI JOIN k ON {condition} LIMIT $limit",
                 params={"files": files, "limit": self.max_rows + 1},
             ).to_arrow_table()
         if found.num_rows > self.max_rows or found.nbytes > MAX_FOUND_BYTES:
