@@ -108,7 +108,7 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
         locations = controller.catalog.committed_dead_letter_locations(source)
         dlq = [f for loc in locations for f in warehouse.parquet_files(loc)]
         body = (
-            f"SELECT * FROM read_parquet({string_list(dlq)})"
+            f"SELECT * FROM {_read(dlq)}"
             if dlq
             else _empty_view([("split", "string"), ("offset", "bigint"), ("raw", "string"), ("reason", "string")])
         )

@@ -26,9 +26,11 @@ ARROW = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, spark, writers: int = 3, **options: str):  # noqa: ANN001
+    def __init__(self, tmp_path: Path, spark, writers: int = 3, home: Path | None = None, **options: str):  # noqa: ANN001
         self.tmp_path, self.spark, self.writers = tmp_path, spark, writers
-        self.target = DuckDBTarget("s", {"database": "out.duckdb", "table": "t", **options}, ["id", "name"], tmp_path)
+        self.target = DuckDBTarget(
+            "s", {"database": "out.duckdb", "table": "t", **options}, ["id", "name"], home or tmp_path
+        )
         backend = open_backend(f"duckdb:///{tmp_path / 'meta.duckdb'}")
         backend.transaction(ensure_schema)
         self.backend = backend
@@ -90,6 +92,20 @@ def test_epochs_are_delivered_once_by_parallel_writers(tmp_path: Path, spark) ->
     assert len(h.rows()) == 52 and h.target.delivered_epoch() == 3
     assert h.states() == [(1, 1, "COMMITTED"), (2, 2, "COMMITTED"), (3, 3, "COMMITTED")]
     assert h.staged() == []  # staged files go once committed
+
+
+@pytest.mark.parametrize("kind", ["append-only", "upsert"])
+def test_a_home_path_with_key_value_directories_leaves_the_rows_as_written(
+    tmp_path: Path,
+    spark,  # noqa: ANN001
+    kind: str,
+) -> None:
+    """Staged files live under the home: DuckDB must not read its `name=x` directory as a column."""
+    options = {"type": kind, "primary_key": "id"} if kind == "upsert" else {}
+    h = Harness(tmp_path, spark, home=tmp_path / "name=x" / "epochal", **options)
+    h.change(1, [(i, f"n{i}", 1) for i in range(5)])
+    assert h.deliver().epochs == 1
+    assert h.rows() == [(i, f"n{i}") for i in range(5)]
 
 
 def test_a_batch_waits_until_it_holds_commit_checkpoint_interval_epochs(tmp_path: Path, spark) -> None:  # noqa: ANN001

@@ -85,6 +85,9 @@ def test_epochs_end_to_end_in_process(spark, tmp_path: Path) -> None:
     columns, rows, epoch = run_query(runtime, "SELECT split, \"offset\", reason FROM orders__dead_letters ORDER BY 2")
     assert epoch == committed[-1].epoch and [(r[0], r[1]) for r in rows] == [("1", 0), ("1", 1)]
     assert all(r[2] for r in rows)
+    # the same columns as with no dead letter yet: the files' epoch=E directory is not one of them
+    columns, _, _ = run_query(runtime, "SELECT * FROM orders__dead_letters")
+    assert list(columns) == ["split", "offset", "raw", "reason"], columns
 
 
 def test_rerunning_an_epoch_is_idempotent(spark, tmp_path: Path) -> None:

@@ -214,7 +214,9 @@ class DuckDBTarget(SinkTarget):
 
     def _apply(self, cur: Cursor, files: list[str]) -> tuple[int, int]:
         cols = ", ".join(quote(c, DUCKDB) for c in self.columns)
-        source = f"read_parquet({string_list(files)})"
+        # not hive_partitioning: a `key=value` directory in the home's path would become a column,
+        # over the sink's own column of that name
+        source = f"read_parquet({string_list(files)}, hive_partitioning = false)"
         target = quote(self.table, DUCKDB)
         if self.type == "append-only":
             negative = cur.execute(f"SELECT count(*) FROM {source} WHERE {WEIGHT} < 0").fetchone()[0]
