@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from epochal.backfill.state import BackfillPhase
 from epochal.checkpoint.records import StateCompacted
 from epochal.errors import EpochalError
-from epochal.sql import DUCKDB, quote, string_list
+from epochal.sql import DUCKDB, duckdb_parquet, quote
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
 if TYPE_CHECKING:
@@ -41,11 +41,6 @@ _SPARK_TO_DUCKDB = {
     "date": "DATE",
     "timestamp": "TIMESTAMPTZ",
 }
-
-
-def _read(files: list[str]) -> str:
-    # Explicit files; a snapshot's lie under _vnode=N/ (or _vnodes=LO-HI/) directories: layout, not columns.
-    return f"read_parquet({string_list(files)}, hive_partitioning = false)"
 
 
 def _empty_view(columns: list[tuple[str, str]]) -> str:
@@ -94,11 +89,11 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
             con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS {_empty_view(columns)}")
         elif not changes:
             # A snapshot alone is already net, one row per unit: no aggregation.
-            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS SELECT {cols} FROM {_read(snapshot)}")
+            con.execute(f"CREATE VIEW {quote(table, DUCKDB)} AS SELECT {cols} FROM {duckdb_parquet(snapshot)}")
         else:
-            weighted = f"SELECT {cols}, {WEIGHT} FROM {_read(changes)}"
+            weighted = f"SELECT {cols}, {WEIGHT} FROM {duckdb_parquet(changes)}"
             if snapshot:
-                weighted = f"SELECT {cols}, 1::BIGINT AS {WEIGHT} FROM {_read(snapshot)} UNION ALL {weighted}"
+                weighted = f"SELECT {cols}, 1::BIGINT AS {WEIGHT} FROM {duckdb_parquet(snapshot)} UNION ALL {weighted}"
             con.execute(
                 f"CREATE VIEW {quote(table, DUCKDB)} AS WITH net AS (SELECT {cols}, sum({WEIGHT})::BIGINT AS _n "
                 f"FROM ({weighted}) GROUP BY ALL HAVING sum({WEIGHT}) > 0) "
@@ -108,7 +103,7 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
         locations = controller.catalog.committed_dead_letter_locations(source)
         dlq = [f for loc in locations for f in warehouse.parquet_files(loc)]
         body = (
-            f"SELECT * FROM {_read(dlq)}"
+            f"SELECT * FROM {duckdb_parquet(dlq)}"
             if dlq
             else _empty_view([("split", "string"), ("offset", "bigint"), ("raw", "string"), ("reason", "string")])
         )

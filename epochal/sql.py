@@ -49,6 +49,13 @@ def string_list(values: Iterable[str], dialect: str = DUCKDB) -> str:
     return exp.Array(expressions=[exp.Literal.string(v) for v in values]).sql(dialect=dialect)
 
 
+def duckdb_parquet(files: Iterable[str]) -> str:
+    """DuckDB's read of Epochal's Parquet ``files``. Without hive partitioning: their paths hold
+    layout directories (``epoch=E``, ``snapshot=S``, ``_vnode=V``, and whatever a home's path has),
+    which DuckDB would otherwise read as columns, over a table's own column of the same name."""
+    return f"read_parquet({string_list(files)}, hive_partitioning = false)"
+
+
 @lru_cache(maxsize=1024)
 def numbered_placeholders(sql: str, dialect: str = "postgres") -> str:
     """``sql`` with each ``?`` parameter replaced by ``$1``, ``$2``, ... in order.

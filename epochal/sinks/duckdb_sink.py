@@ -21,7 +21,7 @@ from epochal.faults import fault_point
 from epochal.meta.backend import Cursor, DuckDBBackend
 from epochal.sinks.base import WEIGHT, BatchId, PrecommitLost, SinkError, SinkSchemaError, SinkTarget, WriterTask
 from epochal.sinks.spec import primary_key_columns
-from epochal.sql import DUCKDB, quote, string_list
+from epochal.sql import DUCKDB, duckdb_parquet, quote
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -214,9 +214,7 @@ class DuckDBTarget(SinkTarget):
 
     def _apply(self, cur: Cursor, files: list[str]) -> tuple[int, int]:
         cols = ", ".join(quote(c, DUCKDB) for c in self.columns)
-        # not hive_partitioning: a `key=value` directory in the home's path would become a column,
-        # over the sink's own column of that name
-        source = f"read_parquet({string_list(files)}, hive_partitioning = false)"
+        source = duckdb_parquet(files)
         target = quote(self.table, DUCKDB)
         if self.type == "append-only":
             negative = cur.execute(f"SELECT count(*) FROM {source} WHERE {WEIGHT} < 0").fetchone()[0]

@@ -3,10 +3,10 @@
 An epoch that changes 10,000 keys of a 10M-row table must find those keys' previous rows (a keyed
 source's upserts, a keyed view's state). 10,000 random keys hash to every vnode, so Spark's read is
 a scan of the whole snapshot from the warm cache: 2-3 s a step at 10M rows, growing with the table
-(docs/performance.md, issue 17). DuckDB scans the same Parquet files with the keys as a semi-join in
-about 0.15 s at 10M rows on 2 cores, and the rows it finds go back to Spark as a small local
-relation. Snapshots are immutable, so nothing is copied, indexed or kept in step: every lookup reads
-the files the catalog names, whichever process asks.
+(docs/performance.md, issue 17). DuckDB scans Parquet files with the keys as a semi-join in 0.14 s
+at 10M rows on 2 cores (measured alone, on 16 files of 10M random rows), and the rows it finds go
+back to Spark as a small local relation. Snapshots are immutable, so nothing is copied, indexed or
+kept in step: every lookup reads the files the catalog names, whichever process asks.
 
 It answers only what it can answer exactly, and says None otherwise so the caller reads with Spark:
 - the files are on the driver's filesystem (the embedded warehouse; an object store goes to Spark);
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from epochal.sql import DUCKDB, duckdb_parquet, quote
 from epochal.storage.state_cache import SMALL_ROWS
 
 if TYPE_CHECKING:
@@ -67,10 +68,6 @@ def _plain(data_type: DataType, key: bool) -> bool:
     return not key and isinstance(data_type, (T.FloatType, T.DoubleType, T.TimestampType))
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 class DriverLookup:
     """Restricted snapshot reads done by DuckDB on the driver (see the module's text)."""
 
@@ -86,14 +83,18 @@ class DriverLookup:
         #: many rows per key at every epoch). A new snapshot has new files, and is tried.
         self._left_to_spark: set[tuple[str, tuple[str, ...]]] = set()
 
+    def takes(self, schema: StructType, columns: tuple[str, ...]) -> bool:
+        """Whether rows of ``schema`` restricted by ``columns`` are ones to look up here at all:
+        asked before the snapshot's files are listed."""
+        if self.max_rows <= 0:
+            return False
+        return all(_plain(f.dataType, key=f.name in columns) for f in schema.fields)
+
     def applies(self, schema: StructType, columns: tuple[str, ...], files: list[str]) -> bool:
         """Whether a read of ``columns``'s keys from the snapshot ``files`` is one to try here."""
-        if self.max_rows <= 0 or not files or (files[0], tuple(columns)) in self._left_to_spark:
+        if not files or (files[0], tuple(columns)) in self._left_to_spark or not self.takes(schema, columns):
             return False
-        if any("://" in f and not f.startswith("file://") for f in files):
-            return False
-        types = {f.name: f.dataType for f in schema.fields}
-        return all(_plain(t, key=name in columns) for name, t in types.items())
+        return not any("://" in f and not f.startswith("file://") for f in files)
 
     def read(
         self, spark: SparkSession, schema: StructType, files: list[str], columns: tuple[str, ...], keys: DataFrame
@@ -103,7 +104,7 @@ class DriverLookup:
         than ``max_rows`` (or DuckDB cannot read the files), for the caller to read with Spark."""
         # Collected as they come and made distinct here: a distinct in Spark is a shuffle, two more
         # jobs per lookup. An epoch's records rarely repeat a key often.
-        taken = keys.select(*[_spark_col(c) for c in columns]).limit(_RAW_KEYS_PER_KEY * self.max_rows + 1).toArrow()
+        taken = keys.select(*[quote(c) for c in columns]).limit(_RAW_KEYS_PER_KEY * self.max_rows + 1).toArrow()
         wanted = taken.group_by(list(columns)).aggregate([]) if taken.num_rows else taken
         if taken.num_rows > _RAW_KEYS_PER_KEY * self.max_rows or wanted.num_rows > self.max_rows:
             self.declined += 1
@@ -132,28 +133,17 @@ class DriverLookup:
     ) -> pa.Table | None:
         import duckdb
 
-        condition = " AND ".join(f"s.{_ident(c)} IS NOT DISTINCT FROM k.{_ident(c)}" for c in columns)
-        projected = ", ".join(f"s.{_ident(f.name)}" for f in schema.fields)
+        condition = " AND ".join(f"s.{quote(c, DUCKDB)} IS NOT DISTINCT FROM k.{quote(c, DUCKDB)}" for c in columns)
+        projected = ", ".join(f"s.{quote(f.name, DUCKDB)}" for f in schema.fields)
         with duckdb.connect(config={"threads": self.threads}) as con:
             con.register("k", wanted)
             found = con.sql(
-                # not hive_partitioning: a snapshot's path holds `snapshot=S/.../_vnode=V`, which DuckDB
-                # would otherwise read as columns, over a table's own column of that name
-                f"SELECT {projected} FROM read_parquet($files, hive_partitioning = false) AS s "
-                f"SEMI JOIN k ON {condition} LIMIT $limit",
-                params={"files": files, "limit": self.max_rows + 1},
+                f"SELECT {projected} FROM {duckdb_parquet(files)} AS s SEMI JOIN k ON {condition} LIMIT $limit",
+                params={"limit": self.max_rows + 1},
             ).to_arrow_table()
         if found.num_rows > self.max_rows or found.nbytes > MAX_FOUND_BYTES:
             return None
         return _as_instants(found, schema)
-
-
-def _spark_col(name: str) -> Any:
-    from pyspark.sql import functions as F
-
-    from epochal.sql import quote
-
-    return F.col(quote(name))
 
 
 def _as_instants(found: pa.Table, schema: StructType) -> pa.Table:

@@ -226,9 +226,11 @@ class StateReader:
     ) -> DataFrame | None:
         """The restricted rows of a large snapshot found by DuckDB on the driver, or None when the
         lookup does not apply (``DriverLookup``): then Spark reads them."""
-        if self.lookup is None or self.lookup.max_rows <= 0 or snapshot.rows <= driver_lookup.MIN_SNAPSHOT_ROWS:
-            return None
         columns, keys = restrict
+        if self.lookup is None or snapshot.rows <= driver_lookup.MIN_SNAPSHOT_ROWS:
+            return None
+        if not self.warehouse.is_local or not self.lookup.takes(schema, tuple(columns)):
+            return None  # decided without listing the snapshot (a LIST per epoch on an object store)
         files = self.warehouse.all_snapshot_files(snapshot.location)
         if not self.lookup.applies(schema, tuple(columns), files):
             return None

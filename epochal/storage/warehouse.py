@@ -97,6 +97,8 @@ class Warehouse:
     def __init__(self, root: str):
         self.root = root.rstrip("/")
         self.fs, self._root_path = _filesystem(self.root)
+        #: on the driver's own filesystem (the embedded default), where DuckDB reads the files too
+        self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
 
     # ------------------------------------------------------------------ layout
 
