@@ -246,6 +246,14 @@ class Settings:
         "whole snapshot for them). `0`: always Spark.",
         minimum=0,
     )
+    sink_driver_rows: int = setting(
+        "EPOCHAL_SINK_DRIVER_ROWS",
+        "100000",
+        "A sink batch of at most this many rows, in change files on the driver's filesystem, is written from the "
+        "run's process with pyarrow through the target's own writer (one writer, same two-phase commit) instead of "
+        "by Spark writer tasks in Python workers on the server. `0`: always Spark.",
+        minimum=0,
+    )
     spark_master: str = setting(
         "EPOCHAL_SPARK_MASTER", "local[*]", "Spark master: `local[*]`, `spark://host:7077`, `yarn`, `k8s://…`"
     )

@@ -1,6 +1,7 @@
 """A sink's step of an epoch: build its target, and deliver the committed epochs it lacks through
 the sink coordinator (:mod:`epochal.checkpoint.sink_coordinator`), its batches written by Spark
-writer tasks (:mod:`epochal.sinks.spark_writers`). Split from the runtime, which delegates here."""
+writer tasks (:mod:`epochal.sinks.spark_writers`), or a small one from this process
+(:mod:`epochal.sinks.driver_writer`). Split from the runtime, which delegates here."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolat
 from epochal.checkpoint.sink_batches import DeliveryReport, SinkStart
 from epochal.errors import require
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
+from epochal.sinks.driver_writer import DriverWriter
 from epochal.sinks.spec import commit_checkpoint_interval, sink_spec, snapshot_option, writer_count
 from epochal.step_report import StepReport
 
@@ -40,6 +42,8 @@ class SinkSteps:
         self._targets: dict[str, SinkTarget] = {}
         #: targets whose table was created or checked by this process
         self._prepared_targets: set[str] = set()
+        #: writes a small batch from this process rather than by Spark writer tasks (driver_writer.py)
+        self.driver_writer = DriverWriter(runtime.settings.sink_driver_rows)
 
     def sink(self, name: str) -> SinkTarget:
         """The target of sink ``name``, built from its options (``${ENV}`` values read now)."""
@@ -245,6 +249,9 @@ class SinkSteps:
         if files:
             schema = self.runtime.query_schema(definition.from_table)
             self._prepare(target, schema)
+            written = self.driver_writer.write(target, batch, files, schema)
+            if written is not None:
+                return written
         return run_writers(self.runtime.spark if files else None, target, batch, files, schema, writers)
 
     def _write_snapshot(self, target: SinkTarget, batch: BatchId, state: StateAt, writers: int) -> list[WriterResult]:

@@ -41,9 +41,17 @@ WITH (connector = 'postgres', host = '127.0.0.1', user = 'postgres', database = 
 """
 
 
-def test_postgres_sinks_hold_every_committed_epoch_exactly_once(spark, tmp_path: Path, database: str) -> None:  # noqa: ANN001, F811
+@pytest.mark.parametrize("writers", ["driver", "spark"])
+def test_postgres_sinks_hold_every_committed_epoch_exactly_once(
+    spark,  # noqa: ANN001
+    tmp_path: Path,
+    database: str,  # noqa: F811
+    writers: str,
+) -> None:
+    """``driver``: the small batches are written from the run's process (the default for them);
+    ``spark``: by the sink's three Spark writer tasks, as a large batch is."""
     h = make_harness(tmp_path, {"p.sql": PIPELINE.format(db=database)})
-    runtime = h.runtime(spark)
+    runtime = h.runtime(spark, env={"EPOCHAL_SINK_DRIVER_ROWS": "100000" if writers == "driver" else "0"})
     produced: list[dict] = []
     epochs = []
     for i in range(5):
@@ -74,8 +82,13 @@ def test_postgres_sinks_hold_every_committed_epoch_exactly_once(spark, tmp_path:
         (epochs[0], epochs[1], "COMMITTED"),
         (epochs[2], epochs[3], "COMMITTED"),
     ]
-    # each writer task covered its vnodes and pre-committed once
-    assert all(len(b.results) == 3 for b in batches)
+    driver = runtime.sink_steps.driver_writer
+    if writers == "spark":  # each writer task covered its vnodes and pre-committed once
+        assert all(len(b.results) == 3 for b in batches)
+        assert driver.answered == 0
+    else:  # one writer, over every vnode, for each batch of both sinks; none left to Spark
+        assert all([r.vnodes for r in b.results] == [(0, 255)] for b in batches)
+        assert driver.answered == 5 + 2 and driver.declined == 0
 
 
 class ScratchPostgres:

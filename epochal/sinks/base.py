@@ -21,7 +21,7 @@ these methods.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +112,21 @@ class WriterResult:
     vnodes: tuple[int, int]
     rows: int
     metadata: Mapping[str, Any]
+
+
+class CountedBatches:
+    """A writer's Arrow batches as the target reads them: empty ones skipped, the rows handed out
+    counted (the writer's row count in its result)."""
+
+    def __init__(self, batches: Iterable[pa.RecordBatch]):
+        self._batches = batches
+        self.rows = 0
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for record_batch in self._batches:
+            if record_batch.num_rows:
+                self.rows += record_batch.num_rows
+                yield record_batch
 
 
 def vnode_ranges(writers: int) -> list[tuple[int, int]]:

@@ -18,7 +18,16 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from epochal.sinks.base import WEIGHT, BatchId, SinkError, SinkTarget, WriterResult, WriterTask, vnode_ranges
+from epochal.sinks.base import (
+    WEIGHT,
+    BatchId,
+    CountedBatches,
+    SinkError,
+    SinkTarget,
+    WriterResult,
+    WriterTask,
+    vnode_ranges,
+)
 from epochal.sql import quote
 from epochal.storage.vnode import VNODE_COUNT, vnode_column
 
@@ -125,7 +134,7 @@ def _write_partition(target: SinkTarget, batch: BatchId, writers: int):  # noqa:
         import pyarrow as pa
 
         for writer, group in itertools.groupby(_split_by_writer(batches), key=lambda item: item[0]):
-            counted = _Counted(b for _, b in group)
+            counted = CountedBatches(b for _, b in group)
             task = WriterTask(batch, writer, writers, ranges[writer])
             metadata = target.write(task, iter(counted))
             yield pa.RecordBatch.from_pydict(
@@ -166,17 +175,3 @@ def _split_by_writer(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, p
             part = record_batch.slice(start, end - start)
             part = part.filter(pc.invert(part.column(_MARKER)))
             yield int(writer_ids[start]), part.drop_columns([_WRITER, _MARKER])
-
-
-class _Counted:
-    """An iterator of Arrow batches that skips empty ones and counts the rows it hands out."""
-
-    def __init__(self, batches: Iterator[pa.RecordBatch]):
-        self._batches = batches
-        self.rows = 0
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        for record_batch in self._batches:
-            if record_batch.num_rows:
-                self.rows += record_batch.num_rows
-                yield record_batch
