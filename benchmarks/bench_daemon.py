@@ -19,6 +19,10 @@ the meta store (epochs injected and committed, recoveries, sink batches) and the
   epochs waiting for it);
 * event-to-sink freshness per epoch: from its injection to the last sink having committed it
   (target: at most 30 s);
+* CPU seconds per committed epoch by part (the Spark server, the runs, its Python workers, the
+  daemon, the code server, ...), sampled from /proc: where the two cores go;
+* the number of Python worker processes of the Spark server at the end (bounded: Spark 4.3 keeps a
+  Connect session's workers until it stops, so a run that starts some leaves them behind);
 * the Spark server's peak and final resident memory, and its memory at the end of each minute
   (bounded: the last minutes do not keep growing);
 * with `--standby both`, the same measured twice in one invocation, without the standby run
@@ -104,6 +108,75 @@ class MemorySampler(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join(timeout=10)
+
+
+#: how a process's command line names its part, first match wins
+CPU_PARTS = (
+    ("spark server", ("org.apache.spark",)),
+    # the code server starts each run in a process of its own through multiprocessing's spawn
+    ("epoch_job runs", ("execute_run", "execute_step", "multiprocessing.spawn import spawn_main")),
+    ("spark python workers", ("pyspark.daemon", "pyspark.worker")),
+    ("daemon", ("dagster-daemon", "dagster._daemon", "daemon run")),
+    ("webserver", ("dagster-webserver", "dagster_webserver")),
+    ("code server", ("grpc", "code-server", "code_server")),
+    ("meta store (postgres)", ("postgres",)),
+    ("dagster dev", ("dagster dev",)),
+)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _part(cmdline: str) -> str:
+    for part, needles in CPU_PARTS:
+        if any(needle in cmdline for needle in needles):
+            return part
+    return "other"
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds (user + system) of every process on the machine, by part, from /proc: where the
+    cores went. A process's last sample before it exits stands for its total, so a short-lived run
+    loses at most ``interval_s`` of CPU."""
+
+    def __init__(self, interval_s: float = 1.0):
+        super().__init__(daemon=True)
+        self.interval_s = interval_s
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.latest: dict[int, tuple[str, float]] = {}
+        self._done = threading.Event()
+
+    def _sample(self) -> dict[int, tuple[str, float]]:
+        seen: dict[int, tuple[str, float]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            seen[int(entry.name)] = (_part(cmdline), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+        return seen
+
+    def run(self) -> None:
+        self.first = {pid: cpu for pid, (_, cpu) in self._sample().items()}
+        while not self._done.wait(self.interval_s):
+            self.latest = self._sample()
+            self.last.update(self.latest)
+
+    def alive(self, part: str) -> int:
+        """How many processes of ``part`` the latest sample found."""
+        return sum(1 for name, _ in self.latest.values() if name == part)
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds by part since the sampler started."""
+        self._done.set()
+        self.join(timeout=10)
+        by_part: dict[str, float] = {}
+        for pid, (part, cpu) in self.last.items():
+            by_part[part] = by_part.get(part, 0.0) + cpu - self.first.get(pid, 0.0)
+        return {part: round(cpu, 1) for part, cpu in sorted(by_part.items(), key=lambda kv: -kv[1])}
 
 
 def meta_store_figures(env: dict[str, str], since: float, until: float) -> dict[str, Any]:
@@ -250,6 +323,8 @@ def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
             if started["__typename"] != "Sensor":
                 raise RuntimeError(f"could not start barrier_sensor: {started}")
             since = time.time()
+            cpu = CpuSampler()
+            cpu.start()
             log("barrier_sensor on")
             deadline = since + args.minutes * 60
             minute_marks: list[tuple[float, int | None]] = []
@@ -264,6 +339,8 @@ def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
                     f"{rss / 2**20 if rss else float('nan'):.0f} MiB"
                 )
             until = time.time()
+            result["python_workers_at_end"] = cpu.alive("spark python workers")
+            result["cpu_s"] = cpu.stop()
             stopped = server.graphql(STOP_SENSOR, {"id": started["id"]})["stopSensor"]
             if stopped["__typename"] != "StopSensorMutationResult":
                 log(f"could not stop barrier_sensor: {stopped}")
@@ -312,6 +389,17 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> float:
     print(f"epochs per run: {describe([float(n) for n in runs['epochs_per_run']], '')}")
     print(f"injection to commit: {describe(meta['commit_latency_s'])}")
     print(f"event-to-sink freshness ({', '.join(meta['sinks'])}): {describe(meta['freshness_s'])} (target <= 30s)")
+    if result.get("cpu_s"):
+        total = sum(result["cpu_s"].values())
+        epochs = max(meta["committed"], 1)
+        cores = os.cpu_count() or 1
+        print(
+            f"CPU over the measured minutes: {total:.0f} s of the {cores * 60 * result['minutes']:.0f} core-s of "
+            f"{cores} cores; per committed epoch: "
+            + ", ".join(f"{part} {cpu / epochs:.1f} s" for part, cpu in result["cpu_s"].items())
+        )
+    if "python_workers_at_end" in result:
+        print(f"Spark server's Python worker processes at the end: {result['python_workers_at_end']}")
     if result["server_peak_mib"]:
         print(
             f"Spark server RSS: peak {result['server_peak_mib']} MiB; by minute "
