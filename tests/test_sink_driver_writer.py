@@ -155,3 +155,23 @@ def test_a_refused_batch_commits_nothing(spark, tmp_path: Path, kind: str) -> No
         run_epoch(runtime)
         assert duck_rows(h.home, "totals") == [("a", 12)]
     assert runtime.sink_steps.driver_writer.answered >= 1
+
+
+def test_files_this_process_cannot_read_are_left_to_spark(tmp_path: Path) -> None:
+    """Change files on an object store, or on a disk only the Spark server sees, are Spark's to read:
+    the driver path declines without writing anything, and without failing the sink step."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from epochal.sinks.base import BatchId
+    from epochal.sinks.driver_writer import DriverWriter
+    from epochal.sinks.spec import sink_spec
+
+    options = {"connector": "duckdb", "database": "out/sink.duckdb", "table": "t", "type": "append-only"}
+    target = sink_spec("duckdb").create("s", options, ["id"], tmp_path, None)
+    schema = StructType([StructField("id", LongType())])
+    writer = DriverWriter(100_000)
+    batch = BatchId("s", 1, 1, 1, "abcd")
+    assert writer.write(target, batch, ["s3://bucket/warehouse/t/part-0.parquet"], schema) is None
+    assert writer.write(target, batch, [str(tmp_path / "gone" / "part-0.parquet")], schema) is None
+    assert (writer.answered, writer.declined) == (0, 2)
+    assert not (tmp_path / "sink-staging").exists()

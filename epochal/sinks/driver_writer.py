@@ -97,14 +97,14 @@ class DriverWriter:
             return self._decline()
         import pyarrow.parquet as pq
 
-        rows = sum(pq.read_metadata(p).num_rows for p in paths)
-        if rows > self.max_rows or sum(os.path.getsize(p) for p in paths) > MAX_FILE_BYTES:
-            return self._decline()
         try:
+            rows = sum(pq.read_metadata(p).num_rows for p in paths)
+            if rows > self.max_rows or sum(os.path.getsize(p) for p in paths) > MAX_FILE_BYTES:
+                return self._decline()
             table = _read(paths, _arrow_schema(schema, target.columns))
             if target.type == "upsert":
                 table = _net(table, target.columns)
-        except Exception as exc:  # noqa: BLE001 - pyarrow could not read or net them: Spark can
+        except Exception as exc:  # noqa: BLE001 - not readable here (another machine's disk?): Spark can
             log.warning("sink %s: pyarrow could not read %s (%s): Spark's writers take the batch", target.name,
                         paths[0], exc)
             return self._decline()
