@@ -25,11 +25,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from epochal.sinks.base import WEIGHT, BatchId, CountedBatches, SinkTarget, WriterResult, WriterTask
+from epochal.storage.driver_lookup import plain_type  # the same types survive pyarrow's read
 from epochal.storage.vnode import VNODE_COUNT
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -37,32 +38,6 @@ log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: The one writer of a batch written here covers every vnode, so it holds every row of every key.
 ALL_VNODES = (0, VNODE_COUNT - 1)
-
-
-def _plain(data_type: DataType) -> bool:
-    """Whether pyarrow reads values of ``data_type`` from Spark's Parquet as Spark's Arrow would
-    hand them to a writer task (after a cast to that Arrow type)."""
-    from pyspark.sql import types as T
-
-    if isinstance(data_type, T.StringType):
-        return getattr(data_type, "collation", "UTF8_BINARY") in ("UTF8_BINARY", None)
-    return isinstance(
-        data_type,
-        (
-            T.BooleanType,
-            T.ByteType,
-            T.ShortType,
-            T.IntegerType,
-            T.LongType,
-            T.FloatType,
-            T.DoubleType,
-            T.DecimalType,
-            T.DateType,
-            T.TimestampType,  # INT96 or adjusted INT64: both cast to timestamp[us, UTC]
-            T.TimestampNTZType,
-            T.BinaryType,
-        ),
-    )
 
 
 def _local_paths(files: Sequence[str]) -> list[str] | None:
@@ -93,7 +68,7 @@ class DriverWriter:
             return None
         paths = _local_paths(files)
         types = {f.name: f.dataType for f in schema.fields}
-        if paths is None or not all(c in types and _plain(types[c]) for c in target.columns):
+        if paths is None or not all(c in types and plain_type(types[c]) for c in target.columns):
             return self._decline()
         import pyarrow.parquet as pq
 

@@ -42,7 +42,7 @@ MAX_FOUND_BYTES = 64 * 1024 * 1024
 _RAW_KEYS_PER_KEY = 4
 
 
-def _plain(data_type: DataType, key: bool) -> bool:
+def plain_type(data_type: DataType, key: bool = False) -> bool:
     """Whether values of ``data_type`` come back from DuckDB as Spark wrote them (and, for a key
     column, compare equal in DuckDB exactly when they do in Spark)."""
     from pyspark.sql import types as T
@@ -88,7 +88,7 @@ class DriverLookup:
         asked before the snapshot's files are listed."""
         if self.max_rows <= 0:
             return False
-        return all(_plain(f.dataType, key=f.name in columns) for f in schema.fields)
+        return all(plain_type(f.dataType, key=f.name in columns) for f in schema.fields)
 
     def applies(self, schema: StructType, columns: tuple[str, ...], files: list[str]) -> bool:
         """Whether a read of ``columns``'s keys from the snapshot ``files`` is one to try here."""
