@@ -304,11 +304,32 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
         finally:
             session.stop()
 
+    def adopted(location: str) -> bool:
+        """Whether a new run's cache answers a read of ``location`` of t with what an earlier run left."""
+        session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        try:
+            cache = StateCache(registry=registry)
+            reader = StateReader(lambda: session, None, None, cache, None)  # type: ignore[arg-type]
+            rows = cache.get("t", location, reader.snapshot_rows)
+            found = rows is not None and rows.where("k = 3").count() == 1 and cache.hits == 1
+            cache.clear()  # the run ends: what it adopted stays on the server
+            return found
+        finally:
+            session.stop()
+
     try:
         start(ServerConfig(home, port, "local[2]", {"spark.driver.memory": "1g"}))
         run("s1")
         assert _cached_on_server(port, plans["s1"]), "left to the next run"
         assert json.loads(registry.read_text())["t"]["location"] == str(tmp_path / "s1")
+        # The next run knows it is cached (no job to choose vnodes, no caching again) ...
+        assert adopted(str(tmp_path / "s1")) and _cached_on_server(port, plans["s1"])
+        assert not adopted(str(tmp_path / "s2")), "another snapshot of the table is not the cached one"
+        # ... unless another server (one started since) cached it: that one's cache went with it.
+        kept = json.loads(registry.read_text())
+        registry.write_text(json.dumps({"t": {**kept["t"], "server": "local-0"}}))
+        assert not adopted(str(tmp_path / "s1"))
+        registry.write_text(json.dumps(kept))
         run("s2")
         assert not _cached_on_server(port, plans["s1"]), "released by the run that cached a newer snapshot"
         assert _cached_on_server(port, plans["s2"])

@@ -183,7 +183,7 @@ class StateReader:
             return self.spark.createDataFrame([], schema), 0
         if restrict is not None:
             check_restriction(snapshot.table, schema, restrict[0], restrict[1])
-            small = self.cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows)
+            small = self.cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows, self.snapshot_rows)
             if small is not None:
                 return semi_join(small, restrict), snapshot.rows
             found = self._looked_up(snapshot, schema, restrict)
@@ -204,7 +204,7 @@ class StateReader:
         wanted = every if chosen is None else list(dict.fromkeys(d for v in chosen for d in dirs[v]))
         if cached and self.cache.worth_caching(len(wanted), len(every)):
             # Most of the snapshot is read anyway: scan it from memory (filled on first use).
-            rows = self.cache.get(snapshot.table, snapshot.location)
+            rows = self.cache.get(snapshot.table, snapshot.location, self.snapshot_rows)
             if rows is None:
                 files = self.warehouse.all_snapshot_files(snapshot.location)
                 rows = self.cache.put(
