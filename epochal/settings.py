@@ -286,6 +286,14 @@ class Settings:
         "until `epochal spark stop`. At least 60.",
         minimum=0,
     )
+    spark_session_slots: int = setting(
+        "EPOCHAL_SPARK_SESSION_SLOTS",
+        "4",
+        "Spark Connect sessions kept warm on the server for runs to take, one run each at a time (a new session "
+        "cost a run's first epoch ~2 s); a run that finds all taken gets a session of its own. `0`: a new session "
+        "for every run.",
+        minimum=0,
+    )
     spark_conf: Mapping[str, str] = setting(
         "EPOCHAL_SPARK_CONF",
         "",

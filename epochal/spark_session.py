@@ -7,6 +7,7 @@ stack trace that never mentions Java, so we check ourselves and say what to inst
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import shutil
@@ -21,6 +22,10 @@ from epochal.errors import JavaMissingError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from epochal.connect_slots import SessionSlot
+
+log = logging.getLogger("epochal.spark")
 
 MIN_JAVA = 17
 
@@ -126,6 +131,61 @@ def build_spark_session(
     for key, value in merged.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def build_slotted_session(
+    directory: Path, slots: int, app_name: str, conf: Mapping[str, str] | None, remote: str
+) -> tuple["SparkSession", "SessionSlot | None"]:
+    """A Spark Connect session on ``remote`` in a free one of ``slots`` session slots under
+    ``directory`` (a session that outlives this process, warm from earlier ones: connect_slots.py),
+    with the slot it holds; a session of its own, and no slot, when every slot is taken or the URL
+    names its session."""
+    from epochal import connect_slots
+
+    slot = None if connect_slots.names_a_session(remote) else connect_slots.take(directory, remote, slots)
+    if slot is None:
+        return build_spark_session(None, app_name, conf, remote), None
+    try:
+        try:
+            session = _attach(slot, app_name, conf)
+        except Exception as exc:
+            if not connect_slots.is_closed_session_error(exc):
+                raise
+            log.info("Spark Connect session slot %d: the server closed its session; starting a new one", slot.index)
+            slot.renew()
+            session = _attach(slot, app_name, conf)
+        if getattr(session, "session_id", None) != slot.session_id:
+            # this process already had a session, which the builder returned: keep it, as before
+            slot.release()
+            return session, None
+        session.release_session_on_close = False  # stop() must leave the session to the next holder
+        for key in connect_slots.TRANSIENT_CONFS:  # as this run's conf has them, whatever a holder left
+            if conf and key in conf:
+                session.conf.set(key, conf[key])
+            else:
+                session.conf.unset(key)
+        return session, slot
+    except BaseException:
+        slot.release()
+        raise
+
+
+def _attach(slot: "SessionSlot", app_name: str, conf: Mapping[str, str] | None) -> "SparkSession":
+    try:
+        return build_spark_session(None, app_name, conf, slot.remote)
+    except Exception:
+        _drop_default_session(slot.session_id)
+        raise
+
+
+def _drop_default_session(session_id: str) -> None:
+    """Forget a Connect session the builder failed to set up (it became the process's default)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    broken = ConnectSession._get_default_session()
+    if broken is not None and getattr(broken, "session_id", None) == session_id:
+        broken.release_session_on_close = False
+        broken.stop()
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from pydantic import Field, PrivateAttr
 from epochal.errors import ConfigError
 from epochal.redaction import redact_url, split_secret_conf
 from epochal.settings import Settings, parse_spark_conf
-from epochal.spark_session import build_spark_session
+from epochal.spark_session import build_slotted_session, build_spark_session
 
 
 def _resolved(value: str) -> str:
@@ -62,6 +62,12 @@ class EpochalSparkResource(ConfigurableResource):
     server_idle_stop_s: int = Field(
         default=1800, description="The managed server stops itself after this long unused (EPOCHAL_SPARK_IDLE_STOP_S)."
     )
+    session_slots: int = Field(
+        default=0,
+        description="Spark Connect sessions kept for runs to take, warm from earlier runs "
+        "(EPOCHAL_SPARK_SESSION_SLOTS, epochal/connect_slots.py); 0: a new session per run.",
+    )
+    session_slots_dir: str = Field(default="", description="Where the session slots' ids and locks live.")
     secret_conf: str = Field(
         default="",
         description="EPOCHAL_SPARK_CONF, as an environment variable resolved when the run starts: its secret "
@@ -69,6 +75,7 @@ class EpochalSparkResource(ConfigurableResource):
     )
 
     _spark_session: Any = PrivateAttr(default=None)
+    _slot: Any = PrivateAttr(default=None)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "EpochalSparkResource":
@@ -88,6 +95,8 @@ class EpochalSparkResource(ConfigurableResource):
             server_home=str(settings.home) if settings.spark_mode == "server" else "",
             server_port=settings.spark_port,
             server_idle_stop_s=settings.spark_idle_stop_s,
+            session_slots=settings.spark_session_slots,
+            session_slots_dir=str(settings.home / "spark" / "sessions"),
         )
 
     def session_conf(self) -> dict[str, str]:
@@ -110,6 +119,11 @@ class EpochalSparkResource(ConfigurableResource):
                     Path(self.server_home), self.server_port, self.master, conf, float(self.server_idle_stop_s)
                 )
                 remote = ensure(server).url
+            if remote and self.session_slots and self.session_slots_dir:
+                self._spark_session, self._slot = build_slotted_session(
+                    Path(self.session_slots_dir), self.session_slots, self.app_name, conf, remote
+                )
+                return
             self._spark_session = build_spark_session(
                 master=self.master, app_name=self.app_name, conf=conf, remote=remote
             )
@@ -126,8 +140,13 @@ class EpochalSparkResource(ConfigurableResource):
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session: Any = self._spark_session
         if session is not None and self.stop_on_teardown:
-            session.stop()
-            self._spark_session = None
+            try:
+                session.stop()  # a slot's session stays on the server (release_session_on_close is off)
+            finally:
+                self._spark_session = None
+                if self._slot is not None:
+                    self._slot.release()
+                    self._slot = None
 
 
 def _same_in_environment(name: str, wanted: object, found: object) -> None:

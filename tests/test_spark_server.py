@@ -350,3 +350,54 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
         run("s1", table="v")
     finally:
         stop(home)
+
+
+_SLOT_RUN = """
+import json, os, sys
+from resources.spark import EpochalSparkResource
+run = EpochalSparkResource(remote=sys.argv[1], session_slots=2, session_slots_dir=sys.argv[2])
+session = run.spark_session
+print(json.dumps({"id": session.session_id, "pool": session.conf.get("spark.scheduler.pool", None),
+                  "rows": session.range(3).count()}), flush=True)
+if sys.argv[3] == "killed-in-a-backfill-pool":
+    session.conf.set("spark.scheduler.pool", "epochal_backfill")
+    os._exit(9)
+run.teardown_after_execution(None)
+"""
+
+
+@pytest.mark.slow
+def test_runs_take_a_warm_session_slot_and_a_session_the_server_closed_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's session outlives it in its slot: the next run (another process) attaches to the same
+    server-side session (warm: no cold session per run, no new Python workers); the pool of a run
+    killed inside a backfill is reset; a session the server has closed is replaced, without failing."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    home, port = tmp_path / "home", _free_port()
+    url, slots = f"sc://127.0.0.1:{port}", tmp_path / "slots"
+
+    def run(how: str = "ends") -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", _SLOT_RUN, url, str(slots), how], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == (9 if how != "ends" else 0), done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    try:
+        start(ServerConfig(home, port, "local[2]", {"spark.driver.memory": "1g"}))
+        first = run("killed-in-a-backfill-pool")
+        assert first["rows"] == 3 and first["pool"] is None
+        second = run()
+        assert second["id"] == first["id"], "the session the first run used, still open on the server"
+        assert second["pool"] is None, "the killed run's pool is reset when the slot is taken"
+        assert run()["id"] == first["id"]
+        # The server closes the session (released elsewhere, or idle past its timeout).
+        ConnectSession.builder.remote(f"{url}/;session_id={first['id']}").create().stop()
+        third = run()
+        assert third["id"] != first["id"] and third["rows"] == 3
+        assert json.loads((slots / "slot-0.json").read_text())["session_id"] == third["id"]
+    finally:
+        stop(home)
