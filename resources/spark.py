@@ -13,6 +13,7 @@ resource config:
 
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,10 @@ from epochal.errors import ConfigError
 from epochal.redaction import redact_url, split_secret_conf
 from epochal.settings import Settings, parse_spark_conf
 from epochal.spark_session import build_slotted_session, build_spark_session
+
+#: Steps on threads (EPOCHAL_STEP_THREADS) may ask for the session at once: one of them builds it
+#: (else two would take two session slots). Module-level: Dagster copies resources.
+_BUILDING = threading.Lock()
 
 
 def _resolved(value: str) -> str:
@@ -109,24 +114,30 @@ class EpochalSparkResource(ConfigurableResource):
     def _init_session(self) -> None:
         # Same lazy contract as dagster-pyspark (no JVM until a step asks for Spark), but through
         # our builder: it checks Java first and knows Spark Connect.
-        if self._spark_session is None:
-            conf = self.session_conf()
-            remote = _resolved(self.remote) or None
-            if remote is None and self.server_home:
-                from epochal.spark_server import ServerConfig, ensure
+        if self._spark_session is not None:
+            return
+        with _BUILDING:
+            if self._spark_session is None:
+                self._build_session()
 
-                server = ServerConfig(
-                    Path(self.server_home), self.server_port, self.master, conf, float(self.server_idle_stop_s)
-                )
-                remote = ensure(server).url
-            if remote and self.session_slots and self.session_slots_dir:
-                self._spark_session, self._slot = build_slotted_session(
-                    Path(self.session_slots_dir), self.session_slots, self.app_name, conf, remote
-                )
-                return
-            self._spark_session = build_spark_session(
-                master=self.master, app_name=self.app_name, conf=conf, remote=remote
+    def _build_session(self) -> None:
+        conf = self.session_conf()
+        remote = _resolved(self.remote) or None
+        if remote is None and self.server_home:
+            from epochal.spark_server import ServerConfig, ensure
+
+            server = ServerConfig(
+                Path(self.server_home), self.server_port, self.master, conf, float(self.server_idle_stop_s)
             )
+            remote = ensure(server).url
+        if remote and self.session_slots and self.session_slots_dir:
+            self._spark_session, self._slot = build_slotted_session(
+                Path(self.session_slots_dir), self.session_slots, self.app_name, conf, remote
+            )
+            return
+        self._spark_session = build_spark_session(
+            master=self.master, app_name=self.app_name, conf=conf, remote=remote
+        )
 
     @property
     def spark_session(self) -> Any:
