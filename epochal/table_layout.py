@@ -67,6 +67,8 @@ def compact(
         tables=tables,
         prune=runtime.controller.prune_history,
         grace_s=settings.retention_grace_s,
+        # the pass after each epoch spreads the tables over epochs; `epochal compact` does them all
+        spread=every is None and tables is None,
     )
     # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
     at = epoch if epoch is not None else (report.committed_epoch or 0)
