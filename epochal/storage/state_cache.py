@@ -88,11 +88,6 @@ def _on_connect(rows: DataFrame) -> bool:
     return type(rows).__module__.startswith("pyspark.sql.connect")
 
 
-def _server_id(spark: SparkSession) -> str:
-    """The Spark application behind ``spark``: a server started again is another application."""
-    return str(spark.conf.get("spark.app.id"))
-
-
 class StateCache:
     """Cached snapshot rows by table; at most one snapshot per table (per server, across runs, when
     ``registry`` is given and the session is a Spark Connect one)."""
@@ -103,6 +98,7 @@ class StateCache:
         self._by_table: dict[str, _Entry] = {}
         #: snapshots this run already looked up in the registry (one registry read per snapshot)
         self._looked_up: set[tuple[str, str]] = set()
+        self._server: tuple[SparkSession, str] | None = None
         #: a run's steps may run on threads: one of them at a time replaces a table's entry
         self._lock = threading.RLock()
         #: reads answered from a cached snapshot (tests check what the cache served)
@@ -210,6 +206,14 @@ class StateCache:
 
     # ------------------------------------------------------------------ the server's registry
 
+    def _server_id(self, spark: SparkSession) -> str:
+        """The Spark application behind ``spark`` (a server started again is another application);
+        asked once per session."""
+        known = self._server
+        if known is None or known[0] is not spark:
+            known = self._server = (spark, str(spark.conf.get("spark.app.id")))
+        return known[1]
+
     def _adopt(self, table: str, location: str, build: PlanBuilder) -> _Entry | None:
         """The registry's entry for snapshot ``location`` of ``table``, taken over as this run's when
         it was cached on the server this session talks to (a restarted server holds nothing)."""
@@ -219,20 +223,19 @@ class StateCache:
             if table in self._by_table:
                 return self._by_table[table]
             self._looked_up.add((table, location))
-            try:  # read without the lock: the registry is replaced whole, never written in place
+            try:  # without the registry's file lock: it is replaced whole, never written in place
                 kept = json.loads(self.registry.read_text()).get(table)
             except (OSError, ValueError, AttributeError):
                 return None
             if not isinstance(kept, dict) or kept.get("location") != location or not kept.get("server"):
                 return None
             try:
+                # The same plan: the server's cache manager answers it from the cached data, with no
+                # persist() of ours (which would only log that it is cached already).
                 rows = build(SnapshotPlan(kept["schema"], tuple(kept["files"])))
-                if not _on_connect(rows) or kept["server"] != _server_id(rows.sparkSession):  # type: ignore[arg-type]
+                if not _on_connect(rows) or kept["server"] != self._server_id(rows.sparkSession):  # type: ignore[arg-type]
                     return None
-                from pyspark import StorageLevel
-
-                # Already cached: the server's cache manager matches the plan and keeps its data.
-                entry = _Entry(location, rows.persist(StorageLevel.MEMORY_AND_DISK), shared=True)
+                entry = _Entry(location, rows, shared=True)
             except Exception:  # a cache is speed only: the read goes on without it
                 log.warning("could not adopt the cached snapshot %s", location, exc_info=True)
                 return None
@@ -251,7 +254,7 @@ class StateCache:
                 "location": location,
                 "schema": plan.schema_json,
                 "files": list(plan.files),
-                "server": _server_id(spark),
+                "server": self._server_id(spark),
             }
 
     @staticmethod
