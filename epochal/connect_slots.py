@@ -81,6 +81,14 @@ def take(directory: Path, url: str, slots: int) -> SessionSlot | None:
     process; None when every slot is held (the caller makes a session of its own)."""
     if slots <= 0:
         return None
+    try:
+        return _take(directory, url, slots)
+    except OSError as exc:  # a home the run cannot write costs the warm session, never the run
+        log.warning("no Spark Connect session slot under %s (%s): this run gets a session of its own", directory, exc)
+        return None
+
+
+def _take(directory: Path, url: str, slots: int) -> SessionSlot | None:
     directory.mkdir(parents=True, exist_ok=True)
     for index in range(slots):
         lock = open(directory / f"slot-{index}.lock", "a")  # noqa: SIM115 - held until release()
@@ -89,10 +97,14 @@ def take(directory: Path, url: str, slots: int) -> SessionSlot | None:
         except BlockingIOError:
             lock.close()
             continue
-        session_id = _read_id(directory, index, url)
-        slot = SessionSlot(directory, index, url, session_id or "", lock)
-        if session_id is None:
-            slot.renew()
+        try:
+            session_id = _read_id(directory, index, url)
+            slot = SessionSlot(directory, index, url, session_id or "", lock)
+            if session_id is None:
+                slot.renew()
+        except BaseException:
+            lock.close()  # not left held by a slot nobody has
+            raise
         return slot
     return None
 

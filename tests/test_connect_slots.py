@@ -70,6 +70,8 @@ def test_another_server_a_renewed_session_and_a_damaged_id_file_get_new_ids(tmp_
     assert fresh is not None and uuid.UUID(fresh.session_id)
     fresh.release()
     assert connect_slots.take(tmp_path, URL, 0) is None, "0 slots: a session per run"
+    (tmp_path / "a-file").write_text("")
+    assert connect_slots.take(tmp_path / "a-file" / "sessions", URL, 2) is None, "unwritable: a session of its own"
 
 
 def test_urls_with_parameters_and_secrets(tmp_path: Path) -> None:
