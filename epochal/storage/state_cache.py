@@ -32,7 +32,7 @@ schema and files) lets a later run release the older snapshot of a table when it
 one, from another session, by rebuilding the same plan and unpersisting it. A new run adopts what the
 registry says the same server holds (its application id recorded with each entry): without that, the
 first epoch of every run paid a Spark job per small cached table to choose vnodes and then cached it
-again (measured: 4 extra jobs and ~3 s of the server's CPU a demo run). Compaction releases a
+again (counted: 4 extra Spark jobs in a demo run's first epoch; their time was within the noise). Compaction releases a
 snapshot before retention deletes its files (a plan over deleted files cannot be built; when that
 happens anyway, the server's whole cache is cleared, which costs speed, never correctness). In
 one process (local Spark) a run still releases what it cached when it ends.
