@@ -116,7 +116,11 @@ class Settings:
         "Where table data lives: a local path or a URI Spark writes (`s3a://`, `hdfs://`).",
     )
     barrier_interval_ms: int = setting(
-        "EPOCHAL_BARRIER_INTERVAL_MS", "10000", "How often the barrier sensor injects an epoch.", minimum=1
+        "EPOCHAL_BARRIER_INTERVAL_MS",
+        "10000",
+        "How often the barrier sensor injects an epoch, on a fixed grid (the daemon evaluates sensors every 5 s: "
+        "no more often than that).",
+        minimum=1,
     )
     checkpoint_frequency: int = setting(
         "EPOCHAL_CHECKPOINT_FREQUENCY",

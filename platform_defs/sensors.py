@@ -1,13 +1,16 @@
 """The barrier sensor: injects an epoch every barrier interval and requests its run.
 
-It is the barrier worker's timer. It recovers first when something failed, and injects unless
-injection is paused or the in-flight limit is reached. Runs take every epoch waiting for a run when
+It is the barrier worker's timer. It recovers first when something failed, and injects on the
+barrier interval's grid (``epochal.barrier_schedule``) unless injection is paused or the in-flight
+limit is reached. Runs take every epoch waiting for a run when
 they start, so it requests a run only when none is queued: a run that starts late processes the
 epochs that queued up behind it, in order, in one process. One run more than EPOCHAL_MAX_EPOCH_RUNS
 may be going: it stands by, warm, until a working run has committed, then takes what waits. The
 newest waiting epoch is the run_key, so a tick that is evaluated twice can never start two runs for
 the same epochs.
 """
+
+import time
 
 from dagster import (
     DagsterRunStatus,
@@ -24,16 +27,22 @@ from dagster import (
 
 from assets.epoch_assets import EPOCHS
 from epochal.backfill.runner import BackfillRunner
+from epochal.barrier_schedule import BarrierSchedule, SensorCursor
 from epochal.settings import Settings
 from platform_defs.jobs import PARTITION_TAG, TAKE_WAITING_TAG
 from resources.checkpoint import CheckpointControllerResource
 
+#: the sensor's clock (tests set it)
+_clock = time.time
+
 
 def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_job: JobDefinition) -> SensorDefinition:
+    schedule = BarrierSchedule(settings.barrier_interval_ms / 1000)
+
     @sensor(
         name="barrier_sensor",
         jobs=[epoch_job, backfill_job],
-        minimum_interval_seconds=max(1, settings.barrier_interval_ms // 1000),
+        minimum_interval_seconds=schedule.minimum_interval_seconds(),
         default_status=DefaultSensorStatus.STOPPED,
         description=f"Injects an epoch every {settings.barrier_interval_ms} ms (EPOCHAL_BARRIER_INTERVAL_MS), "
         f"at most {settings.max_in_flight} in flight (EPOCHAL_MAX_IN_FLIGHT); requests an epoch_job run, at most "
@@ -51,26 +60,31 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
             )
         requests = _backfill_request(context, runtime, backfill_job.name)
         epoch_log = runtime.controller.epoch_log
-        blocked = epoch_log.can_inject()
+        cursor = SensorCursor.parse(context.cursor)
+        now = _clock()
         partitions = []
-        if blocked is None:
-            key = str(epoch_log.inject(runtime.plan).epoch)
-            partitions.append(key)
+        if schedule.due(cursor.next_barrier, now):
+            blocked = epoch_log.can_inject()
+            if blocked is None:
+                key = str(epoch_log.inject(runtime.plan).epoch)
+                partitions.append(key)
+                cursor = SensorCursor(cursor.requested, schedule.after_injection(cursor.next_barrier, now))
+            else:
+                context.log.info(blocked)
         else:
-            context.log.info(blocked)
+            blocked = f"the next barrier is due in {cursor.next_barrier - now:.1f}s"
         waiting = epoch_log.waiting()
-        cursor = context.cursor
         # A run queued or starting takes every waiting epoch when it starts (its barrier op runs
         # after this tick's injection); else one run for all of them, keyed by the newest, once.
-        if waiting and str(waiting[-1]) != context.cursor and _room_for_a_run(context, epoch_job.name, settings):
+        if waiting and str(waiting[-1]) != cursor.requested and _room_for_a_run(context, epoch_job.name, settings):
             newest = waiting[-1]
             requests.insert(0, RunRequest(run_key=str(newest), job_name=epoch_job.name, tags=_epoch_tags(newest)))
-            cursor = str(newest)
+            cursor = SensorCursor(str(newest), cursor.next_barrier)
         if not requests and not partitions:
             return SkipReason(blocked or "the epochs waiting have a run requested")
         return SensorResult(
             run_requests=requests,
-            cursor=cursor,
+            cursor=cursor.serialize(),
             dynamic_partitions_requests=[EPOCHS.build_add_request(partitions)] if partitions else None,
         )
 

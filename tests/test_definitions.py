@@ -83,8 +83,14 @@ def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, mon
     resources = defs.resources
 
     cursor: list[str | None] = [None]
+    clock = [1_000.0]
+    import platform_defs.sensors as sensors_module
 
-    def tick():  # noqa: ANN202
+    monkeypatch.setattr(sensors_module, "_clock", lambda: clock[0])
+
+    def tick(after: float = 10.0):  # noqa: ANN202
+        """A daemon tick ``after`` seconds after the previous one (the barrier interval by default)."""
+        clock[0] += after
         with dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor[0]) as context:
             result = sensor(context)
         if isinstance(result, dg.SensorResult) and result.cursor is not None:
@@ -103,13 +109,18 @@ def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, mon
     assert first.run_requests[0].tags["dagster/partition"] == key
     assert first.run_requests[0].tags["epochal/take"] == "waiting"  # the run takes every waiting epoch
     assert first.dynamic_partitions_requests[0].partition_keys == [key]
+    # A tick before the next barrier is due (the daemon evaluates every 5 s) injects nothing; the
+    # run for the waiting epoch was requested already.
+    early = tick(after=5.0)
+    assert isinstance(early, dg.SkipReason) and "next barrier is due in 5.0s" in early.skip_message
     started_run()
     # One run works (EPOCHAL_MAX_EPOCH_RUNS=1): one more is started to stand by for it...
     second = tick()
     assert int(second.run_requests[0].run_key) > int(key)
     started_run()
-    # ...and no third: the standby takes whatever waits once the working run has committed.
-    third = tick()
+    # ...and no third: the standby takes whatever waits once the working run has committed. The
+    # barrier grid holds: the tick half a loop early injects (it is the daemon turn nearest the point).
+    third = tick(after=2.6)
     assert third.run_requests == [] and len(third.dynamic_partitions_requests[0].partition_keys) == 1
     blocked = tick()
     assert isinstance(blocked, dg.SkipReason) and "EPOCHAL_MAX_IN_FLIGHT" in blocked.skip_message
