@@ -377,7 +377,13 @@ def cmd_spark(args: argparse.Namespace) -> int:
         current, started = spark_server.start(spark_server.ServerConfig.from_settings(settings))
         verb = "started" if started else "already running:"
         used = "runs use it" if settings.spark_mode == "server" else "runs use it with EPOCHAL_SPARK_MODE=server"
-        print(f"Spark server {verb} {current.url} (pid {current.pid}); {used}")
+        print(f"Spark server {verb} {current.url} (pid {current.pid}); {used}", flush=True)
+        epochs = settings.spark_warmup_epochs if args.warm_up is None else args.warm_up
+        if started and epochs > 0:
+            from epochal.spark_warmup import warm_up
+
+            report = warm_up(current.url, epochs, current.pid, progress=lambda line: print(line, flush=True))
+            print(f"Spark server {report.describe()}")
         return 0
     if args.action == "stop":
         stopped = spark_server.stop(settings.home)
@@ -438,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("spark", help="the local Spark server that runs attach to: start, stop, status")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--json", action="store_true", help="status as JSON")
+    p.add_argument(
+        "--warm-up", type=int, metavar="EPOCHS", default=None,
+        help="start: epochs of the demo run against a new server first (default EPOCHAL_SPARK_WARMUP_EPOCHS; 0: none)",
+    )
     p.set_defaults(fn=cmd_spark)
     return parser
 

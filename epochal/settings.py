@@ -290,6 +290,14 @@ class Settings:
         "until `epochal spark stop`. At least 60.",
         minimum=0,
     )
+    spark_warmup_epochs: int = setting(
+        "EPOCHAL_SPARK_WARMUP_EPOCHS",
+        "8",
+        "`epochal spark start` runs this many epochs of the built-in demo in a scratch home against a server it "
+        "started, so the JVM has compiled Spark before runs come (a fresh server's first epochs cost 2-5x). A "
+        "server started on first use is not warmed. `0`: never.",
+        minimum=0,
+    )
     spark_session_slots: int = setting(
         "EPOCHAL_SPARK_SESSION_SLOTS",
         "4",

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,8 @@ def _free_port() -> int:
 
 def _cli(home: Path, port: int, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    env |= {"EPOCHAL_HOME": str(home), "EPOCHAL_SPARK_PORT": str(port)}
+    # no warm-up epochs unless a test asks (`--warm-up N`): each costs seconds on a cold server
+    env |= {"EPOCHAL_HOME": str(home), "EPOCHAL_SPARK_PORT": str(port), "EPOCHAL_SPARK_WARMUP_EPOCHS": "0"}
     return subprocess.run([sys.executable, "-m", "epochal.cli", "spark", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -58,10 +60,15 @@ def test_start_reuse_death_restart_and_stop(tmp_path: Path) -> None:
     config = ServerConfig(home, port, "local[2]", {"spark.driver.memory": "1g"})
     assert status(home) is None
     try:
-        # `epochal spark start` in another process: the server must outlive the command that started it
-        started = _cli(home, port, "start")
+        # `epochal spark start` in another process: the server must outlive the command that started it.
+        # It warms the new server with an epoch of the demo in a scratch home, which it then removes.
+        scratch_before = set(Path(tempfile.gettempdir()).glob("epochal-warmup-*"))
+        started = _cli(home, port, "start", "--warm-up", "1")
         assert started.returncode == 0, started.stderr
         assert f"started sc://127.0.0.1:{port}" in started.stdout
+        assert "warm-up epoch 1/1" in started.stdout and "warmed up with 1 epoch of the demo" in started.stdout, started
+        assert set(Path(tempfile.gettempdir()).glob("epochal-warmup-*")) == scratch_before
+        assert sorted(p.name for p in home.iterdir()) == ["spark"], "the user's home holds no warm-up epoch"
         first = status(home)
         assert first is not None and first.healthy and _alive(first.pid), first
         assert first.rss_bytes and first.rss_bytes > 50 * 2**20, "RSS of a JVM running Spark"
