@@ -124,6 +124,28 @@ def test_port_taken_by_another_process_names_it_and_the_fix(tmp_path: Path) -> N
         holder.wait()
 
 
+def test_a_warm_up_that_fails_leaves_the_started_server_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The warm-up is speed only: its failure is named, and `spark start` still succeeds (pure: the
+    start and the warm-up are replaced, the CLI's handling is what is checked)."""
+    from epochal import cli, spark_server, spark_warmup
+    from epochal.spark_server import ServerStatus
+
+    running = ServerStatus(pid=4242, port=15099, started_at=time.time(), log="server.log", healthy=True)
+    monkeypatch.setattr(spark_server, "start", lambda config: (running, True))
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("the demo's source failed")
+
+    monkeypatch.setattr(spark_warmup, "warm_up", broken)
+    monkeypatch.setenv("EPOCHAL_HOME", str(tmp_path))
+    assert cli.main(["spark", "start", "--warm-up", "2"]) == 0
+    out = capsys.readouterr()
+    assert "started sc://127.0.0.1:15099" in out.out
+    assert "not warmed up (RuntimeError: the demo's source failed); it runs and serves runs cold" in out.err
+
+
 def test_java_missing_and_a_server_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     with pytest.raises(JavaMissingError, match="install a JDK"):
