@@ -58,7 +58,7 @@ def warm_up(
     """Run ``epochs`` epochs of the demo pipeline against the Spark Connect server at ``url`` in a
     scratch home, then remove the home and release what it cached on the server."""
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime import EpochRuntime, run_epoch
     from epochal.settings import Settings
     from epochal.spark_session import build_spark_session
 
@@ -84,7 +84,7 @@ def warm_up(
             for n in range(epochs):
                 cpu_before = _cpu_seconds(server_pid)
                 began = time.time()
-                _one_epoch(runtime)
+                run_epoch(runtime)
                 report.epoch_s.append(time.time() - began)
                 cpu_after = _cpu_seconds(server_pid)
                 if cpu_before is not None and cpu_after is not None:
@@ -102,18 +102,6 @@ def warm_up(
         shutil.rmtree(root, ignore_errors=True)
     report.seconds = time.time() - started
     return report
-
-
-def _one_epoch(runtime) -> None:  # noqa: ANN001 - EpochRuntime
-    """What epoch_job does for one epoch: inject, sources, views in order, commit, sinks."""
-    epoch = runtime.start_epoch(None, None)[0].epoch
-    for name in runtime.pipeline.sources:
-        runtime.run_source(epoch, name)
-    for name in runtime.pipeline.view_order():
-        runtime.run_view(epoch, name)
-    runtime.commit(epoch)
-    for name in runtime.pipeline.sinks:
-        runtime.run_sink(epoch, name)
 
 
 def _cpu_seconds(pid: int | None) -> float | None:

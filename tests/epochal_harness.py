@@ -14,6 +14,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from epochal.runtime import run_epoch  # noqa: F401 (tests drive epochs with it from here)
+
 REPO = Path(__file__).resolve().parents[1]
 
 SMALL_PIPELINE = {
@@ -147,20 +149,6 @@ def execute_with_own_executor(
         raise_on_error=False,
         run_tags=tags,
     )
-
-
-def run_epoch(runtime, epoch: int | None = None) -> int:  # noqa: ANN001
-    """What epoch_job does, on a runtime: inject (unless given), sources, views in order, commit, sinks."""
-    if epoch is None:
-        epoch = runtime.start_epoch(None, None)[0].epoch
-    for name in runtime.pipeline.sources:
-        runtime.run_source(epoch, name)
-    for name in runtime.pipeline.view_order():
-        runtime.run_view(epoch, name)
-    runtime.commit(epoch)
-    for name in runtime.pipeline.sinks:
-        runtime.run_sink(epoch, name)
-    return epoch
 
 
 def make_harness(root: Path, files: dict[str, str] | None = None) -> Harness:
