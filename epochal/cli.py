@@ -383,7 +383,10 @@ def cmd_spark(args: argparse.Namespace) -> int:
             from epochal.spark_warmup import warm_up
 
             try:
-                report = warm_up(current.url, epochs, current.pid, progress=lambda line: print(line, flush=True))
+                report = warm_up(
+                    current.url, epochs, current.pid, progress=lambda line: print(line, flush=True),
+                    conf=settings.spark_conf,
+                )
             except Exception as exc:  # speed only: the server is up and serves runs all the same
                 print(f"Spark server not warmed up ({type(exc).__name__}: {exc}); it runs and serves runs cold",
                       file=sys.stderr)

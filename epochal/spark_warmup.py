@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,9 +54,11 @@ def warm_up(
     epochs: int,
     server_pid: int | None = None,
     progress: Callable[[str], None] = log.info,
+    conf: Mapping[str, str] | None = None,
 ) -> WarmUpReport:
     """Run ``epochs`` epochs of the demo pipeline against the Spark Connect server at ``url`` in a
-    scratch home, then remove the home and release what it cached on the server."""
+    scratch home, then remove the home. ``conf``: the runs' Spark conf (EPOCHAL_SPARK_CONF), so the
+    warm-up compiles the code paths their sessions take."""
     from epochal.pipeline.loader import load_pipeline
     from epochal.runtime import EpochRuntime, run_epoch
     from epochal.settings import Settings
@@ -76,7 +78,7 @@ def warm_up(
         pipeline = load_pipeline(_DEMO)
 
         def spark():  # noqa: ANN202
-            return build_spark_session(settings.spark_master, "epochal-warmup", settings.spark_conf, url)
+            return build_spark_session(settings.spark_master, "epochal-warmup", conf or settings.spark_conf, url)
 
         runtime = EpochRuntime(settings, pipeline, spark)
         try:
