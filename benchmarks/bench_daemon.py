@@ -135,6 +135,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _part(cmdline: str) -> str:
+    if not cmdline.strip():  # kworkers and the like: the kernel's share of the I/O, mostly
+        return "kernel threads"
     for part, needles in CPU_PARTS:
         if any(needle in cmdline for needle in needles):
             return part
@@ -152,6 +154,8 @@ class CpuSampler(threading.Thread):
         self.first: dict[int, float] = {}
         self.last: dict[int, tuple[str, float]] = {}
         self.latest: dict[int, tuple[str, float]] = {}
+        #: the command lines behind "other", by pid, so a large share can be named
+        self.other_commands: dict[int, str] = {}
         self._done = threading.Event()
 
     def _sample(self) -> dict[int, tuple[str, float]]:
@@ -165,7 +169,10 @@ class CpuSampler(threading.Thread):
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            seen[int(entry.name)] = (_part(cmdline), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+            part = _part(cmdline)
+            if part == "other":
+                self.other_commands[int(entry.name)] = cmdline[:120]
+            seen[int(entry.name)] = (part, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
         return seen
 
     def run(self) -> None:
@@ -186,6 +193,14 @@ class CpuSampler(threading.Thread):
         for pid, (part, cpu) in self.last.items():
             by_part[part] = by_part.get(part, 0.0) + cpu - self.first.get(pid, 0.0)
         return {part: round(cpu, 1) for part, cpu in sorted(by_part.items(), key=lambda kv: -kv[1])}
+
+    def top_other(self, count: int = 5) -> list[tuple[str, float]]:
+        """The command lines that spent the most of "other" (CPU seconds since the sampler started)."""
+        by_command: dict[str, float] = {}
+        for pid, command in self.other_commands.items():
+            if pid in self.last:
+                by_command[command] = by_command.get(command, 0.0) + self.last[pid][1] - self.first.get(pid, 0.0)
+        return sorted(((c, round(v, 1)) for c, v in by_command.items()), key=lambda kv: -kv[1])[:count]
 
 
 def meta_store_figures(env: dict[str, str], since: float, until: float) -> dict[str, Any]:
@@ -356,6 +371,7 @@ def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
             until = time.time()
             result["python_workers_at_end"] = cpu.alive("spark python workers")
             result["cpu_s"] = cpu.stop()
+            result["cpu_other_top"] = cpu.top_other()
             stopped = server.graphql(STOP_SENSOR, {"id": started["id"]})["stopSensor"]
             if stopped["__typename"] != "StopSensorMutationResult":
                 log(f"could not stop barrier_sensor: {stopped}")
@@ -424,6 +440,8 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> float:
             f"{cores} cores; per committed epoch: "
             + ", ".join(f"{part} {cpu / epochs:.1f} s" for part, cpu in result["cpu_s"].items())
         )
+        if result.get("cpu_other_top"):
+            print("  'other', the most: " + "; ".join(f"{c} ({v:.0f} s)" for c, v in result["cpu_other_top"]))
     if "python_workers_at_end" in result:
         print(f"Spark server's Python worker processes at the end: {result['python_workers_at_end']}")
     if result["server_peak_mib"]:
