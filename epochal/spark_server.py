@@ -42,6 +42,8 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 HOST = "127.0.0.1"
 #: the JVM needs ~10-20 s on a small machine; a loaded one, much more
 START_TIMEOUT_S = 180.0
+#: how long a restart waits for a dead server's port to be released
+PORT_RELEASE_S = 15.0
 STOP_TIMEOUT_S = 30.0
 #: the port a server started with port 0 (EPOCHAL_SPARK_PORT's default) takes when it is free
 PREFERRED_PORT = 15052
@@ -249,6 +251,8 @@ def _ensure_locked(config: ServerConfig) -> ServerStatus:
         log.warning("restarting Epochal's Spark server: %s", current.problem)
         if _is_our_server(current.pid, config.home):
             _terminate(current.pid, STOP_TIMEOUT_S)
+        if config.port and config.port == current.port:
+            _wait_until_bindable(current.port, PORT_RELEASE_S)
     return _launch(config)
 
 
@@ -445,6 +449,16 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _wait_until_bindable(port: int, timeout_s: float) -> None:
+    """A killed JVM's main thread is a zombie before its other threads have exited, and its
+    listening socket is closed only with the last of them (seconds for a large heap): wait for the
+    port rather than report it taken. Returns at the timeout either way (``_require_free_port``
+    then names the owner)."""
+    deadline = time.time() + timeout_s
+    while not _bindable(port) and time.time() < deadline:
+        time.sleep(0.1)
 
 
 def _require_free_port(port: int) -> None:
