@@ -379,7 +379,11 @@ def cmd_spark(args: argparse.Namespace) -> int:
         used = "runs use it" if settings.spark_mode == "server" else "runs use it with EPOCHAL_SPARK_MODE=server"
         print(f"Spark server {verb} {current.url} (pid {current.pid}); {used}", flush=True)
         epochs = settings.spark_warmup_epochs if args.warm_up is None else args.warm_up
-        if started and epochs > 0:
+        if started and epochs > 0 and not settings.spark_master.startswith("local"):
+            # a cluster's executors could not read a scratch home on this machine
+            print(f"Spark server not warmed up: EPOCHAL_SPARK_MASTER={settings.spark_master} is not local",
+                  file=sys.stderr)
+        elif started and epochs > 0:
             from epochal.spark_warmup import warm_up
 
             try:

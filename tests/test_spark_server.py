@@ -144,6 +144,10 @@ def test_a_warm_up_that_fails_leaves_the_started_server_serving(
     out = capsys.readouterr()
     assert "started sc://127.0.0.1:15099" in out.out
     assert "not warmed up (RuntimeError: the demo's source failed); it runs and serves runs cold" in out.err
+    # A cluster master: its executors could not read the scratch home, so no warm-up is tried.
+    monkeypatch.setenv("EPOCHAL_SPARK_MASTER", "spark://cluster:7077")
+    assert cli.main(["spark", "start", "--warm-up", "2"]) == 0
+    assert "not warmed up: EPOCHAL_SPARK_MASTER=spark://cluster:7077 is not local" in capsys.readouterr().err
 
 
 def test_java_missing_and_a_server_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
