@@ -598,17 +598,3 @@ class EpochRuntime:
         """Snapshot the tables that need it; never raises for a table's failure (``table_layout``)."""
         return table_layout.compact(self, epoch, tables, every)
 
-
-def run_epoch(runtime: EpochRuntime, epoch: int | None = None) -> int:
-    """What epoch_job does, in this process and one step at a time: inject (unless ``epoch`` is
-    given), sources, views in order, commit, sinks. For the warm-up of a new server and for tests."""
-    if epoch is None:
-        epoch = runtime.start_epoch(None, None)[0].epoch
-    for name in runtime.pipeline.sources:
-        runtime.run_source(epoch, name)
-    for name in runtime.pipeline.view_order():
-        runtime.run_view(epoch, name)
-    runtime.commit(epoch)
-    for name in runtime.pipeline.sinks:
-        runtime.run_sink(epoch, name)
-    return epoch

@@ -59,8 +59,9 @@ def warm_up(
     """Run ``epochs`` epochs of the demo pipeline against the Spark Connect server at ``url`` in a
     scratch home, then remove the home. ``conf``: the runs' Spark conf (EPOCHAL_SPARK_CONF), so the
     warm-up compiles the code paths their sessions take."""
+    from epochal.epoch_driver import run_epoch
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime, run_epoch
+    from epochal.runtime import EpochRuntime
     from epochal.settings import Settings
     from epochal.spark_session import build_spark_session
 
@@ -78,7 +79,7 @@ def warm_up(
         pipeline = load_pipeline(_DEMO)
 
         def spark():  # noqa: ANN202
-            return build_spark_session(settings.spark_master, "epochal-warmup", conf or settings.spark_conf, url)
+            return build_spark_session(settings.spark_master, "epochal-warmup", dict(conf or {}), url)
 
         runtime = EpochRuntime(settings, pipeline, spark)
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from epochal.runtime import run_epoch  # noqa: F401 (tests drive epochs with it from here)
+from epochal.epoch_driver import run_epoch  # noqa: F401 (tests drive epochs with it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 
