@@ -64,7 +64,7 @@ class SensorCursor:
         except ValueError:
             return cls(requested=cursor)
         if not isinstance(data, dict):  # a cursor written before the schedule: the epoch alone
-            return cls(requested=str(data))
+            return cls(requested=cursor)
         next_barrier = data.get("next_barrier")
         return cls(
             requested=data.get("requested"),
