@@ -12,12 +12,18 @@ worker threads: the main thread alone asks ``ActiveExecution`` for steps, yields
 reports them back to it, so Dagster's bookkeeping stays single-threaded. Every event a step makes
 is still written to the run's event log by the step itself, as in-process. With
 ``max_concurrent: 1`` it runs one step at a time, like the in-process executor.
+
+A run of several epochs maps its steps over them (``view__v[e<epoch>]``). The oldest epoch's ready
+steps go first, so it commits and reaches its sinks while the next one's views run; and a mapped
+step starts only after the same step of every older epoch of the run has ended (its state is the
+input of the next epoch's), so no thread is spent waiting for order inside the runtime.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import re
 import sys
 import threading
 import time
@@ -44,6 +50,61 @@ POLL_S = 0.5
 #: (a step waiting for an earlier epoch may wait minutes; the process exits, and Epochal recovers
 #: the epoch as after any crash).
 INTERRUPT_GRACE_S = 10.0
+
+
+#: ``name[e<epoch>]``: a step of epoch_job's graph mapped over the run's epochs.
+_MAPPED_STEP = re.compile(r"^(?P<name>.+)\[e(?P<epoch>\d+)\]$")
+
+
+def _mapped(step_key: str) -> tuple[str, int] | None:
+    match = _MAPPED_STEP.match(step_key)
+    return (match["name"], int(match["epoch"])) if match else None
+
+
+def epoch_first(step) -> int:  # noqa: ANN001 (an ExecutionStep)
+    """Sort key of ready steps: the oldest epoch's first; a step that is not mapped (the barrier) before all.
+    An int, not the float Dagster's hint says: epochs are above 2**53, where floats tie."""
+    mapped = _mapped(step.key)
+    return -1 if mapped is None else mapped[1]
+
+
+class EpochOrder:
+    """Which taken steps may start: a mapped step waits while the same step of an older epoch of
+    the run is held or running. Ready steps are taken oldest epoch first, so the older one is
+    always taken before (or with) the newer."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, set[int]] = {}  # step name -> epochs taken and not ended
+        self._held: list = []  # taken steps waiting for an older epoch's, in the order taken
+
+    def take(self, steps: list) -> None:
+        for step in steps:
+            mapped = _mapped(step.key)
+            if mapped is not None:
+                self._open.setdefault(mapped[0], set()).add(mapped[1])
+            self._held.append(step)
+
+    def ended(self, step_key: str) -> None:
+        mapped = _mapped(step_key)
+        if mapped is not None:
+            self._open.get(mapped[0], set()).discard(mapped[1])
+
+    def startable(self, limit: int) -> list:
+        """Up to ``limit`` held steps whose older epochs' same step has ended, oldest epoch first."""
+        chosen = []
+        for step in sorted(self._held, key=epoch_first):
+            if len(chosen) >= limit:
+                break
+            mapped = _mapped(step.key)
+            if mapped is None or min(self._open.get(mapped[0], ())) >= mapped[1]:
+                chosen.append(step)
+        for step in chosen:
+            self._held.remove(step)
+        return chosen
+
+    @property
+    def held(self) -> list[str]:
+        return [step.key for step in self._held]
 
 
 @dataclass(frozen=True)
@@ -73,6 +134,7 @@ def threaded_plan_iterator(
         active_execution = stack.enter_context(
             execution_plan.start(
                 retry_mode=job_context.retry_mode,
+                sort_key_fn=epoch_first,
                 instance_concurrency_context=concurrency,
                 step_dependency_config=job_context.step_dependency_config,
             )
@@ -84,6 +146,7 @@ def threaded_plan_iterator(
 
         events: queue.Queue = queue.Queue()
         running: dict[str, tuple[object, list[DagsterEvent]]] = {}
+        order = EpochOrder()
         interrupted_at: float | None = None
         while running or (interrupted_at is None and not active_execution.is_complete):
             if interrupted_at is None and active_execution.check_for_interrupts():
@@ -103,9 +166,9 @@ def threaded_plan_iterator(
                 )
             interrupted = interrupted_at is not None
             if not interrupted:
-                steps = active_execution.get_steps_to_execute(limit=max_concurrent - len(running))
+                order.take(active_execution.get_steps_to_execute())
                 yield from active_execution.concurrency_event_iterator(job_context)
-                for step in steps:
+                for step in order.startable(max_concurrent - len(running)):
                     step_context = job_context.for_step(step, active_execution.get_known_state())
                     running[step.key] = (step_context, [])
                     threading.Thread(
@@ -126,11 +189,14 @@ def threaded_plan_iterator(
                 active_execution.handle_event(message)
                 continue
             step_context, step_events = running.pop(message.step_key)
+            order.ended(message.step_key)
             if message.exc_info is not None:
                 raise message.exc_info[1].with_traceback(message.exc_info[2])
             active_execution.verify_complete(job_context, message.step_key)
             for event in active_execution.plan_events_iterator(job_context):  # skips after a failure
                 step_events.append(event)
+                if event.step_key is not None:
+                    order.ended(event.step_key)  # a skipped step of an older epoch
                 yield event
             yield from _trigger_hook(step_context, step_events)
 

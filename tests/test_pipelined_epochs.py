@@ -99,13 +99,15 @@ def test_four_runs_for_consecutive_epochs_started_at_once_all_commit_without_rec
 
 
 def test_a_run_that_starts_late_takes_the_waiting_epochs_in_order_each_with_its_own_materializations(
-    spark, tmp_path: Path
+    spark, tmp_path: Path, monkeypatch
 ) -> None:
     """The sensor injected three epochs and requested a run for each; the first run to start takes
     all three and processes them in order in one process, and the runs requested for the others find
-    nothing left. Every epoch commits with its own partition's materializations, without recovery."""
+    nothing left. Every epoch commits with its own partition's materializations, without recovery;
+    each epoch commits and reaches its sink before the next epoch's last view, not at the run's end."""
     import dagster as dg
 
+    monkeypatch.setenv("EPOCHAL_STEP_THREADS", "2")
     h = make_harness(tmp_path, FILES)
     sensor = h.runtime(spark)
     sensor.recover("bootstrap")
@@ -125,6 +127,24 @@ def test_a_run_that_starts_late_takes_the_waiting_epochs_in_order_each_with_its_
     for asset in ("orders", "spend", "top_order", "spend_out", "epoch_commit"):
         partitions = [e.partition for e in late.get_asset_materialization_events() if e.asset_key.path == [asset]]
         assert partitions == [str(e) for e in epochs], asset
+    # Each step of the graph runs once per epoch, in epoch order, and never beside the same step of
+    # another epoch (a table's epoch reads its epoch before).
+    spans: dict[tuple[str, int], list[float]] = {}
+    for record in instance.all_logs(late.run_id):
+        event = record.dagster_event
+        if event is not None and event.step_key and "[e" in event.step_key:
+            if event.is_step_start or event.is_step_success:
+                op_name, epoch = event.step_key[:-1].split("[e")
+                spans.setdefault((op_name, int(epoch)), []).append(record.timestamp)
+    ops = {op_name for op_name, _ in spans}
+    assert {"source__orders", "view__spend", "commit", "sink__spend_out"} <= ops, ops
+    for op_name in ops:
+        runs = [spans[op_name, e] for e in epochs]
+        assert all(len(r) == 2 for r in runs), (op_name, runs)
+        assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:], strict=False)), (op_name, runs)
+    last_views_end = max(spans[op_name, epochs[-1]][1] for op_name in ops if op_name.startswith("view__"))
+    assert spans["sink__spend_out", epochs[0]][1] <= last_views_end, spans
+
     empty = h.run_in_process(instance, partition=str(epochs[0]), take_waiting=True)
     assert empty.success and not empty.get_asset_materialization_events()
 
