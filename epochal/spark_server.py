@@ -53,6 +53,18 @@ class SparkServerError(EpochalError):
     """The managed Spark Connect server cannot be started, reached or stopped."""
 
 
+#: The server JVM's flags, unless EPOCHAL_SPARK_CONF sets spark.driver.extraJavaOptions (which then
+#: replaces them). A server of small epochs spends its CPU compiling, not computing: on the demo,
+#: 14 epochs after its start, C2 compiled 3.5 s of each epoch's 11 s of server CPU and G1's
+#: concurrent marking and collections took 2 s more, while the tasks took 2.8 s (each epoch's new
+#: generated classes keep C2 busy). C1 alone compiles those in a tenth of the time, with a code
+#: cache as large as tiered compilation's (C1's own default of 48 MB filled and its sweeper spent
+#: 5.6 s an epoch), and the parallel collector has no concurrent phase: 5.8 s of server CPU an
+#: epoch against 11.2 s (docs/performance.md). Hot loops over large data run slower under C1 alone;
+#: a server for large backfills can set its own flags there.
+SERVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """What a managed server is started with: the settings' home, port, master and Spark conf.
@@ -85,6 +97,7 @@ class ServerConfig:
             # at INFO the server logs every gRPC call (~1 MB for a few runs of the demo): a server
             # that lives for weeks would fill its disk. EPOCHAL_SPARK_CONF can set it back.
             "spark.log.level": "WARN",
+            "spark.driver.extraJavaOptions": SERVER_JAVA_OPTIONS,
             **self.conf,
             "spark.master": self.master,
             "spark.app.name": "epochal-server",

@@ -23,7 +23,7 @@ import pytest
 
 from epochal.connectors.log import append_records
 from epochal.errors import JavaMissingError
-from epochal.spark_server import ServerConfig, SparkServerError, ensure, start, status, stop
+from epochal.spark_server import SERVER_JAVA_OPTIONS, ServerConfig, SparkServerError, ensure, start, status, stop
 from tests.consistency import assert_sink_exactly_once, assert_views_match_batch
 from tests.epochal_harness import make_harness
 from tests.test_incremental_views import EPOCHS, SOURCES
@@ -54,6 +54,14 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def test_the_server_jvm_flags_are_a_default_the_users_conf_replaces(tmp_path: Path) -> None:
+    default = ServerConfig(tmp_path, 0).spark_conf()
+    assert default["spark.driver.extraJavaOptions"] == SERVER_JAVA_OPTIONS
+    # two collectors on one command line would stop the JVM from starting: the user's flags replace ours
+    own = ServerConfig(tmp_path, 0, conf={"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}).spark_conf()
+    assert own["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
+
+
 @pytest.mark.slow
 def test_start_reuse_death_restart_and_stop(tmp_path: Path) -> None:
     home, port = tmp_path / "home", _free_port()
@@ -72,6 +80,9 @@ def test_start_reuse_death_restart_and_stop(tmp_path: Path) -> None:
         first = status(home)
         assert first is not None and first.healthy and _alive(first.pid), first
         assert first.rss_bytes and first.rss_bytes > 50 * 2**20, "RSS of a JVM running Spark"
+        # the JVM runs with the server's own flags (C1 alone, the parallel collector)
+        jvm_args = Path(f"/proc/{first.pid}/cmdline").read_bytes().decode().split("\0")
+        assert {"-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1"} <= set(jvm_args), jvm_args
         shown = _cli(home, port, "status", "--json")
         assert shown.returncode == 0, shown.stderr
         described = json.loads(shown.stdout)
