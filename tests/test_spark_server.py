@@ -270,7 +270,10 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
         assert state["idle_stop_s"] == 1800 and _alive(state["watchdog_pid"])
         assert "epochal.spark_idle" in Path(f"/proc/{state['watchdog_pid']}/cmdline").read_text()
         assert "stops itself after 1800s unused" in _cli(h.home, server.port, "status").stdout
-        # ...and, as it would after 30 unused minutes, stops it: here with the lease set back an hour
+        # ...and, as it would after 30 unused minutes, stops it: here with the lease set back an hour,
+        # watched from this process. The server's own watchdog goes first: it polls every 30 s and would
+        # otherwise race this watch for the stop (the loser then reports "gone"; 1 of CI's runs).
+        os.kill(state["watchdog_pid"], signal.SIGTERM)
         lease = h.home / "spark" / "in_use"
         os.utime(lease, (time.time() - 3600, time.time() - 3600))
         assert watch(h.home, server.pid, limit_s=600, poll_s=0.2) == "stopped"
