@@ -82,7 +82,7 @@ def barrier(context: OpExecutionContext, checkpoint: CheckpointControllerResourc
         yield DynamicOutput(epoch, mapping_key=mapping_key(epoch))
 
 
-def _step_op(op_name: str, asset: str, step: str, after: int) -> OpDefinition:
+def _step_op(op_name: str, asset: str, step: str, after: int = 0) -> OpDefinition:
     """One step of one epoch; ``after`` Nothing inputs order it behind the steps it reads (Dagster
     does not take a fan-in list of outputs downstream of a dynamic output, named inputs it does)."""
 
@@ -110,16 +110,13 @@ def _step_op(op_name: str, asset: str, step: str, after: int) -> OpDefinition:
 
 
 def build_epoch_job(pipeline: Pipeline, step_threads: int = 1) -> JobDefinition:
-    def step_op(op_name: str, asset: str, step: str, after: int = 0) -> OpDefinition:
-        return _step_op(op_name, asset, step, after)
-
-    sources = {name: step_op(f"source__{name}", name, "source") for name in pipeline.sources}
+    sources = {name: _step_op(f"source__{name}", name, "source") for name in pipeline.sources}
     views = {
-        name: step_op(f"view__{name}", name, "view", len(view.upstreams)) for name, view in pipeline.views.items()
+        name: _step_op(f"view__{name}", name, "view", len(view.upstreams)) for name, view in pipeline.views.items()
     }
-    commit = step_op("commit", COMMIT_ASSET, "commit", len(pipeline.tables))
-    sinks = {name: step_op(f"sink__{name}", name, "sink", 2) for name in pipeline.sinks}
-    compaction = step_op("compaction", COMPACTION_ASSET, "compaction", 1)
+    commit = _step_op("commit", COMMIT_ASSET, "commit", len(pipeline.tables))
+    sinks = {name: _step_op(f"sink__{name}", name, "sink", 2) for name in pipeline.sinks}
+    compaction = _step_op("compaction", COMPACTION_ASSET, "compaction", 1)
 
     def one_epoch(epoch):  # noqa: ANN001, ANN202 (Dagster's composition types)
         done = {name: op_def(epoch=epoch) for name, op_def in sources.items()}
