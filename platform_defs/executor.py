@@ -52,7 +52,12 @@ POLL_S = 0.5
 INTERRUPT_GRACE_S = 10.0
 
 
-#: ``name[e<epoch>]``: a step of epoch_job's graph mapped over the run's epochs.
+def mapping_key(epoch: int) -> str:
+    """The mapping key of an epoch's steps in epoch_job (Dagster's mapping keys are names, not numbers)."""
+    return f"e{epoch}"
+
+
+#: ``name[e<epoch>]``: a step of epoch_job's graph mapped over the run's epochs (``mapping_key``).
 _MAPPED_STEP = re.compile(r"^(?P<name>.+)\[e(?P<epoch>\d+)\]$")
 
 

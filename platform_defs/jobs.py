@@ -31,20 +31,12 @@ from dagster import (
 from assets.epoch_assets import COMMIT_ASSET, COMPACTION_ASSET
 from assets.materialization import record_materialization
 from epochal.pipeline.model import Pipeline
-from platform_defs.executor import threaded_executor_def
+from platform_defs.executor import mapping_key, threaded_executor_def
 from resources.checkpoint import CheckpointControllerResource
 
 PARTITION_TAG = "dagster/partition"
 #: On the barrier sensor's runs: take every epoch waiting for a run, not only the partition's.
 TAKE_WAITING_TAG = "epochal/take"
-
-
-#: A mapped step's key ends in ``[e<epoch>]`` (Dagster's mapping keys are names, not numbers).
-MAPPING_PREFIX = "e"
-
-
-def mapping_key(epoch: int) -> str:
-    return f"{MAPPING_PREFIX}{epoch}"
 
 
 @op(
@@ -145,4 +137,4 @@ def build_epoch_job(pipeline: Pipeline, step_threads: int = 1) -> JobDefinition:
     return epoch_job
 
 
-__all__ = ["MAPPING_PREFIX", "build_epoch_job", "mapping_key"]
+__all__ = ["build_epoch_job"]
