@@ -448,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_backfill)
     p = sub.add_parser("settings", help="list the EPOCHAL_* settings: variable, default, meaning")
-    p.add_argument("--markdown", action="store_true", help="print the README's settings table")
+    p.add_argument("--markdown", action="store_true", help="print the settings table of docs/reference.md")
     p.set_defaults(fn=cmd_settings)
     p = sub.add_parser("validate", help="load the pipeline and report every error, without running anything")
     p.add_argument("--no-spark", action="store_true", help="check with sqlglot only: no JVM, plans not analysed")

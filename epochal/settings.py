@@ -3,8 +3,8 @@
 A field's declaration (``setting(...)``) is the only place a setting is written down: its
 variable, default, limits and meaning. From it come the environment parsing (``from_env``), the
 check that every ``EPOCHAL_*`` variable is known (a typo is an error that suggests the closest
-name, not a silent default), ``epochal settings`` and the README's table (``settings_markdown``,
-compared with the README by a test). To add a setting, add one field.
+name, not a silent default), ``epochal settings`` and the table of docs/reference.md (``settings_markdown``,
+compared with that file by a test). To add a setting, add one field.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Setting:
     #: the value when the variable is unset or empty, written as one would set it; ``$EPOCHAL_X``
     #: stands for the value of a setting declared before this one
     default: str
-    #: one sentence for `epochal settings` and the README (Markdown: `code` for literal values)
+    #: one sentence for `epochal settings` and docs/reference.md (Markdown: `code` for literal values)
     help: str
     #: the default as shown, when the text above is not what a reader should see (a package path)
     shown: str | None = None
@@ -95,7 +95,7 @@ class Settings:
     """Every setting; made by ``from_env``. A new one is one more field, e.g.
     ``lease_s: int = setting("EPOCHAL_LEASE_S", "30", "How long ...", minimum=1)`` (its type picks the
     parser: int, bool on/off, str with optional choices, Path; others give ``parse=``); then paste `epochal settings
-    --markdown` into the README. Checks that involve two settings go in ``__post_init__``."""
+    --markdown` into docs/reference.md. Checks that involve two settings go in ``__post_init__``."""
 
     home: Path = setting("EPOCHAL_HOME", "./.epochal", "Directory for all state: meta store, warehouse, sink files.")
     pipeline_dir: Path = setting(
@@ -450,7 +450,7 @@ def settings_text() -> str:
 
 
 def settings_markdown() -> str:
-    """The README's settings table (`epochal settings --markdown`)."""
+    """docs/reference.md's settings table (`epochal settings --markdown`)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for s in SETTINGS:
         default = shown_default(s)

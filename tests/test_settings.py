@@ -14,7 +14,8 @@ from epochal.errors import ConfigError, JavaMissingError
 from epochal.settings import SETTINGS, Settings, parse_spark_conf, settings_markdown
 from epochal.spark_session import check_java
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "docs" / "reference.md"
 
 
 def test_defaults_live_under_epochal_home(tmp_path: Path) -> None:
@@ -87,14 +88,20 @@ def test_each_setting_is_declared_once() -> None:
     assert Settings.env_name("spark_conf") == "EPOCHAL_SPARK_CONF"
 
 
-def test_readme_table_is_the_generated_one() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_reference_table_is_the_generated_one() -> None:
+    text = REFERENCE.read_text(encoding="utf-8")
     found = re.search(r"<!-- settings:begin -->\n(.*?)\n<!-- settings:end -->", text, re.DOTALL)
-    assert found, "README.md lost its <!-- settings:begin --> / <!-- settings:end --> markers"
+    assert found, "docs/reference.md lost its <!-- settings:begin --> / <!-- settings:end --> markers"
     assert found.group(1) == settings_markdown(), (
-        "README's settings table differs from epochal/settings.py: paste `epochal settings --markdown` "
-        "between the markers"
+        "docs/reference.md's settings table differs from epochal/settings.py: paste "
+        "`epochal settings --markdown` between the markers"
     )
+
+
+def test_the_readme_names_only_settings_that_exist() -> None:
+    """The README names the first settings to know; a renamed or removed one must not linger there."""
+    named = set(re.findall(r"EPOCHAL_[A-Z_]+[A-Z]", (REPO / "README.md").read_text(encoding="utf-8")))
+    assert named and named <= {spec.env for spec in SETTINGS}, named - {spec.env for spec in SETTINGS}
 
 
 def test_settings_command_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,7 +120,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     import sys
 
     run = subprocess.run(
-        f"{sys.executable} -m epochal.cli settings --markdown | true", shell=True, cwd=README.parent,
+        f"{sys.executable} -m epochal.cli settings --markdown | true", shell=True, cwd=REPO,
         capture_output=True, text=True, timeout=60,
     )
     assert run.returncode == 0 and run.stderr == "", run.stderr
