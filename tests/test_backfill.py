@@ -261,6 +261,60 @@ def test_a_runner_taken_over_mid_range_adds_nothing_to_the_snapshot_its_successo
     assert_views_match_batch(runtime, views)
 
 
+def test_a_runner_that_stalls_between_its_claim_check_and_its_move_adds_nothing_to_the_published_snapshot(
+    spark, tmp_path: Path, monkeyenv
+) -> None:
+    """The narrower window: runner A passed its claim check for a range and its move was in flight
+    (on an object store a move is a copy, then a delete: long enough to outlive a lease) when A
+    stalled. B takes over and publishes; then A's move lands. The files must not be read as the
+    view's rows: the snapshot is published in a directory no range writer knows."""
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=1)
+    views = {"big_bid_prices": "SELECT auction, price_eur FROM big_bids WHERE price_eur > 100"}
+    (h.pipeline_dir / "new.sql").write_text(_views_file(views))
+    _run(h, instance)  # registers the backfill
+
+    runner_a = BackfillRunner(h.runtime(spark))
+    runner_a.log.renew = lambda view: True  # stalled: its lease no longer beats
+    stalled, wake = threading.Event(), threading.Event()
+    warehouse_a = runner_a.runtime.warehouse
+    real_adopt = warehouse_a.adopt_vnode_files
+
+    in_flight = str(tmp_path / "in-flight")
+
+    def adopt(staging: str, target: str, prefix: str) -> int:  # after A's claim check
+        copied = real_adopt(staging, in_flight, prefix)  # the copy is under way (B deletes staging)
+        stalled.set()
+        assert wake.wait(600)
+        warehouse_a.move_prefixed(in_flight, target, {prefix})  # ... and lands
+        return copied
+
+    warehouse_a.adopt_vnode_files = adopt
+    reports_a: list = []
+    worker = threading.Thread(target=lambda: reports_a.extend(runner_a.advance(budget_s=600)))
+    worker.start()
+    assert stalled.wait(300), "runner A never reached its first move"
+    runner_a.log.backend.transaction(
+        lambda cur: cur.execute("UPDATE backfills SET heartbeat_at = 0 WHERE view_name = ?", ["big_bid_prices"])
+    )
+    reports_b = {r.view: r for r in BackfillRunner(h.runtime(spark)).advance(budget_s=600)}
+    assert reports_b["big_bid_prices"].phase == "done", reports_b["big_bid_prices"].metadata()
+
+    wake.set()  # A's move lands, then A fails to record its range
+    worker.join(timeout=600)
+    assert not worker.is_alive()
+    runtime = h.runtime(spark)
+    snapshot = runtime.controller.catalog.snapshots("big_bid_prices")[0]
+    nonces = tuple(nonce for _, nonce in runtime.controller.backfills.done_ranges("big_bid_prices"))
+    names = [f.rsplit("/", 1)[-1] for f in runtime.warehouse.snapshot_files(snapshot.location)]
+    assert nonces and names and all(n.startswith(nonces) for n in names), (nonces, names)
+    # A's files did land somewhere (its move ran): just not where readers look
+    late = [f for f in (Path(snapshot.location).parent / "snapshot").rglob("*.parquet")]
+    assert late and not any(f.name.startswith(nonces) for f in late), late
+    assert_views_match_batch(runtime, views)
+
+
 
 def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **h.env, **ENV}

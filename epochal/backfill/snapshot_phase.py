@@ -119,22 +119,29 @@ def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: P
             # (a rate limit sizes ranges by rows: progress about every 10 s at that rate)
             timed.append((vnodes.size, elapsed))
             width = grown_width(timed, VNODES_TOTAL - done_vnodes)
-    # Only recorded ranges are published: a runner taken over mid-range may have moved files in
-    # since this one started.
-    _clean_unrecorded(runner, target, {nonce for _, nonce in done})
-    if not warehouse.exists(target):  # a view with no rows at all
-        warehouse.make_dir(target)
-    files = warehouse.snapshot_files(target)
+    # Only recorded ranges are published, moved into a directory no range writer knows. A runner
+    # taken over mid-range (it passed its claim check, then stalled) may still move a range into
+    # ``target`` at any moment, but never into ``published``: readers list that directory. A
+    # publication cut short is finished by the next runner (what was moved is no longer in target).
+    published = f"{root}/published"
+    moved = warehouse.move_prefixed(target, published, {nonce for _, nonce in done})
+    if not warehouse.exists(published):  # a view with no rows at all
+        warehouse.make_dir(published)
+    files = warehouse.snapshot_files(published)
     rows = warehouse.files_row_count(files)
     key = runner.runtime.distribution_key(view)
     # The schema Spark wrote (a partial aggregate's hidden columns included), from one footer.
     written = warehouse.written_schema([files[0].rsplit("/", 1)[0]]) if files else None
     schema = written or runner.runtime.query_schema(view)
-    runner.log.finish_snapshot(view, target, key, schema.json(), rows, len(files))
-    warehouse.delete([f"{root}/staging"])
+    runner.log.finish_snapshot(view, published, key, schema.json(), rows, len(files))
+    # (what is left in target is a taken-over runner's unrecorded range)
+    warehouse.delete([f"{root}/staging", target])
     if from_splits:  # the view's snapshot is published: the sources' rows read for it are done with
         warehouse.delete([f"{root}/splits"])
-    log.info("backfill %s: snapshot at epoch %s written, %d rows in %d files", view, epoch, rows, len(files))
+    log.info(
+        "backfill %s: snapshot at epoch %s written, %d rows in %d files (%d moved in now)",
+        view, epoch, rows, len(files), moved,
+    )
     return True
 
 

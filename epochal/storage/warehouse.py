@@ -246,6 +246,24 @@ class Warehouse:
                 moved += 1
         return moved
 
+    def move_prefixed(self, source: str, destination: str, prefixes: set[str]) -> int:
+        """Move the files below ``source`` whose names start with one of ``prefixes`` to the same
+        relative paths below ``destination``; the others stay. Returns the files moved. Run again
+        after dying midway, it moves the rest."""
+        if not prefixes or not self.exists(source):
+            return 0
+        base = self._path(source)
+        moved = 0
+        for info in self.fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+            if info.type != pafs.FileType.File or not info.base_name.startswith(tuple(prefixes)):
+                continue
+            relative = info.path[len(base) :].lstrip("/")
+            into = f"{self._path(destination)}/{relative}"
+            self.fs.create_dir(into.rsplit("/", 1)[0], recursive=True)
+            self.fs.move(info.path, into)
+            moved += 1
+        return moved
+
     def keep_prefixed(self, target: str, prefixes: set[str]) -> list[str]:
         """Delete the files below ``target`` whose names start with none of ``prefixes`` (what a
         writer that died left before it recorded its prefix); returns what was deleted."""
