@@ -292,8 +292,12 @@ class EpochRuntime:
             return True
         result = self.controller.epoch_log.collect(epoch, collected, release=release)
         if not result.recorded:
-            # Someone committed this epoch first; committed data is immutable, ours is a duplicate.
-            self.warehouse.delete(garbage)
+            # Someone committed this epoch first (committed data is immutable, ours is a duplicate),
+            # or the table left the pipeline while this run wrote it: then its directory goes too,
+            # as it went when the table left (what this write created under it is all that is there).
+            self.warehouse.delete(garbage, prune_parents=True)
+            if result.retired:
+                self.warehouse.remove_empty_table_roots(garbage)
         if result.committed:  # the last table to collect commits the epoch
             fault_point("committed")
         return result.recorded

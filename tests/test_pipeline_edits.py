@@ -76,6 +76,36 @@ def test_a_run_that_read_the_pipeline_before_a_view_was_removed_commits_without_
     assert_views_match_batch(back, {**VIEW_QUERIES, "totals": TOTALS})
 
 
+def test_a_view_step_that_wrote_before_its_view_was_removed_leaves_no_directory_behind(
+    spark, tmp_path: Path
+) -> None:
+    """The stale run's view step began before the view was removed (its start found it in the
+    pipeline), wrote its change, and only its collect saw the view gone. The write is discarded
+    and, as when the view left, its directory is gone: not an empty ``epoch=`` directory under it
+    (a chaos run found one)."""
+    from epochal.checkpoint.records import Collected
+
+    h = make_harness(tmp_path)
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    h.produce(ORDERS)
+    run_epoch(h.runtime(spark))
+    stale = h.runtime(spark)
+    stale_epoch = stale.start_epoch(None, None)[0].epoch
+    (h.pipeline_dir / "totals.sql").unlink()
+    fresh = h.runtime(spark)
+    fresh.start_epoch(None, None)  # retires totals and deletes its directory
+    root = Path(stale.warehouse.table_root("totals"))
+    assert not root.exists()
+
+    # what the stale step wrote after its start, then collects
+    location = stale.warehouse.new_location("totals", stale_epoch)
+    rows = stale.warehouse.write(spark.createDataFrame([("ann", 1)], "customer STRING, n BIGINT"), location)
+    assert rows == 1 and root.exists()
+    assert not stale.collect(stale_epoch, Collected("totals", location, 1, rows), [location], release=False)
+    assert not root.exists(), sorted(str(p) for p in root.rglob("*"))
+    assert "totals" not in stale.controller.epoch_log.collected(stale_epoch)
+
+
 def test_a_run_that_read_the_pipeline_before_a_view_was_added_does_not_commit_without_it(
     spark, tmp_path: Path
 ) -> None:

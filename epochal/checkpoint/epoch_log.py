@@ -407,7 +407,10 @@ class EpochLog(EpochClaims):
         Raises EpochAborted when a recovery aborted the epoch meanwhile: a writer whose epoch was
         recovered under it never gets its output recorded (aborted is final), whatever it wrote."""
 
+        retired = False
+
         def record(cur: Cursor) -> bool:
+            nonlocal retired
             row = cur.execute("SELECT state FROM epochs WHERE epoch = ?", [epoch]).fetchone()
             if row is None:
                 raise UnknownEpoch(f"epoch {epoch} was never injected")
@@ -422,6 +425,7 @@ class EpochLog(EpochClaims):
             if backfill_rows.is_retired(cur, collected.asset):
                 # A run that read the pipeline before the table was removed: nobody reads it now.
                 log.info("epoch %s: %s left the pipeline; its output is discarded", epoch, collected.asset)
+                retired = True
                 return False
             backfill = backfill_log.read(cur, collected.asset)
             if backfill is not None and backfill.phase.active:
@@ -455,7 +459,7 @@ class EpochLog(EpochClaims):
             committed = self._commit_ready(cur) if recorded else []
             if release:
                 self._release(cur, epoch)
-            return CollectResult(recorded=recorded, committed=committed)
+            return CollectResult(recorded=recorded, committed=committed, retired=retired)
 
         result = self.backend.transaction(record_and_commit)
         if result.committed:

@@ -141,6 +141,9 @@ class CollectResult:
     #: freshly written copy was not recorded and should be deleted.
     recorded: bool
     committed: list[int] = field(default_factory=list)
+    #: not recorded because the table left the pipeline while the caller wrote it: its directory,
+    #: deleted when it left, goes again with the caller's files
+    retired: bool = False
 
 
 @dataclass(frozen=True)

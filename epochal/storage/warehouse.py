@@ -22,6 +22,7 @@ DuckDB both read (DuckDB via explicit file lists, never by globbing a table).
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -324,12 +325,25 @@ class Warehouse:
                 self.fs.delete_dir(path)
                 log.info("deleted %s", location)
             if prune_parents:
-                parent = path.rsplit("/", 1)[0]
-                try:
-                    if not self.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
-                        self.fs.delete_dir(parent)
-                except OSError:  # a writer created an attempt there meanwhile: it stays
-                    pass
+                self._remove_if_empty(path.rsplit("/", 1)[0])
+
+    def remove_empty_table_roots(self, locations: Iterable[str]) -> None:
+        """Remove the table directories of attempt ``locations`` (``<table>/epoch=E/<attempt>``)
+        that are left empty: a table that left the pipeline while a run still wrote it."""
+        for location in locations:
+            self._remove_if_empty(self._path(location).rsplit("/", 2)[0])
+
+    def _remove_if_empty(self, path: str) -> None:
+        """Remove directory ``path`` if it is empty, never what is in it: a writer may have just
+        created an attempt there (pyarrow's delete_dir is recursive). Locally rmdir checks and
+        removes in one call; an object store has no directories of its own to leave behind."""
+        try:
+            if self.is_local:
+                os.rmdir(path)
+            elif not self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+                self.fs.delete_dir(path)
+        except OSError:  # not empty (a writer's new attempt), or already gone
+            pass
 
     def sweep(self, tables: Iterable[str], keep: Callable[[], set[str]], upto: int | None) -> list[str]:
         """Delete attempt directories of ``tables``, for epochs <= ``upto``, that ``keep()`` does not
@@ -376,9 +390,8 @@ class Warehouse:
             # An epoch's directory gets no new attempt once its epoch is aborted, but a snapshot
             # epoch's may (the next compaction at that epoch): a recursive delete could take its
             # files, so snapshot directories are left for compaction's own pruning.
-            name = parent.rsplit("/", 1)[-1]
-            if name.startswith("epoch=") and not self.fs.get_file_info(pafs.FileSelector(parent)):
-                self.fs.delete_dir(parent)
+            if parent.rsplit("/", 1)[-1].startswith("epoch="):
+                self._remove_if_empty(parent)
         if removed:
             log.warning("recovery removed %d unreferenced attempt(s): %s", len(removed), removed[:5])
         return removed
