@@ -85,7 +85,7 @@ class RebuildSteps:
                     report = runtime.view_steps.run(epoch, view, run_id, release, definition=old[-1])
                 except AnalysisException as error:
                     # (e.g. its stored rows are none and their columns are read as the new statement's)
-                    self._freeze(view, OldRows.MAINTAINED, f"Spark refused the old statement: {error}")
+                    self._freeze(view, f"Spark refused the old statement: {error}")
                 else:
                     report.metadata.update({"mode": "rebuilding", "serving": "old statement, maintained", **about})
                     return report
@@ -118,17 +118,21 @@ class RebuildSteps:
             why_not = self._why_not_maintained(view, definitions_)
         if why_not is None:
             if mode is OldRows.PENDING:
-                self.runtime.controller.backend.transaction(
-                    lambda cur: rebuilds.set_old_rows(cur, view, mode, OldRows.MAINTAINED)
+                # (decided against the row as it is now: a step of another epoch may have decided first)
+                mode = self.runtime.controller.backend.transaction(
+                    lambda cur: rebuilds.decide_old_rows(cur, view, OldRows.MAINTAINED)
                 )
+                if mode is OldRows.FROZEN:
+                    self.runtime.old_versions.pop(view, None)
+                    return []
                 log.info("%s: its old statement keeps being maintained until the switch", view)
             self._register(view, definitions_)
             return definitions_
-        self._freeze(view, mode, why_not or "its old statement cannot be planned")
+        self._freeze(view, why_not or "its old statement cannot be planned")
         return []
 
-    def _freeze(self, view: str, mode: OldRows, why: str) -> None:
-        self.runtime.controller.backend.transaction(lambda cur: rebuilds.set_old_rows(cur, view, mode, OldRows.FROZEN))
+    def _freeze(self, view: str, why: str) -> None:
+        self.runtime.controller.backend.transaction(lambda cur: rebuilds.decide_old_rows(cur, view, OldRows.FROZEN))
         self.runtime.old_versions.pop(view, None)
         log.warning("%s: its old rows serve frozen until the switch: %s", view, why)
 

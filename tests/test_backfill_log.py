@@ -411,3 +411,28 @@ def test_ranges_that_each_scan_the_whole_input_grow_past_the_time_target() -> No
     # 1 s fixed, 0.1 s a vnode: 90 vnodes make a 10-s range
     assert grown_width([(10, 2.0), (20, 3.0)], 226) == 76  # 90 wanted: evened as 3 ranges of 76
     assert grown_width([(20, 2.0), (10, 3.0)], 250) == 125  # the wider was faster (noise): 16x, evened as 2
+
+
+def test_steps_of_two_epochs_that_both_read_the_old_rows_pending_agree(tmp_path: Path, meta_url: str) -> None:
+    """Steps of two epochs (two runs) of a view being rebuilt both read its old rows PENDING, and
+    both decide. The first decides; the second takes that decision instead of failing (a chaos run
+    lost a run to "the old rows of region_stats are not PENDING any more"); FROZEN is never undone."""
+    from epochal.checkpoint.rebuilds import OldRows
+
+    history(tmp_path, meta_url)
+    backend = grown(tmp_path, meta_url).backend
+    backend.transaction(lambda cur: rebuilds.start(cur, "v1", "old", "new", 1))
+
+    def decide(wanted: OldRows) -> OldRows:
+        return backend.transaction(lambda cur: rebuilds.decide_old_rows(cur, "v1", wanted))
+
+    stale = backend.transaction(lambda cur: rebuilds.read(cur, "v1")).old_rows
+    assert stale is OldRows.PENDING
+    assert decide(OldRows.MAINTAINED) is OldRows.MAINTAINED
+    # the second step still holds PENDING: a move from what it read fails, a decision does not
+    with pytest.raises(InvariantViolation, match="not PENDING any more"):
+        backend.transaction(lambda cur: rebuilds.set_old_rows(cur, "v1", stale, OldRows.MAINTAINED))
+    assert decide(OldRows.MAINTAINED) is OldRows.MAINTAINED
+    assert decide(OldRows.FROZEN) is OldRows.FROZEN  # a maintained version that can no longer be
+    assert decide(OldRows.MAINTAINED) is OldRows.FROZEN  # ... stays frozen for every later step
+    assert backend.transaction(lambda cur: rebuilds.read(cur, "v1")).old_rows is OldRows.FROZEN

@@ -101,6 +101,20 @@ def set_old_rows(cur: Cursor, view: str, old: OldRows, new: OldRows) -> None:
         raise InvariantViolation(f"the old rows of {view} are not {old.value} any more")
 
 
+def decide_old_rows(cur: Cursor, view: str, wanted: OldRows) -> OldRows:
+    """Move the old rows to ``wanted`` if that is a move from what the row holds now, in this
+    transaction; returns what they hold afterwards. Steps of several epochs (other runs) may ask at
+    once, each having read PENDING: the first decides, and the others take its decision rather
+    than fail (MAINTAINED then FROZEN is still a move; FROZEN never becomes MAINTAINED)."""
+    found = read(cur, view)
+    if found is None:
+        raise InvariantViolation(f"the old rows of {view} serve no rebuild any more")
+    if found.old_rows is wanted or wanted not in OLD_ROWS_TRANSITIONS[found.old_rows]:
+        return found.old_rows
+    set_old_rows(cur, view, found.old_rows, wanted)
+    return wanted
+
+
 @dataclass(frozen=True)
 class Rebuild:
     view: str
