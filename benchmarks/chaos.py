@@ -1045,6 +1045,13 @@ def main(argv: list[str] | None = None) -> int:
             chaos.kill(run, at_end=True)
         raise
     finally:
+        # The runs attached to the managed Spark server (started on first use): it would otherwise
+        # live on, idle, until its idle timeout, beside whatever runs next on the machine.
+        from epochal import spark_server
+
+        stopped = spark_server.stop(home)
+        if stopped is not None:
+            print(f"stopped the run's Spark server (pid {stopped.pid})")
         if problems or keep:
             print(f"kept {root}" + (f" and PostgreSQL database {db_name}" if db_name else ""))
         else:
