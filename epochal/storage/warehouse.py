@@ -336,7 +336,7 @@ class Warehouse:
     def _remove_if_empty(self, path: str) -> None:
         """Remove directory ``path`` if it is empty, never what is in it: a writer may have just
         created an attempt there (pyarrow's delete_dir is recursive). Locally rmdir checks and
-        removes in one call; an object store has no directories of its own to leave behind."""
+        removes in one call; elsewhere (an object store, HDFS) it is listed, then deleted."""
         try:
             if self.is_local:
                 os.rmdir(path)
