@@ -40,11 +40,12 @@ from epochal.settings import Settings
 from epochal.sink_steps import SinkSteps
 from epochal.sinks.base import SinkTarget
 from epochal.source_history import SourceHistory
+from epochal.source_steps import SourceSteps
 from epochal.step_report import StepReport
 from epochal.storage.driver_lookup import DriverLookup
 from epochal.storage.state_cache import StateCache
-from epochal.storage.state_reader import StateReader, quoted
-from epochal.storage.warehouse import WEIGHT, Warehouse, dead_letter_table
+from epochal.storage.state_reader import StateReader
+from epochal.storage.warehouse import Warehouse, dead_letter_table
 from epochal.view_steps import ViewSteps
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class EpochRuntime:
         #: name: their stages are not in the pipeline, yet read like its tables
         self.old_versions = self.schemas.old_versions
         self.sink_steps = SinkSteps(self)
+        self.source_steps = SourceSteps(self)
         self.view_steps = ViewSteps(self)
         self.rebuild_steps = RebuildSteps(self)
         self.changes = PipelineChanges(self)
@@ -307,53 +309,7 @@ class EpochRuntime:
     def run_source(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         """``release``: end this process's claim on the epoch when the step is done. A run that goes
         on to the epoch's other steps keeps it, so its death between steps is noticed too."""
-        return self._guard(epoch, lambda: self._run_source(epoch, name, run_id, release))
-
-    def _run_source(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        from epochal.checkpoint import backfill_rows
-
-        started = time.time()
-        if self.controller.backend.transaction(lambda cur: backfill_rows.is_retired(cur, name)):
-            return self._retired(epoch, name)
-        if self.pipeline.sources[name].primary_key:
-            # Upserts resolve against the source's rows before this epoch: its earlier epochs first.
-            self.controller.epoch_log.wait_for_order(epoch, [name], f"source {name}")
-        ranges = self.begin_step(epoch, run_id, source=name).offsets
-        if not any(r.count > 0 for r in ranges):
-            return self._idle_source(epoch, name, ranges, started, run_id, release)
-        batch = self.connector(name).read(self.spark, ranges)
-        location = self.warehouse.new_location(name, epoch)
-        written: list[str] = [location]
-        change = self._source_change(epoch, name, batch.rows)
-        try:
-            rows = self.warehouse.write(change, location)
-            dead = 0
-            dlq_location = None
-            # Almost every epoch has no dead letters: asking first (a job over the epoch's lines that
-            # writes nothing) is cheaper than writing an empty Parquet dataset and deleting it again.
-            if batch.rejected is not None and not batch.rejected.isEmpty():
-                dlq_location = self.warehouse.new_location(dead_letter_table(name), epoch)
-                written.append(dlq_location)
-                dead = self.warehouse.write(batch.dead_letters, dlq_location)
-                log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
-            records = sum(r.count for r in ranges)
-            collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
-            recorded = self.collect(epoch, collected, written, release)
-        except EpochAborted:
-            self.warehouse.delete(written)
-            raise
-        fault_point("source-written")
-        return self._source_report(epoch, ranges, collected, started, recorded)
-
-    def _idle_source(
-        self, epoch: int, name: str, ranges: list[SplitRange], started: float, run_id: str | None, release: bool
-    ) -> StepReport:
-        """An epoch with no record for the source: its change is empty, recorded without a file and
-        without a Spark job (readers take a missing location as no change, ``ViewSteps._upstream_delta``).
-        A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
-        empty, recorded = self.record_idle(epoch, name, started, run_id, release, dead_letters=0)
-        fault_point("source-written")
-        return self._source_report(epoch, ranges, empty, started, recorded)
+        return self._guard(epoch, lambda: self.source_steps.run(epoch, name, run_id, release))
 
     def record_idle(
         self, epoch: int, name: str, started: float, run_id: str | None, release: bool, dead_letters: int | None
@@ -362,45 +318,6 @@ class EpochRuntime:
         no change (``ViewSteps._upstream_delta``). Returns what was collected and whether it was recorded."""
         empty = Collected(name, None, 0, 0, dead_letters, None, time.time() - started, run_id)
         return empty, self.collect(epoch, empty, [], release)
-
-    @staticmethod
-    def _source_report(
-        epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool
-    ) -> StepReport:
-        """A source step's metadata, from what it collected."""
-        return StepReport(
-            collected.asset,
-            epoch,
-            {
-                "epoch": epoch,
-                "records_read": collected.rows_in,
-                "rows_out": collected.rows_out,
-                "dead_letters": collected.dead_letters,
-                "splits": len(ranges),
-                "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
-                "seconds": round(time.time() - started, 3),
-                "recorded": recorded,
-            },
-        )
-
-    def _source_change(self, epoch: int, name: str, records: "DataFrame") -> "DataFrame":
-        """The epoch's change of a source: its records as inserts, or, for a source with a PRIMARY
-        KEY, upserts and deletes resolved against the source's state before this epoch."""
-        from pyspark.sql import functions as F
-
-        source = self.pipeline.sources[name]
-        if not source.primary_key:
-            return records.withColumn(WEIGHT, F.lit(1).cast("bigint"))
-        from epochal.upsert import upsert_changes
-
-        columns = list(source.column_names)
-        # Only the previous rows of the keys this epoch touches matter, and the primary key is the
-        # source's distribution key: the read opens just those keys' vnodes of the snapshot.
-        touched = records.select(*quoted(source.primary_key))
-        previous, _ = self.read_state(name, epoch, inclusive=False, restrict=(tuple(source.primary_key), touched))
-        if previous is None:
-            previous = self.spark.createDataFrame([], records.select(*columns).schema)
-        return upsert_changes(records, previous, source.primary_key, columns)
 
     # ------------------------------------------------------------------ views
 
