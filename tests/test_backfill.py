@@ -209,6 +209,41 @@ def test_a_live_step_that_comes_after_its_views_backfill_joined_at_that_epoch_do
     assert_views_match_batch(h.runtime(spark), views)
 
 
+STALLED_VIEWS = {"big_bid_prices": "SELECT auction, price_eur FROM big_bids WHERE price_eur > 100"}
+
+
+def _stalled_runner(spark, tmp_path: Path) -> tuple:  # noqa: ANN001
+    """A pipeline with history and a registered backfill of STALLED_VIEWS, and runner A for it,
+    whose lease no longer beats (a suspended process)."""
+    h = make_harness(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    _history(h, spark, instance, epochs=1)
+    (h.pipeline_dir / "new.sql").write_text(_views_file(STALLED_VIEWS))
+    _run(h, instance)  # registers the backfill
+    runner_a = BackfillRunner(h.runtime(spark))
+    runner_a.log.renew = lambda view: True  # stalled: its lease no longer beats
+    return h, runner_a
+
+
+def _take_over(h, spark, runner_a: BackfillRunner) -> None:  # noqa: ANN001
+    """A's claim times out; runner B takes the backfill over and runs it to the join."""
+    runner_a.log.backend.transaction(
+        lambda cur: cur.execute("UPDATE backfills SET heartbeat_at = 0 WHERE view_name = ?", ["big_bid_prices"])
+    )
+    reports_b = {r.view: r for r in BackfillRunner(h.runtime(spark)).advance(budget_s=600)}
+    assert reports_b["big_bid_prices"].phase == "done", reports_b["big_bid_prices"].metadata()
+
+
+def _published_ranges_only(runtime) -> tuple:  # noqa: ANN001
+    """The view's published snapshot and the nonces of the ranges recorded for it (they stay
+    recorded after the join), checked: every published file belongs to a recorded range."""
+    snapshot = runtime.controller.catalog.snapshots("big_bid_prices")[0]
+    nonces = tuple(nonce for _, nonce in runtime.controller.backfills.done_ranges("big_bid_prices"))
+    names = [f.rsplit("/", 1)[-1] for f in runtime.warehouse.snapshot_files(snapshot.location)]
+    assert nonces and names and all(n.startswith(nonces) for n in names), (nonces, names)
+    return snapshot, nonces
+
+
 def test_a_runner_taken_over_mid_range_adds_nothing_to_the_snapshot_its_successor_published(
     spark, tmp_path: Path, monkeyenv, monkeypatch
 ) -> None:
@@ -218,15 +253,8 @@ def test_a_runner_taken_over_mid_range_adds_nothing_to_the_snapshot_its_successo
     would count twice), and A leaves no files behind."""
     from epochal.backfill import snapshot_phase
 
-    h = make_harness(tmp_path)
-    instance = dg.DagsterInstance.ephemeral()
-    _history(h, spark, instance, epochs=1)
-    views = {"big_bid_prices": "SELECT auction, price_eur FROM big_bids WHERE price_eur > 100"}
-    (h.pipeline_dir / "new.sql").write_text(_views_file(views))
-    _run(h, instance)  # registers the backfill
-
-    runner_a = BackfillRunner(h.runtime(spark))
-    runner_a.log.renew = lambda view: True  # stalled: its lease no longer beats
+    h, runner_a = _stalled_runner(spark, tmp_path)
+    views = STALLED_VIEWS
     stalled, wake = threading.Event(), threading.Event()
     real_rows_over = snapshot_phase.rows_over
 
@@ -241,21 +269,13 @@ def test_a_runner_taken_over_mid_range_adds_nothing_to_the_snapshot_its_successo
     worker = threading.Thread(target=lambda: reports_a.extend(runner_a.advance(budget_s=600)))
     worker.start()
     assert stalled.wait(300), "runner A never reached its first range"
-    runner_a.log.backend.transaction(
-        lambda cur: cur.execute("UPDATE backfills SET heartbeat_at = 0 WHERE view_name = ?", ["big_bid_prices"])
-    )
-    reports_b = {r.view: r for r in BackfillRunner(h.runtime(spark)).advance(budget_s=600)}
-    assert reports_b["big_bid_prices"].phase == "done", reports_b["big_bid_prices"].metadata()
+    _take_over(h, spark, runner_a)
 
     wake.set()
     worker.join(timeout=600)
     assert "taken over" in {r.view: r for r in reports_a}["big_bid_prices"].note
     runtime = h.runtime(spark)
-    snapshot = runtime.controller.catalog.snapshots("big_bid_prices")[0]
-    # (the ranges B recorded stay recorded after the join)
-    nonces = tuple(nonce for _, nonce in runtime.controller.backfills.done_ranges("big_bid_prices"))
-    names = [f.rsplit("/", 1)[-1] for f in runtime.warehouse.snapshot_files(snapshot.location)]
-    assert nonces and names and all(n.startswith(nonces) for n in names), (nonces, names)
+    snapshot, _ = _published_ranges_only(runtime)
     staging = Path(snapshot.location).parent / "staging"  # (A's range went to staging first)
     assert not [f for f in staging.rglob("*") if f.is_file()]
     assert_views_match_batch(runtime, views)
@@ -268,15 +288,8 @@ def test_a_runner_that_stalls_between_its_claim_check_and_its_move_adds_nothing_
     (on an object store a move is a copy, then a delete: long enough to outlive a lease) when A
     stalled. B takes over and publishes; then A's move lands. The files must not be read as the
     view's rows: the snapshot is published in a directory no range writer knows."""
-    h = make_harness(tmp_path)
-    instance = dg.DagsterInstance.ephemeral()
-    _history(h, spark, instance, epochs=1)
-    views = {"big_bid_prices": "SELECT auction, price_eur FROM big_bids WHERE price_eur > 100"}
-    (h.pipeline_dir / "new.sql").write_text(_views_file(views))
-    _run(h, instance)  # registers the backfill
-
-    runner_a = BackfillRunner(h.runtime(spark))
-    runner_a.log.renew = lambda view: True  # stalled: its lease no longer beats
+    h, runner_a = _stalled_runner(spark, tmp_path)
+    views = STALLED_VIEWS
     stalled, wake = threading.Event(), threading.Event()
     warehouse_a = runner_a.runtime.warehouse
     real_adopt = warehouse_a.adopt_vnode_files
@@ -295,25 +308,17 @@ def test_a_runner_that_stalls_between_its_claim_check_and_its_move_adds_nothing_
     worker = threading.Thread(target=lambda: reports_a.extend(runner_a.advance(budget_s=600)))
     worker.start()
     assert stalled.wait(300), "runner A never reached its first move"
-    runner_a.log.backend.transaction(
-        lambda cur: cur.execute("UPDATE backfills SET heartbeat_at = 0 WHERE view_name = ?", ["big_bid_prices"])
-    )
-    reports_b = {r.view: r for r in BackfillRunner(h.runtime(spark)).advance(budget_s=600)}
-    assert reports_b["big_bid_prices"].phase == "done", reports_b["big_bid_prices"].metadata()
+    _take_over(h, spark, runner_a)
 
     wake.set()  # A's move lands, then A fails to record its range
     worker.join(timeout=600)
     assert not worker.is_alive()
     runtime = h.runtime(spark)
-    snapshot = runtime.controller.catalog.snapshots("big_bid_prices")[0]
-    nonces = tuple(nonce for _, nonce in runtime.controller.backfills.done_ranges("big_bid_prices"))
-    names = [f.rsplit("/", 1)[-1] for f in runtime.warehouse.snapshot_files(snapshot.location)]
-    assert nonces and names and all(n.startswith(nonces) for n in names), (nonces, names)
+    snapshot, nonces = _published_ranges_only(runtime)
     # A's files did land somewhere (its move ran): just not where readers look
     late = [f for f in (Path(snapshot.location).parent / "snapshot").rglob("*.parquet")]
     assert late and not any(f.name.startswith(nonces) for f in late), late
     assert_views_match_batch(runtime, views)
-
 
 
 def _backfill_cli(h, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
