@@ -18,6 +18,7 @@ from epochal.errors import PipelineError, require
 from epochal.faults import fault_point
 from epochal.pipeline.model import old_version_name
 from epochal.pipeline.replan import plan_statement
+from epochal.pipeline_changes import view_fingerprint
 from epochal.sql import quote
 from epochal.step_report import StepReport
 from epochal.storage.changes import net_rows, unit_changes
@@ -49,18 +50,37 @@ class RebuildSteps:
             return StepReport(view, epoch, {"epoch": epoch, "mode": "rebuilding", "recorded": False})
         backend = runtime.controller.backend
         rebuild = backend.transaction(lambda cur: rebuilds.read(cur, view))
-        require(rebuild is not None, f"the rebuild of {view} has a row")
+        if rebuild is None or not rebuild.state.active or rebuild.switched_epoch not in (None, epoch):
+            # It switched at an earlier epoch while this step waited for that one: the new
+            # statement's rows serve from there, maintained as any view's (the old statement's
+            # stages did not write the switch's epoch, and are retired with the rebuild).
+            return runtime.checked_view_epoch(epoch, view, run_id, release)
         shadow = rebuild.shadow  # type: ignore[union-attr]
         runtime.changes.add_shadows()
         inputs = runtime.pipeline.views[shadow].upstreams if shadow in runtime.pipeline.views else ()
         held = None
-        if rebuild.state is rebuilds.RebuildState.SERVING_OLD:  # type: ignore[union-attr]
+        # A process holding another new statement than the rebuild's (it read its SQL files before
+        # the change, or holds one no injection acted on yet) serves the old rows: it must neither
+        # judge the new statement's types nor write its epochs.
+        current = shadow in runtime.pipeline.views and (
+            view_fingerprint(runtime.pipeline.views[shadow]) == rebuild.new_fingerprint  # type: ignore[union-attr]
+        )
+        if not current and rebuild.state is not rebuilds.RebuildState.SERVING_OLD:  # type: ignore[union-attr]
+            # (the step that switches, again: it cannot serve the old rows at the switch's epoch)
+            stored = (rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at)  # type: ignore[union-attr]
+            mine = view_fingerprint(runtime.pipeline.views[view])
+            definitions.check_statement(stored, view, mine, runtime.pipeline.loaded_at)
+        if not current:
+            log.info("%s: this process holds another statement than the one being built; the old rows serve", view)
+        elif rebuild.state is rebuilds.RebuildState.SERVING_OLD:  # type: ignore[union-attr]
             held = self._type_change(view, shadow, epoch, rebuild.new_fingerprint)  # type: ignore[union-attr]
             if held != rebuild.held:  # type: ignore[union-attr]
                 backend.transaction(lambda cur: rebuilds.hold(cur, view, held))
             if held:
                 log.warning("%s keeps serving its old statement: %s", view, held)
-        gap = None if held else backend.transaction(lambda cur: rebuilds.switch_gap(cur, view, epoch, inputs))
+        gap = None
+        if current and not held:
+            gap = backend.transaction(lambda cur: rebuilds.switch_gap(cur, view, epoch, inputs))
         outside = runtime.controller.backfills.outside_alignment()
         # Its inputs' changes of this epoch come from their live steps: a stage still backfilling has none.
         ready = gap is not None and all(u in begun.collected and u not in outside for u in inputs)

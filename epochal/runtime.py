@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epochal.runtime")
 
+#: ``checked_view_epoch``'s default: the stored statement has not been read yet
+_UNREAD = object()
+
 # How long a commit step waits for an older epoch (owned by another, live run) to commit first, so
 # that this run's sinks deliver its epoch. Past it the step ends without error: the epoch is
 # collected by every table, and the run that commits the older epochs commits it with them.
@@ -322,11 +325,16 @@ class EpochRuntime:
     # ------------------------------------------------------------------ views
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
-        from epochal.checkpoint import backfill_log, backfill_rows, rebuilds
+        from epochal.checkpoint import backfill_log, backfill_rows, definitions, rebuilds
 
-        # (one transaction for all three: every view step of every epoch asks)
-        rebuild, backfill, retired = self.controller.backend.transaction(
-            lambda cur: (rebuilds.read(cur, name), backfill_log.read(cur, name), backfill_rows.is_retired(cur, name))
+        # (one transaction for all four: every view step of every epoch asks)
+        rebuild, backfill, retired, stored = self.controller.backend.transaction(
+            lambda cur: (
+                rebuilds.read(cur, name),
+                backfill_log.read(cur, name),
+                backfill_rows.is_retired(cur, name),
+                definitions.stored_statement(cur, name),
+            )
         )
         if retired:
             return self._retired(epoch, name)
@@ -358,7 +366,23 @@ class EpochRuntime:
                     "backfill_rows": backfill.rows_read,
                 },
             )
-        return self._guard(epoch, lambda: self.view_epoch(epoch, name, run_id, release))
+        return self._guard(epoch, lambda: self.checked_view_epoch(epoch, name, run_id, release, stored))
+
+    def checked_view_epoch(
+        self, epoch: int, name: str, run_id: str | None, release: bool, stored: object = _UNREAD
+    ) -> StepReport:
+        """The view's step for ``epoch`` with this process's statement, refused when the view's
+        state comes from another (``definitions.check_statement``): its rows would mix the two.
+        ``stored``: what ``definitions.stored_statement`` said, if the caller asked already."""
+        from epochal.checkpoint import definitions
+
+        definition = self.pipeline.views.get(name)
+        if definition is not None:
+            if stored is _UNREAD:
+                stored = self.controller.backend.transaction(lambda cur: definitions.stored_statement(cur, name))
+            fingerprint = view_fingerprint(definition)
+            definitions.check_statement(stored, name, fingerprint, self.pipeline.loaded_at)  # type: ignore[arg-type]
+        return self.view_epoch(epoch, name, run_id, release)
 
     @staticmethod
     def _retired(epoch: int, name: str) -> StepReport:
@@ -518,4 +542,3 @@ class EpochRuntime:
     ) -> StepReport:
         """Snapshot the tables that need it; never raises for a table's failure (``table_layout``)."""
         return table_layout.compact(self, epoch, tables, every)
-

@@ -4,15 +4,16 @@ joins only when it has written the committed epoch, and then every commit waits 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from epochal.backfill.state import BACKFILL_TRANSITIONS, BackfillPhase, VnodeRange, next_range
-from epochal.checkpoint import backfill_log, rebuilds, retired_files
+from epochal.checkpoint import backfill_log, definitions, rebuilds, retired_files
 from epochal.checkpoint.backfill_log import BackfillLost
-from epochal.checkpoint.definitions import DefinitionChanged
+from epochal.checkpoint.definitions import DefinitionChanged, StaleStatements
 from epochal.checkpoint.rebuilds import REBUILD_TRANSITIONS, RebuildState
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
 from epochal.controller import CheckpointController
@@ -219,6 +220,58 @@ def test_a_changed_definition_restarts_a_backfill_or_serves_the_old_rows_until_t
     assert shadows == ["v1__rebuild"]
     assert rebuilding.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).state is RebuildState.DONE
     assert grown(tmp_path, meta_url, new_v1, sink_inputs={}).epoch_log.can_inject() is None, "v1 is its new statement"
+
+
+def test_a_process_that_read_its_files_before_a_statement_changed_neither_undoes_the_change_nor_builds_it(
+    tmp_path: Path, meta_url: str
+) -> None:
+    """A run or sensor tick that read its SQL files before the user changed a view holds the old
+    statement: its injection must not take the rebuild back to it (the next up-to-date process
+    would start it again, deleting the backfill's files under the runners reading them), and the
+    meta store tells its steps that their statement is not the view's."""
+    fingerprints = {"v1": "a", "v2": "b", "v3": "c", "v4": "d"}
+    history(tmp_path, meta_url, fingerprints)
+    stale = grown(tmp_path, meta_url, fingerprints, sink_inputs={"out": "v2"})
+    collect_all(stale, stale.epoch_log.inject(plan_ten).epoch)
+    time.sleep(0.01)
+    changed = grown(tmp_path, meta_url, {**fingerprints, "v1": "a2"}, sink_inputs={"out": "v2"})
+    collect_all(changed, changed.epoch_log.inject(plan_ten).epoch)
+    assert changed.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).new_fingerprint == "a2"
+
+    with pytest.raises(StaleStatements, match=r"statement of v1 changed after this process read its SQL files"):
+        stale.epoch_log.inject(plan_ten)
+    assert "statement of v1 changed" in (stale.epoch_log.can_inject() or "")
+    rebuild = changed.backend.transaction(lambda cur: rebuilds.read(cur, "v1"))
+    assert rebuild.new_fingerprint == "a2" and rebuild.state is RebuildState.SERVING_OLD, "not taken back"
+    shadow_statement = changed.backend.transaction(lambda cur: definitions.stored_statement(cur, "v1__rebuild"))
+    assert shadow_statement[0] == "a2"
+    with pytest.raises(StaleStatements, match="v1__rebuild"):
+        definitions.check_statement(shadow_statement, "v1__rebuild", "a", stale.epoch_log.loaded_at)
+    # A process that read the files later and holds yet another statement: a real change, which
+    # starts the new statement's backfill over (and which its steps may not compute before that).
+    time.sleep(0.01)
+    again = grown(tmp_path, meta_url, {**fingerprints, "v1": "a3"}, sink_inputs={"out": "v2"})
+    with pytest.raises(DefinitionChanged, match="no injection has acted on the change yet"):
+        definitions.check_statement(shadow_statement, "v1__rebuild", "a3", again.epoch_log.loaded_at)
+    collect_all(again, again.epoch_log.inject(plan_ten).epoch)
+    assert again.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).new_fingerprint == "a3"
+    with pytest.raises(StaleStatements, match="v1"):
+        changed.epoch_log.inject(plan_ten)
+
+    # A definition recorded by the switch keeps the time of the new statement, not of the commit:
+    # a process that read the files since then holds it and injects.
+    at = again.epoch_log.inject(plan_ten).epoch
+    recorded = again.backend.transaction(lambda cur: rebuilds.read(cur, "v1")).fingerprint_at
+    again.catalog.begin_snapshot("v1", at, "/snap/a3", (), "{}", in_flight=True)
+    again.backend.transaction(lambda cur: rebuilds.switch(cur, "v1", at, "/snap/a3", 5, 1))
+    assert again.backend.transaction(lambda cur: definitions.stored_statement(cur, "v1"))[0] == "a3"
+    collect_all(again, at)
+    again.backend.transaction(lambda cur: rebuilds.finish_committed(cur, at))
+    assert again.backend.transaction(lambda cur: definitions.stored_statement(cur, "v1")) == ("a3", recorded)
+    holding = grown(tmp_path, meta_url, {**fingerprints, "v1": "a3"}, sink_inputs={"out": "v2"})
+    assert holding.epoch_log.can_inject() is None
+    with pytest.raises(StaleStatements, match="v1"):
+        stale.epoch_log.inject(plan_ten)
 
 
 def test_a_backfill_that_starts_again_leaves_no_files_behind(tmp_path: Path, meta_url: str) -> None:

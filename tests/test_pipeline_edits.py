@@ -21,6 +21,7 @@ ORDERS = [
     '{"id": 3, "customer": "bob", "amount": 20.0, "ts": "2026-01-01T10:02:00"}',
 ]
 TOTALS = "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer"
+TOTALS_TOP = "SELECT customer, count(*) AS n, sum(amount) AS total, max(amount) AS top FROM orders GROUP BY customer"
 
 
 def test_a_run_that_read_the_pipeline_before_a_view_was_removed_commits_without_it(spark, tmp_path: Path) -> None:
@@ -149,6 +150,128 @@ def test_a_run_that_read_the_pipeline_before_a_view_was_added_does_not_commit_wi
     assert stale.controller.epoch_log.epoch(stale_epoch).state is EpochState.ABORTED
     assert set(status["tables"].values()) == {status["committed_epoch"]}, status["tables"]
     assert_views_match_batch(fresh, {**VIEW_QUERIES, "totals": TOTALS})
+
+
+def test_a_run_that_read_the_pipeline_before_a_statement_changed_neither_undoes_the_change_nor_computes_with_it(
+    spark, tmp_path: Path
+) -> None:
+    """A run (or sensor tick) that read the SQL files before the user changed a view holds the old
+    statement. Its injection used to take the view's rebuild back to that statement (and the next
+    up-to-date run forward again, deleting the new statement's backfill under its runners); its
+    backfill runner would build the new statement's rows with the old query, and its steps would
+    go on computing the view with it after the switch, mixing the two in the view's rows."""
+    from epochal.backfill.runner import BackfillRunner
+    from epochal.checkpoint import rebuilds
+    from epochal.checkpoint.definitions import StaleStatements
+
+    h = make_harness(tmp_path)
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    h.produce(ORDERS)
+    run_epoch(h.runtime(spark))
+    stale = h.runtime(spark)
+    time.sleep(0.01)
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS_TOP};\n")
+    h.produce(ORDERS[:2], split="1")
+    fresh = h.runtime(spark)
+    run_epoch(fresh)  # starts the rebuild: the old rows serve while the new statement backfills
+    started = fresh.controller.backend.transaction(lambda cur: rebuilds.read(cur, "totals"))
+    assert started is not None and started.state is rebuilds.RebuildState.SERVING_OLD
+
+    with pytest.raises(StaleStatements, match="statement of .*totals.* changed after this process read its SQL"):
+        stale.start_epoch(None, None)
+    assert fresh.controller.backend.transaction(lambda cur: rebuilds.read(cur, "totals")) == started, "not undone"
+    notes = [p.note for p in BackfillRunner(stale).advance(budget_s=60)]
+    assert any("changed after this process read its SQL files" in (n or "") for n in notes), notes
+    assert fresh.controller.backfills.get("totals__rebuild").vnodes_done == 0, "nothing built with the old query"
+
+    BackfillRunner(fresh).advance(budget_s=300)
+    run_epoch(fresh)  # switches to the new statement
+    run_epoch(fresh)  # its switch committed: done
+    done = fresh.controller.backend.transaction(lambda cur: rebuilds.read(cur, "totals"))
+    assert done.state is rebuilds.RebuildState.DONE
+
+    # An epoch injected by an up-to-date run, which the stale one then works on: it refuses to
+    # compute totals with the old statement, and a recovery takes the epoch back.
+    h.produce(ORDERS[1:], split="2")
+    epoch = fresh.start_epoch(None, None)[0].epoch
+    for name in stale.pipeline.sources:
+        stale.run_source(epoch, name)
+    with pytest.raises(StaleStatements, match="totals"):
+        for name in stale.pipeline.view_order():
+            stale.run_view(epoch, name)
+    after = h.runtime(spark)
+    run_epoch(after)
+    assert after.controller.epoch_log.epoch(epoch).state is EpochState.ABORTED
+    status = after.controller.status()
+    assert set(status["tables"].values()) == {status["committed_epoch"]}, status["tables"]
+    assert_views_match_batch(after, {**VIEW_QUERIES, "totals": TOTALS_TOP})
+
+
+def test_a_step_that_waited_for_the_switch_of_its_view_goes_on_with_the_new_statement(spark, tmp_path: Path) -> None:
+    """Two epochs in flight while a changed view's new statement is ready: the later epoch's step
+    starts while the view still serves its old rows and waits for the earlier epoch, whose step
+    switches. It must then go on as the new statement's step. It used to go on as the old one's:
+    maintained old rows waited for the switch's epoch in the old stages, which never write it (or
+    failed, once it committed: a recovery for nothing, seen in a chaos run), and frozen ones would
+    have dropped the epoch's change from the view."""
+    import threading
+
+    from epochal.backfill.runner import BackfillRunner
+    from epochal.checkpoint import rebuilds
+
+    h = make_harness(tmp_path)
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    h.produce(ORDERS)
+    run_epoch(h.runtime(spark))
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS_TOP};\n")
+    runtime = h.runtime(spark)
+    run_epoch(runtime)  # starts the rebuild
+    BackfillRunner(runtime).advance(budget_s=300)
+    h.produce(ORDERS[1:], split="1")
+    switching = runtime.start_epoch(None, None)[0].epoch
+    h.produce(ORDERS[:2], split="2")
+    later = runtime.start_epoch(None, None)[0].epoch
+    for epoch in (switching, later):
+        for name in runtime.pipeline.sources:
+            runtime.run_source(epoch, name)
+    before_totals = runtime.pipeline.view_order()[: runtime.pipeline.view_order().index("totals")]
+    for epoch in (switching, later):
+        for name in before_totals:
+            runtime.run_view(epoch, name)
+
+    log, waiting, outcome = runtime.controller.epoch_log, threading.Event(), {}
+    wait_for_order = log.wait_for_order
+
+    def signalling(epoch: int, tables, what: str) -> float:  # noqa: ANN001
+        if epoch == later and "totals" in tables:
+            waiting.set()
+        return wait_for_order(epoch, tables, what)
+
+    log.wait_for_order = signalling  # type: ignore[method-assign]
+
+    def later_step() -> None:
+        try:
+            outcome["report"] = runtime.run_view(later, "totals")
+        except Exception as error:  # noqa: BLE001 (the assertion below names it)
+            outcome["error"] = error
+
+    thread = threading.Thread(target=later_step)
+    thread.start()
+    assert waiting.wait(120), "the later epoch's step waits for the earlier one"
+    assert runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, "totals")).switched_epoch is None
+    switched = runtime.run_view(switching, "totals")
+    assert switched.metadata["mode"] == "switched to the new statement", switched.metadata
+    thread.join(120)
+    assert not thread.is_alive(), "the later step waits for the old statement's stages, which never write the switch"
+    assert "error" not in outcome, outcome
+    assert outcome["report"].metadata["mode"] == "incremental", outcome["report"].metadata
+    for epoch in (switching, later):
+        for name in runtime.pipeline.view_order()[runtime.pipeline.view_order().index("totals") + 1 :]:
+            runtime.run_view(epoch, name)
+        runtime.commit(epoch)
+    assert log.epoch(later).state is EpochState.COMMITTED
+    run_epoch(h.runtime(spark))
+    assert_views_match_batch(h.runtime(spark), {**VIEW_QUERIES, "totals": TOTALS_TOP})
 
 
 def test_a_backfill_writing_an_epoch_that_recovery_aborts_under_it_does_not_fail(tmp_path: Path, monkeypatch) -> None:

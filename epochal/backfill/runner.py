@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import snapshot_phase
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase
-from epochal.checkpoint import rebuilds
+from epochal.checkpoint import definitions, rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.records import Collected
-from epochal.errors import require
+from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
+from epochal.pipeline_changes import view_fingerprint
 from epochal.spark_session import scheduler_pool
 
 if TYPE_CHECKING:
@@ -140,6 +141,12 @@ class BackfillRunner:
         if current is None or not current.phase.active:
             progress.note = "no backfill to advance" if current is None else f"backfill {current.phase.shown}"
             return self._finish(progress, started)
+        stale = self._statement_differs(view)
+        if stale is not None:
+            # Rows of another statement than the one the meta store expects would be published as it.
+            progress.note = stale
+            log.warning("backfill %s: %s", view, stale)
+            return self._finish(progress, started)
         if not self.log.claim(view):
             progress.note = "another runner is working on it"
             return self._finish(progress, started)
@@ -156,6 +163,20 @@ class BackfillRunner:
         finally:
             self.log.release(view)
         return self._finish(progress, started)
+
+    def _statement_differs(self, view: str) -> str | None:
+        """Why this process must not backfill ``view``: its statement is not the one the meta store
+        builds the view from (this process read its SQL files before a change, or a change it holds
+        has not been acted on by an injection yet); None when it is."""
+        definition = self.runtime.pipeline.views.get(view)
+        if definition is None:
+            return None
+        stored = self.runtime.controller.backend.transaction(lambda cur: definitions.stored_statement(cur, view))
+        try:
+            definitions.check_statement(stored, view, view_fingerprint(definition), self.runtime.pipeline.loaded_at)
+        except EpochalError as differs:
+            return str(differs)
+        return None
 
     def _finish(self, progress: Progress, started: float) -> Progress:
         progress.seconds = time.time() - started

@@ -7,6 +7,12 @@
   internal stages, which only it reads, are rebuilt in place;
 * an internal stage that changed alone (its view did not) is rebuilt in place with the views built
   on it; refused when a sink reads one of them.
+
+A process whose SQL files were read before the stored statement was recorded holds an older one:
+it is not a change. Acting on it would take the view back to the statement the user left (and,
+with the next up-to-date process, forward again, deleting each backfill's files under the runners
+reading them), so such a process injects nothing (``StaleStatements``), and its steps do not
+compute a view whose state comes from another statement (``stored_statement``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from epochal.checkpoint import queries as q
 from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_rows import drop_for_rebuild, read, rename_state
+from epochal.checkpoint.records import InjectionBlocked
 from epochal.errors import EpochalError
 from epochal.meta.backend import Cursor
 from epochal.pipeline.model import STAGE_SEPARATOR, old_version_name
@@ -30,6 +37,55 @@ class DefinitionChanged(EpochalError):
     """A view's statement changed under the same name after it committed epochs."""
 
 
+class StaleStatements(InjectionBlocked):
+    """This process read its SQL files before another one recorded newer statements of its views."""
+
+
+def stale_message(views: Iterable[str]) -> str:
+    return (
+        f"the statement of {', '.join(sorted(views))} changed after this process read its SQL files (a newer "
+        "process recorded it): this one holds the old statement and must not compute or inject with it. The "
+        "next run reads the files afresh; a long-lived process (a code server) needs reloading"
+    )
+
+
+def stored_statement(cur: Cursor, table: str) -> tuple[str, float | None] | None:
+    """The fingerprint of the statement ``table``'s steps must compute with from now on, and when
+    it was recorded; None when the meta store keeps none (a new view). A changed view's new
+    statement for its shadow, and for the view once it switched; else the stored definition. (A
+    view still serving its old rows is run by the rebuilding step, which does not ask this.)"""
+    view = rebuilds.rebuilt_view(table)
+    if view is not None:
+        rebuild = rebuilds.read(cur, view)
+        return None if rebuild is None else (rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at)
+    rebuild = rebuilds.read(cur, table)
+    if rebuild is not None and rebuild.state is rebuilds.RebuildState.SWITCHED:
+        # (the definition follows when the switch's epoch commits)
+        return rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at
+    row = cur.execute("SELECT fingerprint, recorded_at FROM table_definitions WHERE table_name = ?", [table]).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def check_statement(stored: tuple[str, float | None] | None, table: str, fingerprint: str, loaded_at: float) -> None:
+    """Refuse to compute ``table`` with this process's statement (``fingerprint``, its SQL files
+    read at ``loaded_at``) when its state comes from another: the rows would mix the two."""
+    if stored is None or stored[0] == fingerprint:
+        return
+    if _newer(stored[1], loaded_at):
+        raise StaleStatements(stale_message([table]))
+    raise DefinitionChanged(
+        f"the statement of {table} in this process's SQL files is not the one its stored rows come from, and no "
+        "injection has acted on the change yet, so this process cannot compute it. The next injection "
+        "(epoch_job without a partition, or the barrier sensor) starts its rebuild; a recovery takes back an "
+        "epoch this refused, and re-runs it"
+    )
+
+
+def _newer(recorded_at: float | None, loaded_at: float | None) -> bool:
+    """Whether a statement recorded at ``recorded_at`` is newer than SQL files read at ``loaded_at``."""
+    return recorded_at is not None and loaded_at is not None and recorded_at > loaded_at
+
+
 def check_definitions(
     cur: Cursor,
     fingerprints: Mapping[str, str],
@@ -37,6 +93,7 @@ def check_definitions(
     sink_inputs: Mapping[str, str] | None = None,
     append_only_sinks: Iterable[str] = (),
     columns: Mapping[str, Sequence[str]] | None = None,
+    loaded_at: float | None = None,
 ) -> list[str]:
     """Every view's definition is the one its stored state was computed from, or is being built
     (module docstring); returns the internal stages rebuilt in place, and the views rebuilt with them.
@@ -46,12 +103,27 @@ def check_definitions(
     been added. That is refused, with the fixes, when a sink reads one of them (its target holds
     rows of the old version and would not receive their difference) or when the sinks are not
     known (``sink_inputs`` None). ``columns``: each view's column names, kept with its definition;
-    a view that switches to a new statement must keep them when a sink reads it."""
+    a view that switches to a new statement must keep them when a sink reads it.
+
+    ``loaded_at``: when this process read its SQL files. A statement recorded after that is newer
+    than this process's: ``StaleStatements`` is raised, and nothing is changed."""
     columns = columns or {}
-    rows = cur.execute("SELECT table_name, fingerprint, columns FROM table_definitions").fetchall()
+    rows = cur.execute("SELECT table_name, fingerprint, columns, recorded_at FROM table_definitions").fetchall()
     stored = {r[0]: r[1] for r in rows}
+    stored_at = {r[0]: r[3] for r in rows}
     stored_columns = {r[0]: tuple(json.loads(r[2])) for r in rows if r[2] is not None}
     rebuilding = rebuilds.active(cur)
+    stale = []
+    for view, fingerprint in fingerprints.items():
+        rebuild = rebuilding.get(view)
+        if rebuild is not None:
+            newest, at = rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at
+        else:
+            newest, at = stored.get(view), stored_at.get(view)
+        if newest is not None and fingerprint != newest and _newer(at, loaded_at):
+            stale.append(view)
+    if stale:
+        raise StaleStatements(stale_message(stale))
     changed = []
     for view, fingerprint in fingerprints.items():
         rebuild = rebuilding.get(view)
@@ -65,7 +137,11 @@ def check_definitions(
             continue
         if stored.get(view) == fingerprint:
             if view not in stored_columns and view in columns:  # kept since this release, or just switched
-                _remember(cur, view, fingerprint, columns.get(view))
+                # (the statement is the one recorded then: its time stays)
+                cur.execute(
+                    "UPDATE table_definitions SET columns = ? WHERE table_name = ?",
+                    [json.dumps(list(columns[view])), view],
+                )
             continue
         b = read(cur, view)
         if view not in stored:
@@ -231,8 +307,8 @@ def _remember(cur: Cursor, view: str, fingerprint: str, columns: Sequence[str] |
     """The definition the view's stored rows come from (replacing any earlier one)."""
     cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [view])
     cur.execute(
-        "INSERT INTO table_definitions (table_name, fingerprint, columns) VALUES (?, ?, ?)",
-        [view, fingerprint, None if columns is None else json.dumps(list(columns))],
+        "INSERT INTO table_definitions (table_name, fingerprint, columns, recorded_at) VALUES (?, ?, ?, ?)",
+        [view, fingerprint, None if columns is None else json.dumps(list(columns)), time.time()],
     )
 
 

@@ -206,7 +206,7 @@ class EpochLog(EpochClaims):
         fingerprints = {v: f for v, f in self.fingerprints.items() if v not in retired}
         definitions.record_statements(cur, self.statements)
         definitions.check_definitions(
-            cur, fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns
+            cur, fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns, self.loaded_at
         )
         known = {*self.sources, *self.upstreams} - retired
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)

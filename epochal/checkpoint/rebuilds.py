@@ -131,6 +131,8 @@ class Rebuild:
     #: why the switch is held (the view keeps serving its old rows), or None
     held: str | None = None
     old_rows: OldRows = OldRows.FROZEN
+    #: when ``new_fingerprint`` was set (None: a rebuild recorded before this was kept)
+    fingerprint_at: float | None = None
 
     @property
     def shadow(self) -> str:
@@ -149,13 +151,15 @@ class Rebuild:
 
 _COLUMNS = (
     "view_name, state, old_fingerprint, new_fingerprint, frozen_epoch, switched_epoch, switch_snapshot, started_at, "
-    "held, old_rows"
+    "held, old_rows, fingerprint_at"
 )
 
 
 def _record(row: tuple) -> Rebuild:
     old_rows = OldRows(row[9]) if row[9] else OldRows.FROZEN
-    return Rebuild(row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8], old_rows)
+    return Rebuild(
+        row[0], RebuildState(row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8], old_rows, row[10]
+    )
 
 
 def read(cur: Cursor, view: str) -> Rebuild | None:
@@ -194,7 +198,7 @@ def start(cur: Cursor, view: str, old_fingerprint: str, new_fingerprint: str, fr
     now = time.time()
     cur.execute("DELETE FROM view_rebuilds WHERE view_name = ?", [view])
     cur.execute(
-        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, NULL, ?, ?)",
+        f"INSERT INTO view_rebuilds ({_COLUMNS}, updated_at) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, NULL, ?, ?, ?)",
         [
             view,
             RebuildState.SERVING_OLD.value,
@@ -204,15 +208,18 @@ def start(cur: Cursor, view: str, old_fingerprint: str, new_fingerprint: str, fr
             now,
             OldRows.PENDING.value,
             now,
+            now,
         ],
     )
 
 
 def restart(cur: Cursor, view: str, new_fingerprint: str) -> None:
     """The statement changed again while the shadow was backfilling: it starts over from it."""
+    now = time.time()
     cur.execute(
-        "UPDATE view_rebuilds SET new_fingerprint = ?, held = NULL, updated_at = ? WHERE view_name = ? AND state = ?",
-        [new_fingerprint, time.time(), view, RebuildState.SERVING_OLD.value],
+        "UPDATE view_rebuilds SET new_fingerprint = ?, held = NULL, updated_at = ?, fingerprint_at = ? "
+        "WHERE view_name = ? AND state = ?",
+        [new_fingerprint, now, now, view, RebuildState.SERVING_OLD.value],
     )
 
 
@@ -317,8 +324,10 @@ def finish_committed(cur: Cursor, committed: int | None) -> list[str]:
                 _move(cur, rebuild.view, RebuildState.SWITCHED, RebuildState.DONE)
                 # (its columns are filled in by the next injection, which knows the new statement's)
                 cur.execute(
-                    "UPDATE table_definitions SET fingerprint = ?, columns = NULL WHERE table_name = ?",
-                    [rebuild.new_fingerprint, rebuild.view],
+                    # (recorded when the new statement was: a process that read its files since holds it)
+                    "UPDATE table_definitions SET fingerprint = ?, columns = NULL, recorded_at = ? "
+                    "WHERE table_name = ?",
+                    [rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at, rebuild.view],
                 )
                 done.append(rebuild.shadow)
     return done

@@ -206,6 +206,11 @@ DDL = (
     # PENDING until the first step decides, then MAINTAINED or FROZEN. NULL: a rebuild started
     # before the old rows could be maintained, frozen since.
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS old_rows VARCHAR",
+    # When a definition's fingerprint was recorded, and when a rebuild's new statement was: a
+    # process that read its SQL files before then holds an older statement, which must neither
+    # undo the change nor compute the view (epochal/checkpoint/definitions.py). NULL: before this.
+    "ALTER TABLE table_definitions ADD COLUMN IF NOT EXISTS recorded_at DOUBLE PRECISION",
+    "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS fingerprint_at DOUBLE PRECISION",
     # Every view statement a pipeline ran, by fingerprint (JSON: query, options, refresh): a
     # rebuild finds the old statement here to keep maintaining the old rows while the new backfills.
     """CREATE TABLE IF NOT EXISTS view_statements (
