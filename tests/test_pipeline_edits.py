@@ -274,6 +274,73 @@ def test_a_step_that_waited_for_the_switch_of_its_view_goes_on_with_the_new_stat
     assert_views_match_batch(h.runtime(spark), {**VIEW_QUERIES, "totals": TOTALS_TOP})
 
 
+def test_a_commit_that_comes_between_a_join_and_its_runner_writing_the_epoch_waits_for_it(
+    spark, tmp_path: Path
+) -> None:
+    """A view that joins by backfill while an epoch is in flight: its runner writes that epoch
+    right after the join. The epoch's commit, arriving in between, used to fail ("the backfill
+    runner that writes such epochs stopped before writing it"), and the recovery it called for
+    aborted every epoch in flight (seen in a chaos run). While the runner holds the backfill, it
+    is a wait for order: the commit waits, and the epoch commits with the view."""
+    import threading
+
+    from epochal.backfill.runner import BackfillRunner
+
+    h = make_harness(tmp_path)
+    h.produce(ORDERS)
+    run_epoch(h.runtime(spark))
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    runtime = h.runtime(spark)
+    h.produce(ORDERS[1:], split="1")
+    epoch = runtime.start_epoch(None, None)[0].epoch  # registers totals (and its stage) as backfills
+    for name in runtime.pipeline.sources:
+        runtime.run_source(epoch, name)
+    for name in runtime.pipeline.view_order():
+        if name != "big_bids":  # (held back, or the epoch would commit now, without totals)
+            runtime.run_view(epoch, name)  # totals' steps: backfilling, skipped
+
+    log, asked, outcome = runtime.controller.epoch_log, threading.Semaphore(0), {}
+    commit_step = log.commit_step
+
+    def counting(at: int):  # noqa: ANN202
+        step = commit_step(at)
+        asked.release()
+        return step
+
+    log.commit_step = counting  # type: ignore[method-assign]
+
+    def commit() -> None:
+        try:
+            outcome["report"] = runtime.commit(epoch)
+        except Exception as error:  # noqa: BLE001 (the assertion below names it)
+            outcome["error"] = error
+
+    runner = BackfillRunner(runtime)
+    write_in_flight = runner._write_in_flight
+    threads: list[threading.Thread] = []
+
+    def commit_first(view: str, at: int) -> None:
+        if not threads:  # the first view to join: the commit comes now, before the runner writes it
+            runtime.run_view(at, "big_bids")
+            threads.append(threading.Thread(target=commit))
+            threads[0].start()
+            for _ in range(3):  # it has read the epoch's state, and asked again: it waits
+                assert asked.acquire(timeout=60), outcome
+        write_in_flight(view, at)
+
+    runner._write_in_flight = commit_first  # type: ignore[method-assign]
+    runner.advance(budget_s=300)
+    assert threads, "a view joined while the epoch was in flight"
+    threads[0].join(300)
+    assert "error" not in outcome, outcome
+    log.commit_step = commit_step  # type: ignore[method-assign]
+    runner.advance(budget_s=300)
+    assert log.epoch(epoch).state is EpochState.COMMITTED
+    assert log.recovery_reason() is None, "nothing failed"
+    run_epoch(h.runtime(spark))
+    assert_views_match_batch(h.runtime(spark), {**VIEW_QUERIES, "totals": TOTALS})
+
+
 def test_a_backfill_writing_an_epoch_that_recovery_aborts_under_it_does_not_fail(tmp_path: Path, monkeypatch) -> None:
     """After its join a backfill writes the epochs in flight that its live step skipped. A recovery
     may abort one meanwhile and delete its inputs' files under the step, which then fails on a

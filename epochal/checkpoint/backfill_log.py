@@ -210,16 +210,37 @@ class BackfillLog(BackfillControl):
             if row is None:
                 return False
             owner, beat = row
-            now = time.time()
-            if owner and owner != self.owner and beat is not None and now - beat <= self.claim_timeout_s:
-                host, _, rest = owner.partition(":")
-                pid = rest.partition(":")[0]
-                if not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid))):
-                    return False
-            cur.execute("UPDATE backfills SET owner = ?, heartbeat_at = ? WHERE view_name = ?", [self.owner, now, view])
+            if owner and owner != self.owner and self._alive(owner, beat):
+                return False
+            cur.execute(
+                "UPDATE backfills SET owner = ?, heartbeat_at = ? WHERE view_name = ?", [self.owner, time.time(), view]
+            )
             return True
 
         return self.backend.transaction(take)
+
+    def _alive(self, owner: str | None, beat: float | None) -> bool:
+        """Whether the runner ``owner``, which renewed its claim at ``beat``, still holds it: it
+        renewed within the claim timeout and, on this host, its process is alive."""
+        if not owner or beat is None or time.time() - beat > self.claim_timeout_s:
+            return False
+        host, _, rest = owner.partition(":")
+        pid = rest.partition(":")[0]
+        return not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid)))
+
+    def held(self, views: Iterable[str]) -> list[str]:
+        """Of ``views``, those whose backfill a live runner holds now (it may be writing one of
+        their epochs)."""
+        names = list(views)
+        if not names:
+            return []
+        marks = ", ".join("?" for _ in names)
+        rows = self.backend.transaction(
+            lambda cur: cur.execute(
+                f"SELECT view_name, owner, heartbeat_at FROM backfills WHERE view_name IN ({marks})", names
+            ).fetchall()
+        )
+        return sorted(r[0] for r in rows if self._alive(r[1], r[2]))
 
     def renew(self, view: str) -> bool:
         return bool(
@@ -476,4 +497,3 @@ class BackfillLog(BackfillControl):
             return True, pending
 
         return self.backend.transaction(attempt)
-
