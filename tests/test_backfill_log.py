@@ -102,6 +102,38 @@ def test_a_new_view_backfills_outside_alignment_then_joins(tmp_path: Path, meta_
         other.backfills.record_chunk("v4", VnodeRange(0, 256), "r000-y-", 1, 1)  # not its claim
 
 
+def test_a_backfill_does_not_write_an_epoch_its_backfilling_upstream_has_not_written(
+    tmp_path: Path, meta_url: str
+) -> None:
+    """A view over a view that backfills too: in the change-log phase it goes no further than its
+    upstream, whose own runner (another process, when it holds that claim) writes each epoch
+    first. It used to go on, and fail its run with "reads v3, which has not written epoch E yet"
+    (seen in a chaos run: a changed view's new statement over its stage, rebuilt in place)."""
+    from epochal.backfill.runner import BackfillRunner
+
+    history(tmp_path, meta_url)
+    ctl = grown(tmp_path, meta_url)
+    collect_all(ctl, ctl.epoch_log.inject(plan_ten).epoch)  # registers v3 and v4 (which waits for v3)
+    log = ctl.backfills
+    assert log.claim("v3") and log.claim("v4")
+    log.record_chunk("v3", VnodeRange(0, 256), "r000-x-", 10, 5)
+    log.finish_snapshot("v3", "/snap/v3", ("k",), "{}", 5, 1)
+    assert log.start_snapshot("v4")
+    log.record_chunk("v4", VnodeRange(0, 256), "r000-y-", 5, 5)
+    log.finish_snapshot("v4", "/snap/v4", ("k",), "{}", 5, 1)
+    later = ctl.epoch_log.inject(plan_ten).epoch
+    assert collect_all(ctl, later) == [later]  # without v3 and v4
+    epoch = log.next_epoch("v4")
+    assert epoch is not None and epoch == log.next_epoch("v3")
+
+    runner = BackfillRunner(SimpleNamespace(controller=ctl))  # type: ignore[arg-type]
+    assert runner._upstream_behind(log.get("v4"), epoch) == "v3"
+    log.record_epoch("v3", epoch, "/loc/v3", 1, 1, 0.1)
+    assert runner._upstream_behind(log.get("v4"), epoch) is None
+    assert runner._upstream_behind(log.get("v4"), later) == ("v3" if later > epoch else None)
+    assert runner._upstream_behind(log.get("v3"), later) is None  # (its upstream is a source)
+
+
 def test_a_backfill_that_has_written_nothing_reads_at_the_newest_epoch_and_its_readers_follow(
     tmp_path: Path, meta_url: str
 ) -> None:

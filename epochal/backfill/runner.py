@@ -310,6 +310,11 @@ class BackfillRunner:
                 # A changed view's step wrote its new statement's change there ahead (to switch).
                 progress.epochs_written += 1
                 continue
+            behind = self._upstream_behind(backfill, epoch)
+            if behind is not None:
+                # Its own runner (another process, when it holds the claim) writes that epoch first.
+                progress.note = f"waiting for {behind}, still backfilling, to write epoch {epoch}"
+                return
             if self.must_stop(view, deadline, progress, "the next run goes on from the next epoch"):
                 return
             started = time.time()
@@ -334,6 +339,16 @@ class BackfillRunner:
             if not self.throttle(view, recorded[0].rows_in or 0, time.time() - started, deadline):
                 progress.note = "paused (backfill_rate_limit = 0)"
                 return
+
+    def _upstream_behind(self, backfill: Backfill, epoch: int) -> str | None:
+        """An upstream of the view that is backfilling too and has not written committed ``epoch``
+        yet (the view's step of it would find no change of its input), or None."""
+        for upstream in backfill.upstreams:
+            other = self.log.get(upstream)
+            if other is not None and other.phase.active:
+                if other.phase is not BackfillPhase.LOG_STORE or (other.caught_up_epoch or 0) < epoch:
+                    return upstream
+        return None
 
     def _clean_unrecorded_epochs(self, view: str, root: str) -> None:
         """Change files a killed runner wrote under ``root`` but never recorded."""
