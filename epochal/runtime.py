@@ -285,10 +285,20 @@ class EpochRuntime:
         except EpochAborted:
             raise
         except Exception as exc:
+            aborted = False
             try:
-                self.controller.epoch_log.fail(epoch, f"{type(exc).__name__}: {exc}")
+                requested = self.controller.epoch_log.fail(epoch, f"{type(exc).__name__}: {exc}")
+                aborted = not requested and self.controller.epoch_log.epoch(epoch).state is EpochState.ABORTED
             except Exception:  # the meta store itself may be what failed
                 log.exception("could not record the failure of epoch %s", epoch)
+            if aborted:
+                # A recovery aborted the epoch and deleted its files under the step (Spark then
+                # reports a missing file): that abort is what happened, not a failure of its own.
+                raise EpochAborted(
+                    f"epoch {epoch} was aborted by a recovery while this step ran ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); its records are re-read by a later "
+                    "epoch. Run epoch_job without a partition to go on"
+                ) from exc
             raise
 
     def collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:

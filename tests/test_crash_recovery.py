@@ -79,3 +79,38 @@ def test_crash_then_recover(spark, tmp_path: Path, point: str) -> None:
     assert_views_match_batch(runtime, VIEW_QUERIES)
     assert_sink_exactly_once(runtime, "big_bids_out")
     assert_sink_exactly_once(runtime, "orders_out")
+
+
+def test_a_step_whose_epoch_a_recovery_aborts_under_it_reports_the_abort(spark, tmp_path: Path) -> None:
+    """A recovery (another run died) aborts the epochs in flight and deletes their files, so a step
+    still running on one fails with whatever Spark says of a missing file. That is the abort, not a
+    failure of its own: the step raises EpochAborted saying so, and asks for no second recovery
+    (a chaos run counted such runs as unexplained failures)."""
+    from epochal.checkpoint.records import EpochAborted
+    from tests.epochal_harness import run_epoch
+
+    h = make_harness(tmp_path)
+    h.produce(['{"id": 1, "customer": "ann", "amount": 12.5, "ts": "2026-01-01T10:00:00"}'])
+    runtime = h.runtime(spark)
+    run_epoch(runtime)
+    epoch = runtime.start_epoch(None, None)[0].epoch
+    for name in runtime.pipeline.sources:
+        runtime.run_source(epoch, name)
+
+    def recovered_under_it(*args: object, **kwargs: object) -> object:
+        h.runtime(spark).recover("another run died")
+        raise RuntimeError("[FAILED_READ_FILE.FILE_NOT_EXIST] Encountered error while reading file ...")
+
+    runtime.view_epoch = recovered_under_it  # type: ignore[method-assign]
+    with pytest.raises(EpochAborted, match=r"aborted by a recovery while this step ran \(RuntimeError: \[FAILED_READ"):
+        runtime.run_view(epoch, runtime.pipeline.view_order()[0])
+    log = runtime.controller.epoch_log
+    assert log.epoch(epoch).state is EpochState.ABORTED
+    assert log.recovery_reason() is None, "no second recovery"
+    # A failure of a step's own still fails its epoch and asks for the recovery.
+    del runtime.view_epoch
+    later = runtime.start_epoch(None, None)[0].epoch
+    runtime.view_epoch = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="boom"):
+        runtime.run_view(later, runtime.pipeline.view_order()[0])
+    assert "boom" in (log.recovery_reason() or "")
