@@ -224,9 +224,14 @@ class EpochRuntime:
         reason = self.controller.epoch_log.recovery_reason()
         if reason:
             report = self.recover(reason)
+        self.apply_pipeline_changes()
+        return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
+
+    def apply_pipeline_changes(self) -> None:
+        """What every injection does first (a run's or the barrier sensor's): tables and sinks that
+        left the SQL files are retired, and the files of views rebuilt after a change are deleted."""
         self.changes.retire_removed()
         self.changes.delete_dropped()
-        return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
 
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
         """The epochs a run of epoch_job works on, oldest first.
@@ -426,7 +431,7 @@ class EpochRuntime:
         started = time.time()
         by_this_call: list[int] = []
         delay = 0.05
-        rechecked = False
+        rechecked = retired_unknown = False
         while True:
             # The step's questions and, when it is done, the end of its claim: one transaction.
             # A barrier still waiting for its checkpoint is then bounded by the epoch timeout,
@@ -440,6 +445,12 @@ class EpochRuntime:
                 raise EpochAborted(f"epoch {epoch} was aborted by a recovery before it could commit")
             if step.missing and record.state is not EpochState.COMMITTED:
                 unknown = [t for t in step.missing if t not in self.pipeline.tables]
+                if unknown and not retired_unknown:
+                    # Not in this run's files: removed from them (no injection has retired it yet,
+                    # e.g. the sensor's tick read the files before), or joined since they were read.
+                    retired_unknown = True
+                    self.changes.retire_removed()
+                    continue
                 if unknown:
                     raise EpochalError(
                         f"epoch {epoch} cannot commit: {', '.join(unknown)} joined the pipeline after this run "

@@ -64,6 +64,7 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
         now = _clock()
         partitions = []
         if schedule.due(cursor.next_barrier, now):
+            runtime.apply_pipeline_changes()  # (a view removed from the files: its runs could not commit)
             blocked = epoch_log.can_inject()
             if blocked is None:
                 key = str(epoch_log.inject(runtime.plan).epoch)

@@ -107,6 +107,34 @@ def test_a_view_step_that_wrote_before_its_view_was_removed_leaves_no_directory_
     assert "totals" not in stale.controller.epoch_log.collected(stale_epoch)
 
 
+def test_an_epoch_injected_without_retiring_a_removed_view_commits_without_it(spark, tmp_path: Path) -> None:
+    """The barrier sensor's tick injects without the retirement a run's injection does first, so a
+    view removed from the files was still committed by the meta store: the sensor's runs, which
+    read the files afresh and do not know it, could not commit ("top_events joined the pipeline
+    after this run read its SQL files", chaos seed 30), epoch after epoch until some other process
+    injected. Now the tick retires first, and so does a commit that finds such a table."""
+    h = make_harness(tmp_path)
+    (h.pipeline_dir / "totals.sql").write_text(f"CREATE MATERIALIZED VIEW totals AS {TOTALS};\n")
+    h.produce(ORDERS)
+    run_epoch(h.runtime(spark))
+    (h.pipeline_dir / "totals.sql").unlink()
+    h.produce(ORDERS[:2], split="1")
+    runtime = h.runtime(spark)
+    assert "totals" not in runtime.pipeline.views
+    epoch = runtime.controller.epoch_log.inject(runtime.plan).epoch  # as an older tick did
+    for name in runtime.pipeline.sources:
+        runtime.run_source(epoch, name)
+    for name in runtime.pipeline.view_order():
+        runtime.run_view(epoch, name)
+    report = runtime.commit(epoch)
+    assert report.metadata["state"] == EpochState.COMMITTED.value, report.metadata
+    assert set(runtime.controller.backend.transaction(backfill_rows.retired)) == {"totals", "totals__stage1"}
+    assert not Path(runtime.warehouse.table_root("totals")).exists()
+    status = runtime.controller.status()
+    assert set(status["tables"].values()) == {epoch}, status["tables"]
+    assert_views_match_batch(runtime, VIEW_QUERIES)
+
+
 def test_a_run_that_read_the_pipeline_before_a_view_was_added_does_not_commit_without_it(
     spark, tmp_path: Path
 ) -> None:
