@@ -67,9 +67,7 @@ class RebuildSteps:
         )
         if not current and rebuild.state is not rebuilds.RebuildState.SERVING_OLD:  # type: ignore[union-attr]
             # (the step that switches, again: it cannot serve the old rows at the switch's epoch)
-            stored = (rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at)  # type: ignore[union-attr]
-            mine = view_fingerprint(runtime.pipeline.views[view])
-            definitions.check_statement(stored, view, mine, runtime.pipeline.loaded_at)
+            runtime.check_statement(view, rebuild.new_statement)  # type: ignore[union-attr]
         if not current:
             log.info("%s: this process holds another statement than the one being built; the old rows serve", view)
         elif rebuild.state is rebuilds.RebuildState.SERVING_OLD:  # type: ignore[union-attr]

@@ -389,15 +389,22 @@ class EpochRuntime:
         """The view's step for ``epoch`` with this process's statement, refused when the view's
         state comes from another (``definitions.check_statement``): its rows would mix the two.
         ``stored``: what ``definitions.stored_statement`` said, if the caller asked already."""
+        self.check_statement(name, stored)
+        return self.view_epoch(epoch, name, run_id, release)
+
+    def check_statement(self, name: str, stored: object = _UNREAD) -> None:
+        """Refuse to compute view ``name`` with this process's statement when its state comes from
+        another (``definitions.check_statement``). ``stored``: ``definitions.stored_statement``'s
+        answer, if the caller read it already."""
         from epochal.checkpoint import definitions
 
         definition = self.pipeline.views.get(name)
-        if definition is not None:
-            if stored is _UNREAD:
-                stored = self.controller.backend.transaction(lambda cur: definitions.stored_statement(cur, name))
-            fingerprint = view_fingerprint(definition)
-            definitions.check_statement(stored, name, fingerprint, self.pipeline.loaded_at)  # type: ignore[arg-type]
-        return self.view_epoch(epoch, name, run_id, release)
+        if definition is None:
+            return
+        if stored is _UNREAD:
+            stored = self.controller.backend.transaction(lambda cur: definitions.stored_statement(cur, name))
+        fingerprint = view_fingerprint(definition)
+        definitions.check_statement(stored, name, fingerprint, self.pipeline.loaded_at)  # type: ignore[arg-type]
 
     @staticmethod
     def _retired(epoch: int, name: str) -> StepReport:

@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import snapshot_phase
 from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase
-from epochal.checkpoint import definitions, rebuilds
+from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.records import Collected
 from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
-from epochal.pipeline_changes import view_fingerprint
 from epochal.spark_session import scheduler_pool
 
 if TYPE_CHECKING:
@@ -168,12 +167,8 @@ class BackfillRunner:
         """Why this process must not backfill ``view``: its statement is not the one the meta store
         builds the view from (this process read its SQL files before a change, or a change it holds
         has not been acted on by an injection yet); None when it is."""
-        definition = self.runtime.pipeline.views.get(view)
-        if definition is None:
-            return None
-        stored = self.runtime.controller.backend.transaction(lambda cur: definitions.stored_statement(cur, view))
         try:
-            definitions.check_statement(stored, view, view_fingerprint(definition), self.runtime.pipeline.loaded_at)
+            self.runtime.check_statement(view)
         except EpochalError as differs:
             return str(differs)
         return None

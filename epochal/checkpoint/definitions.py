@@ -57,11 +57,11 @@ def stored_statement(cur: Cursor, table: str) -> tuple[str, float | None] | None
     view = rebuilds.rebuilt_view(table)
     if view is not None:
         rebuild = rebuilds.read(cur, view)
-        return None if rebuild is None else (rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at)
+        return None if rebuild is None else rebuild.new_statement
     rebuild = rebuilds.read(cur, table)
     if rebuild is not None and rebuild.state is rebuilds.RebuildState.SWITCHED:
         # (the definition follows when the switch's epoch commits)
-        return rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at
+        return rebuild.new_statement
     row = cur.execute("SELECT fingerprint, recorded_at FROM table_definitions WHERE table_name = ?", [table]).fetchone()
     return (row[0], row[1]) if row else None
 
@@ -117,7 +117,7 @@ def check_definitions(
     for view, fingerprint in fingerprints.items():
         rebuild = rebuilding.get(view)
         if rebuild is not None:
-            newest, at = rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at
+            newest, at = rebuild.new_statement
         else:
             newest, at = stored.get(view), stored_at.get(view)
         if newest is not None and fingerprint != newest and _newer(at, loaded_at):

@@ -138,6 +138,12 @@ class Rebuild:
     def shadow(self) -> str:
         return shadow_name(self.view)
 
+    @property
+    def new_statement(self) -> tuple[str, float]:
+        """The statement being built, and when it was recorded (a rebuild kept from before that
+        time was recorded: when it started)."""
+        return self.new_fingerprint, self.fingerprint_at or self.started_at
+
     def as_status(self) -> dict:
         return {
             "state": self.state.value.lower(),
@@ -327,7 +333,7 @@ def finish_committed(cur: Cursor, committed: int | None) -> list[str]:
                     # (recorded when the new statement was: a process that read its files since holds it)
                     "UPDATE table_definitions SET fingerprint = ?, columns = NULL, recorded_at = ? "
                     "WHERE table_name = ?",
-                    [rebuild.new_fingerprint, rebuild.fingerprint_at or rebuild.started_at, rebuild.view],
+                    [*rebuild.new_statement, rebuild.view],
                 )
                 done.append(rebuild.shadow)
     return done
