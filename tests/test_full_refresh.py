@@ -20,6 +20,9 @@ FULL_VIEWS = {
     # an inline lookup table: VALUES reads no input (its rows are constant), every customer listed
     "customer_tiers": "SELECT t.customer, t.tier, count(o.id) AS n FROM VALUES ('ann', 'gold'), ('dan', 'new') "
     "AS t(customer, tier) LEFT JOIN orders o ON o.customer = t.customer GROUP BY t.customer, t.tier",
+    # a recursive CTE (incremental views refuse it by name; it made a cycle among views)
+    "order_bands": "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+    "SELECT o.id, r.n FROM orders o JOIN r ON o.id % 3 + 1 = r.n",
 }
 DOWNSTREAM = {"big_customers": "SELECT customer, total FROM order_totals WHERE total > 50"}
 

@@ -310,6 +310,15 @@ SPARK_FORMS = {
     "DailyRev": "SELECT item, sum(qty * price) AS rev FROM orders GROUP BY item",
     # a generator's several named columns (was refused as a column without a name)
     "order_values": "SELECT id, stack(2, 'qty', CAST(qty AS DOUBLE), 'price', price) AS (k, v) FROM orders",
+    # a CTE named like the table it reads (refused: "reads no source or view"); a CTE that reads a
+    # table a later CTE is named like; a quote doubled in a string (the plan said "customers")
+    "open_orders": "WITH orders AS (SELECT * FROM orders WHERE qty > 1) "
+    "SELECT cust, count(*) AS n, sum(qty) AS q FROM orders GROUP BY cust",
+    "by_region": "WITH c AS (SELECT id, region FROM customers), "
+    "customers AS (SELECT o.id, c.region FROM orders o JOIN c ON o.cust = c.id) "
+    "SELECT region, count(*) AS n FROM customers GROUP BY region",
+    "noted": "SELECT CASE WHEN qty > 1 THEN 'customer''s many' ELSE 'it''s one' END AS note, count(*) AS n "
+    "FROM orders GROUP BY 1",
 }
 
 
@@ -328,6 +337,11 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
     assert pipeline.views["top_custs"].plan.key_classes == ()
     assert pipeline.views["item_tags"].plan.key_classes == ("orders.x",)
     assert pipeline.views["order_values"].columns == ("id", "k", "v")
+    # (each reads its tables through a stage: the CTEs are gone, the tables they read are not)
+    read = {v.internal_of or v.name: set() for v in pipeline.views.values()}
+    for v in pipeline.views.values():
+        read[v.internal_of or v.name] |= {u for u in v.upstreams if u in pipeline.sources}
+    assert read["open_orders"] == {"orders"} and read["by_region"] == {"orders", "customers"}
     runtime = run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
     # names are case-insensitive; one no table has is said to be unknown, not late
     assert runtime.state("DAILYREV").count() == runtime.state("dailyrev").count()

@@ -20,7 +20,7 @@ import sqlglot
 from sqlglot import exp
 
 from epochal.errors import require
-from epochal.pipeline.query import DIALECT
+from epochal.pipeline.query import DIALECT, cte_references
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -84,12 +84,12 @@ def _template(query: str, names: tuple[str, ...]) -> tuple[str, tuple[int, ...]]
     and the indexes of the names it reads. The text is spliced, not regenerated: a user's query
     runs as written. Cached: a view runs the same few queries every epoch."""
     tree = sqlglot.parse_one(query, read=DIALECT)
-    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    ctes = cte_references(tree)
     spans: list[tuple[int, int, str]] = []
     used: set[int] = set()
     for node in tree.find_all(exp.Table):
         name = node.name.lower()
-        if name in ctes or node.args.get("db") or node.args.get("catalog") or name not in names:
+        if id(node) in ctes or node.args.get("db") or node.args.get("catalog") or name not in names:
             continue
         meta = node.this.meta
         require("start" in meta, "a parsed table reference knows where it is in the text")

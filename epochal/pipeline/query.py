@@ -142,6 +142,15 @@ def analyze_query(view: str, query_text: str, query_line: int, full_refresh: boo
         else:
             message = f"view {view}: the query reads no source or view: add FROM a source or view"
             analysis.problems.append(Problem(query_line, message))
+    recursive = next((w for w in tree.find_all(exp.With) if w.args.get("recursive")), None)
+    if recursive is not None and not full_refresh:
+        message = (
+            f"view {view}: WITH RECURSIVE cannot be maintained incrementally: its rows come from running "
+            "its query over its own output until nothing new comes, which no key partitions; join a fixed "
+            "number of times instead, or add WITH (refresh = 'full') to recompute the view every epoch "
+            "(cost grows with the table)"
+        )
+        analysis.problems.append(Problem(lines.of(recursive, "RECURSIVE"), message))
     for finding in refused_constructs(tree):
         if finding.needs_state:
             # full views recompute; for incremental ones the planner decides, once columns are known
@@ -188,7 +197,7 @@ def _output_names(projection: exp.Expression) -> list[str] | None:
 
 
 def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Problem]) -> list[TableRef]:
-    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    ctes = cte_references(tree)
     found: list[tuple[int, int, TableRef]] = []
     for index, table in enumerate(tree.find_all(exp.Table)):
         if table.find_ancestor(exp.Hint) is not None:
@@ -198,9 +207,9 @@ def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Probl
             message = f"view {view}: reading {shown} is not supported: a view reads sources and views, by name"
             problems.append(Problem(lines.of(table), message))
             continue
-        name = _table_name(table)
-        if name in ctes:
+        if id(table) in ctes:
             continue
+        name = _table_name(table)
         start = table.this.meta.get("start")
         found.append((start if start is not None else 1 << 62, index, TableRef(name, lines.of(table))))
     refs: list[TableRef] = []
@@ -210,6 +219,31 @@ def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Probl
             seen.add(ref.name)
             refs.append(ref)
     return refs
+
+
+def cte_references(tree: exp.Expression) -> set[int]:
+    """The ``id`` of every table reference in ``tree`` that reads a CTE, not a table of that name.
+
+    A CTE is seen by its query and by the CTEs after it, not by its own body nor by those before
+    it, as in Spark: ``WITH orders AS (SELECT * FROM orders WHERE ...)`` reads the table
+    ``orders`` inside. In ``WITH RECURSIVE`` every CTE of the clause sees every one, itself too."""
+    found: set[int] = set()
+    for with_ in tree.find_all(exp.With):
+        owner = with_.parent
+        if owner is None:
+            continue
+        definitions = with_.expressions
+        recursive = bool(with_.args.get("recursive"))
+        for position, cte in enumerate(definitions):
+            name = cte.alias_or_name.lower()
+            # the query that owns the WITH, without the WITH's own bodies, and the bodies that see it
+            scopes = [owner.walk(prune=lambda node, own=with_: node is own)]
+            scopes += [d.this.walk() for d in (definitions if recursive else definitions[position + 1 :])]
+            for scope in scopes:
+                for node in scope:
+                    if isinstance(node, exp.Table) and not node.args.get("db") and node.name.lower() == name:
+                        found.add(id(node))
+    return found
 
 
 def _table_name(table: exp.Table) -> str:
@@ -234,22 +268,28 @@ def inline_ctes(tree: exp.Expression) -> exp.Expression:
     """``WITH x AS (q) ... FROM x`` as ``... FROM (q) AS x``: every reference a subquery of its own.
 
     The incremental planner plans subqueries; a CTE read twice becomes two subqueries, which is
-    what a CTE means (it is not materialized)."""
+    what a CTE means (it is not materialized). A CTE is seen by its query and by the CTEs after it,
+    not by its own body nor by those before it: ``WITH orders AS (SELECT * FROM orders WHERE ...)``
+    reads the table ``orders``. A nested WITH hides an outer CTE of its name. ``WITH RECURSIVE`` is
+    left as written (its CTEs read themselves: only a full-refresh view runs one, as written)."""
     tree = tree.copy()
-    for with_ in list(tree.find_all(exp.With)):
+    # innermost first: a nested WITH's names are replaced before an outer CTE of the same name
+    for with_ in sorted(tree.find_all(exp.With), key=lambda node: node.depth, reverse=True):
+        if with_.args.get("recursive"):
+            continue
         definitions = [(cte.alias_or_name.lower(), cte.this, cte.args["alias"].columns) for cte in with_.expressions]
         owner = with_.parent
         with_.pop()
-        for position, (name, query, columns) in enumerate(definitions):
-            # a CTE may read the ones defined before it
-            for scope in [owner, *(later for _, later, _ in definitions[position + 1 :])]:
-                for table in list(scope.find_all(exp.Table)):
-                    if not table.args.get("db") and table.name.lower() == name:
-                        # WITH m(k, v) AS (...) names the CTE's columns: the subquery's alias does then
-                        alias = exp.TableAlias(
-                            this=exp.to_identifier(table.alias or table.name), columns=[c.copy() for c in columns]
-                        )
-                        table.replace(exp.Subquery(this=query.copy(), alias=alias))
+        # Last first: a later CTE's body, copied into the query, still names the earlier CTEs it
+        # reads, and their turn comes after; the earlier ones' bodies never see the later names.
+        for name, query, columns in reversed(definitions):
+            for table in list(owner.find_all(exp.Table)):
+                if not table.args.get("db") and table.name.lower() == name:
+                    # WITH m(k, v) AS (...) names the CTE's columns: the subquery's alias does then
+                    alias = exp.TableAlias(
+                        this=exp.to_identifier(table.alias or table.name), columns=[c.copy() for c in columns]
+                    )
+                    table.replace(exp.Subquery(this=query.copy(), alias=alias))
     return tree
 
 
