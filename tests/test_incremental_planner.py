@@ -135,6 +135,51 @@ def test_a_join_grouped_by_another_key_is_split_into_a_stage() -> None:
     assert staged.plan.key_classes == ("a.id = b.auction",)
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT a.id, count(DISTINCT b.bidder) AS n FROM bid b FULL JOIN auction a ON b.auction = a.id GROUP BY a.id",
+        "SELECT a.id, max(b.price) AS hi FROM bid b LEFT JOIN auction a ON b.auction = a.id GROUP BY a.id",
+        "SELECT b.auction, count(a.id) AS n FROM bid b RIGHT JOIN auction a ON b.auction = a.id GROUP BY b.auction",
+        "SELECT DISTINCT a.id FROM bid b LEFT JOIN auction a ON b.auction = a.id",
+        "SELECT b.price, rank() OVER (PARTITION BY a.id ORDER BY b.price) AS r FROM bid b "
+        "LEFT JOIN auction a ON b.auction = a.id",
+    ],
+)
+def test_grouping_by_a_side_an_outer_join_pads_is_split_into_a_stage(query: str) -> None:
+    """Where a key has no match the padded side's columns are NULL, not the key: the NULL group
+    gathers the unmatched rows of every key, so the join is a stage and the grouping reads it."""
+    planned = plan(query)
+    join = planned.stages[0]
+    assert plan(join.query).plan.key_classes == ("a.id = b.auction",)
+    assert not {"bid", "auction"} & {
+        t.name for s in planned.stages[1:] for t in sqlglot.parse_one(s.query).find_all(sqlglot.exp.Table)
+    }, "what groups reads the join's stage, not the tables"
+
+
+def test_grouping_by_the_side_an_outer_join_keeps_needs_no_stage() -> None:
+    planned = plan(
+        "SELECT b.auction, count(a.id) AS n FROM bid b LEFT JOIN auction a ON b.auction = a.id GROUP BY b.auction"
+    )
+    assert not planned.stages
+    assert planned.plan.key_classes == ("a.id = b.auction",)
+
+
+def test_set_operation_branches_partitioned_by_different_columns_become_stages() -> None:
+    """Groups by auction beside a total over all rows share no key column: each stateful branch
+    is a stage (named by the set operation's columns, which a branch may repeat), and the UNION ALL
+    over them is linear."""
+    planned = plan(
+        "SELECT auction AS k, count(*) AS n FROM bid GROUP BY auction UNION ALL SELECT 'all', 'all' FROM bid"
+        " UNION ALL SELECT -1, count(*) FROM person"
+    )
+    assert planned.plan.kind == "linear"
+    assert [s.columns for s in planned.stages] == [("k", "n"), ("k", "n")]
+    assert "COUNT(*) AS n FROM person" in planned.stages[1].query
+    keyed = plan("SELECT count(*) AS n FROM bid GROUP BY auction UNION SELECT max(id) FROM person")
+    assert keyed.plan.kind == "keyed" and keyed.plan.key_classes == ("n",) and len(keyed.stages) == 2
+
+
 def test_joins_on_two_keys_split_at_the_longest_prefix_one_key_partitions() -> None:
     planned = plan(
         "SELECT b.price, p.name FROM bid b JOIN auction a ON a.id = b.auction JOIN person p ON p.id = a.seller"
@@ -243,15 +288,16 @@ def test_other_grouped_aggregates_recompute_the_touched_groups(query: str) -> No
             "ON a.id = b.auction GROUP BY a.id, b.auction",
             (0,),
         ),
+        # grouped by a padded side: the join is a stage, whose column (NULL included) is the key
         (
             "SELECT b.auction, count(DISTINCT b.bidder) AS n FROM auction a LEFT JOIN bid b "
             "ON a.id = b.auction GROUP BY b.auction",
-            (),
+            (0,),
         ),
         (
             "SELECT a.id, count(DISTINCT b.bidder) AS n FROM auction a FULL JOIN bid b "
             "ON a.id = b.auction GROUP BY a.id",
-            (),
+            (0,),
         ),
     ],
 )

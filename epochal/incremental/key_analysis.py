@@ -18,6 +18,7 @@ from epochal.incremental.query_shapes import (
     is_aggregate_call,
     is_row_function,
     is_stateful,
+    padded_items,
 )
 from epochal.pipeline.dialect import DIALECT
 from epochal.sql import quote, unquote
@@ -44,9 +45,10 @@ class _Level:
     #: key classes of the level as a whole: class description -> restrictions
     classes: list[tuple[str, list[tuple[int, str]]]]
     operators: list[str]
-    #: when the level cannot be partitioned: why, and the subquery items a split could materialize
+    #: when the level cannot be partitioned: why, and what a split could materialize (subqueries
+    #: in FROM, or a set operation's stateful branches)
     conflict: Unmaintainable | None = None
-    splittable: list[exp.Subquery] = field(default_factory=list)
+    splittable: list[exp.Expression] = field(default_factory=list)
 
 
 @dataclass
@@ -117,9 +119,11 @@ class KeyAnalyzer:
             kind = "UNION ALL"
         names = list(query.named_selects)
         branches = []
+        stateful: list[exp.Expression] = []
         for branch in (query.left, query.right):
             branch = branch.unnest() if isinstance(branch, exp.Paren) else branch
             if is_stateful(branch):
+                stateful.append(branch)
                 branches.append(("child", self.level(branch), list(branch.named_selects)))
             else:
                 tables = tuple(dict.fromkeys(t.name.lower() for t in branch.find_all(exp.Table)))
@@ -144,8 +148,10 @@ class KeyAnalyzer:
                 operators += what.operators
         conflict = None
         if not keys:
+            # (e.g. an aggregation by cust beside one over all rows): each stateful branch becomes
+            # a stage, a table whose every column partitions it, and the set operation reads them
             conflict = Unmaintainable(kind, "its branches share no column they are partitioned by", node=query)
-        return _Level(keys, [(n, r) for n, r in keys.items()], operators, conflict)
+        return _Level(keys, [(n, r) for n, r in keys.items()], operators, conflict, stateful if conflict else [])
 
     def _select(self, select: exp.Select) -> _Level:
         items: list[_Item] = []
@@ -183,7 +189,7 @@ class KeyAnalyzer:
             if node.parent_select is select and id(node) not in self.handled:
                 raise Unmaintainable(
                     "IN/EXISTS (subquery)",
-                    "is only maintained as a condition of WHERE joined by AND",
+                    "a subquery test is only maintained as a condition of WHERE joined to the others by AND",
                     "move it to the top level of WHERE, or turn it into a JOIN",
                     node,
                 )
@@ -248,6 +254,16 @@ class KeyAnalyzer:
         def member(node: exp.Expression) -> tuple[int, str] | None:
             return self._member(node, by_alias)
 
+        # An outer join pads an input with NULLs where its key had no match: there its columns
+        # are NULL, not the key, so grouping (or DISTINCT, or a window) by them puts the
+        # unmatched rows of every key in one NULL group that no one key's rows compute. Only
+        # an unpadded input's member partitions such an operator by the join key.
+        padded = {item.id for item, is_padded in zip(items, padded_items(select), strict=False) if is_padded}
+
+        def partitioning_member(node: exp.Expression) -> tuple[int, str] | None:
+            found = member(node)
+            return None if found is None or found[0] in padded else found
+
         for node in self._required_nodes(required):
             if (m := member(node)) is not None:
                 classes.find(m)
@@ -259,7 +275,7 @@ class KeyAnalyzer:
             if not self._spans(classes.members(root), items):
                 return False
             return all(
-                any((m := member(node)) is not None and classes.find(m) == root for node in nodes)
+                any((m := partitioning_member(node)) is not None and classes.find(m) == root for node in nodes)
                 for _, nodes in required
             )
 
@@ -278,8 +294,8 @@ class KeyAnalyzer:
                 level_classes.append((self._describe(classes.members(root), items), restrictions))
 
         keys: dict[str, list[tuple[int, str]]] = {}
-        for projection in select.expressions:
-            m = member(projection.unalias())
+        for projection in select.expressions:  # (a padded column is NULL where the key had no match)
+            m = partitioning_member(projection.unalias())
             if m and classes.find(m) in valid:
                 keys[projection.alias_or_name] = self._restrictions(classes.members(classes.find(m)), items)
 

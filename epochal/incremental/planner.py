@@ -111,18 +111,21 @@ def plan_query(
             if isinstance(tree, exp.Select) and _split_joins(view, tree, schema, stages):
                 continue
             raise level.conflict
-        # Materialize the stateful subqueries of the root as stages: each is then a table with a
-        # key of its own, and the root is planned again over them.
-        for subquery in level.splittable:
+        # Materialize the stateful subqueries of the root (or branches of its set operation) as
+        # stages: each is then a table with a key of its own, and the root is planned again over them.
+        for part in level.splittable:
             name = f"{view}{STAGE_SEPARATOR}{len(stages) + 1}"
-            query = subquery.this
+            query = part.this if isinstance(part, exp.Subquery) else _named_as_its_set_operation(part)
             columns = tuple(query.named_selects)
             upstreams = tuple(dict.fromkeys(t.name.lower() for t in query.find_all(exp.Table)))
             stages.append(Stage(name, query.sql(dialect=DIALECT), columns, upstreams))
             schema[name] = columns
-            subquery.replace(
-                exp.Table(this=exp.to_identifier(name), alias=exp.TableAlias(this=subquery.args["alias"].this))
-            )
+            stage = exp.Table(this=exp.to_identifier(name))
+            if isinstance(part, exp.Subquery):
+                stage.set("alias", exp.TableAlias(this=part.args["alias"].this))
+                part.replace(stage)
+            else:  # a branch: its columns, by position as the set operation reads them
+                part.replace(exp.select(*(exp.column(c) for c in columns)).from_(stage))
     constant = tree.find(exp.Values) is not None  # (a stage may have taken them)
     if not is_stateful(tree) and not constant:  # what needed state went into the stages
         plan = Plan("linear", query=tree.sql(dialect=DIALECT), operators=("filter, project, UNION ALL",))
@@ -214,6 +217,24 @@ def _output_keys(tree: exp.Expression, leaves: Sequence[Leaf]) -> tuple[int, ...
             return ()
         found.append(position)
     return tuple(found)
+
+
+def _named_as_its_set_operation(branch: exp.Expression) -> exp.Expression:
+    """``branch`` of a set operation with its columns named as the set operation's output (a set
+    operation reads its branches by position, and names the columns after its first branch):
+    unique names for a stage, where a branch may repeat one (``SELECT 'all', 'all', sum(q)``)."""
+    owner = branch.parent
+    while isinstance(owner, exp.Paren):
+        owner = owner.parent
+    names = list(owner.named_selects) if isinstance(owner, exp.SetOperation) else []
+    first = branch
+    while isinstance(first, (exp.SetOperation, exp.Paren)):
+        first = first.this if isinstance(first, exp.Paren) else first.left
+    if not isinstance(first, exp.Select) or len(set(names)) != len(first.expressions):
+        return branch  # (duplicate names in the set operation itself: the stage says so when it loads)
+    renamed = [exp.alias_(e.unalias(), n) for e, n in zip(first.expressions, names, strict=True)]
+    first.set("expressions", renamed)
+    return branch
 
 
 def _inner_joins_only(tree: exp.Expression) -> bool:
