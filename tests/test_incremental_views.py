@@ -319,6 +319,13 @@ SPARK_FORMS = {
     "SELECT region, count(*) AS n FROM customers GROUP BY region",
     "noted": "SELECT CASE WHEN qty > 1 THEN 'customer''s many' ELSE 'it''s one' END AS note, count(*) AS n "
     "FROM orders GROUP BY 1",
+    # a path into a VARIANT (refused as a syntax error), over JSON whose keys have capitals: a
+    # struct's field names were lowercased, so the path found nothing and every row had a NULL key
+    "json_items": "SELECT parse_json(to_json(named_struct('Item', item, 'Qty', qty))):Item::string AS it, "
+    "count(*) AS n, sum(parse_json(to_json(named_struct('Item', item, 'Qty', qty))):Qty::bigint) AS q "
+    "FROM orders GROUP BY 1",
+    "top_orders": "SELECT cust, max_by(named_struct('orderId', id, 'Price', price), price) AS top "
+    "FROM orders GROUP BY cust",
 }
 
 
@@ -343,6 +350,8 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
         read[v.internal_of or v.name] |= {u for u in v.upstreams if u in pipeline.sources}
     assert read["open_orders"] == {"orders"} and read["by_region"] == {"orders", "customers"}
     runtime = run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS)
+    # a struct's field names are data (to_json's keys, a sink's schema): kept as written
+    assert runtime.state("top_orders").schema["top"].dataType.simpleString() == "struct<orderId:bigint,Price:double>"
     # names are case-insensitive; one no table has is said to be unknown, not late
     assert runtime.state("DAILYREV").count() == runtime.state("dailyrev").count()
     with pytest.raises(EpochalError, match="no table DailyRevs in the pipeline"):

@@ -94,6 +94,13 @@ MEANING_KEPT = [
     # (a user-style query sweep found a view saying "customers paid" for 'customer''s paid').
     "min(CASE WHEN k = 1 THEN 'customer''s' ELSE 'it\\'s' END)",
     """max(concat("it''s", 'a""b', "a""b", '''', 'x' 'y', ''))""",
+    # Spark 4's path into a VARIANT, which sqlglot's Spark refused as a syntax error: keys keep
+    # their case, brackets, subscripts and casts
+    """min(parse_json(concat('{"Page":"p', k, '"}')):Page::string)""",
+    """sum(parse_json(concat('{"a b":{"v":[', k, ', 7]}}')):['a b'].v[1]::int + k)""",
+    """max(try_parse_json(concat('{"x":{"y":', k, '}}')):x.y::bigint * 2)""",
+    # parse_json(s) was dropped, leaving the string as written rather than the VARIANT's text
+    """min(parse_json(concat('[', k, ' ,  2]'))::string)""",
 ]
 
 

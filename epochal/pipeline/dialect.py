@@ -23,6 +23,11 @@ Spark 4 takes it.
 * ``'customer''s'``: Spark 4 reads a doubled quote inside a string as one quote, as the SQL
   standard does (``"a""b"`` too); sqlglot's Spark reads two adjacent literals and joins them, so a
   plan would say ``customers``. (Literals apart, ``'a' 'b'``, are still joined, as in Spark.)
+* ``payload:page.views[0]::int``: Spark 4's path into a VARIANT (``parse_json(s):a.b``), which
+  sqlglot's Spark refuses as a syntax error. It is read as sqlglot's Databricks reads it (a
+  ``JSONExtract`` marked ``variant_extract``) and written back as the path it was, keys' case kept.
+* ``parse_json(s)``: sqlglot's Spark drops the call (Spark 2 had no VARIANT), so a plan read the
+  string; ``CAST(parse_json(s) AS STRUCT<...>)`` became ``from_json``. Both are written as they were.
 """
 
 from __future__ import annotations
@@ -53,6 +58,23 @@ def _by(name: str):  # noqa: ANN202 - a sqlglot transform
     return sql
 
 
+def _is_variant_path(node: exp.Expression | None) -> bool:
+    return isinstance(node, exp.JSONExtract) and bool(node.args.get("variant_extract"))
+
+
+def _variant_path(generator: Generator, node: exp.JSONExtract) -> str:
+    if _is_variant_path(node):
+        return f"{generator.sql(node, 'this')}:{generator.sql(node, 'expression')}"
+    return Spark.Generator.TRANSFORMS[exp.JSONExtract](generator, node)
+
+
+def _path_root(generator: Generator, node: exp.JSONPathRoot) -> str:
+    # (a variant path starts at the column: v:a.b, where a JSON path string says $.a.b)
+    if _is_variant_path(node.parent and node.parent.parent):
+        return ""
+    return Spark.Generator.TRANSFORMS[exp.JSONPathRoot](generator, node)
+
+
 def _to_date(generator: Generator, node: exp.TsOrDsToDate) -> str:
     if node.args.get("format") is None:  # (also the conversions sqlglot adds itself: written as before)
         return Spark.Generator.TRANSFORMS[exp.TsOrDsToDate](generator, node)
@@ -71,6 +93,9 @@ class EpochalSpark(Spark):
 
     class Parser(Spark.Parser):
         FUNCTIONS = {**Spark.Parser.FUNCTIONS, "EXISTS": _exists}
+        # v:a.b[0]::int, one extraction per colon (as Spark: v:a:b extracts twice)
+        COLON_IS_VARIANT_EXTRACT = True
+        COLON_CHAIN_IS_SINGLE_EXTRACT = False
         _MODIFIERS = frozenset(Spark.Parser.QUERY_MODIFIER_TOKENS)
         _MODIFIERS_BUT_WINDOW = _MODIFIERS - {TokenType.WINDOW}
 
@@ -98,7 +123,24 @@ class EpochalSpark(Spark):
             exp.ArgMax: _by("MAX_BY"),
             exp.ArgMin: _by("MIN_BY"),
             exp.TsOrDsToDate: _to_date,
+            exp.JSONExtract: _variant_path,
+            exp.JSONPathRoot: _path_root,
         }
+
+        # (sqlglot's Spark drops parse_json(s), leaving the string: a VARIANT is Spark 4's)
+        PARSE_JSON_NAME = "PARSE_JSON"
+
+        def cast_sql(self, expression: exp.Cast, safe_prefix: str | None = None) -> str:
+            # sqlglot's Spark turns CAST(parse_json(s) AS STRUCT<...>) into from_json(s, ...), which
+            # gives NULL where Spark 4's cast of a VARIANT fails: written as it was
+            if isinstance(expression.this, exp.ParseJSON):
+                return Generator.cast_sql(self, expression, safe_prefix=safe_prefix)
+            return super().cast_sql(expression, safe_prefix=safe_prefix)
+
+        def jsonpath_sql(self, expression: exp.JSONPath) -> str:
+            if _is_variant_path(expression.parent):  # a path, not a string: v:a.b, not v:'a.b'
+                return self.expressions(expression, sep="", flat=True).lstrip(".")
+            return super().jsonpath_sql(expression)
 
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlglot
@@ -297,8 +297,9 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
     """``tree`` with CTEs inlined, stars expanded, every column qualified by its table alias and
     the column a GROUP BY window(...) makes read as the call (:mod:`epochal.pipeline.time_windows`)."""
     mapping = {table: {column: VIEW_COLUMN_TYPE for column in columns} for table, columns in schema.items()}
+    tree = _struct_fields_as_written(inline_ctes(tree))
     qualified = qualify(
-        name_implicit_windows(inline_named_windows(name_values_columns(inline_ctes(tree))), schema),
+        name_implicit_windows(inline_named_windows(name_values_columns(tree)), schema),
         schema=MappingSchema(mapping, dialect=DIALECT),
         dialect=DIALECT,
         validate_qualify_columns=False,
@@ -307,6 +308,29 @@ def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> 
         identify=False,
     )
     return _bare_grouping_columns(_expand_group_by_all(qualified))
+
+
+def _struct_fields_as_written(tree: exp.Expression) -> exp.Expression:
+    """``tree`` with the field names of ``named_struct('userId', id)`` / ``struct(id AS userId)``
+    marked case-sensitive where they have capitals (a copy, when any does).
+
+    Qualification lowercases unquoted identifiers, which is right for Spark's case-insensitive
+    column names but not for a struct's field names: they are data, kept in the value's type,
+    ``to_json``'s keys and a sink's schema (``{"userid": 1}`` where Spark writes ``{"userId": 1}``)."""
+    if not any(_capitalized_fields(tree)):
+        return tree
+    tree = tree.copy()
+    for name in _capitalized_fields(tree):
+        name.meta["case_sensitive"] = True  # (Spark's normalization lowercases quoted names too)
+    return tree
+
+
+def _capitalized_fields(tree: exp.Expression) -> Iterator[exp.Identifier]:
+    for struct in tree.find_all(exp.Struct):
+        for item in struct.expressions:
+            name = item.this if isinstance(item, exp.PropertyEQ) else item.args.get("alias")
+            if isinstance(name, exp.Identifier) and name.name != name.name.lower():
+                yield name
 
 
 def name_values_columns(tree: exp.Expression) -> exp.Expression:
