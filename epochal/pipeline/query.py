@@ -221,29 +221,42 @@ def _tables(view: str, tree: exp.Expression, lines: _Lines, problems: list[Probl
     return refs
 
 
-def cte_references(tree: exp.Expression) -> set[int]:
-    """The ``id`` of every table reference in ``tree`` that reads a CTE, not a table of that name.
+def cte_bindings(tree: exp.Expression) -> dict[int, exp.CTE]:
+    """The CTE each table reference of ``tree`` reads, by the reference's ``id`` (a reference not
+    in it reads a table of that name).
 
     A CTE is seen by its query and by the CTEs after it, not by its own body nor by those before
     it, as in Spark: ``WITH orders AS (SELECT * FROM orders WHERE ...)`` reads the table
-    ``orders`` inside. In ``WITH RECURSIVE`` every CTE of the clause sees every one, itself too."""
-    found: set[int] = set()
-    for with_ in tree.find_all(exp.With):
+    ``orders`` inside. A nested WITH hides an outer CTE of its name. In ``WITH RECURSIVE`` every
+    CTE of the clause sees every one, itself too."""
+    found: dict[int, exp.CTE] = {}
+    # outermost first: an inner WITH's binding of a name replaces an outer one's within its scope
+    for with_ in sorted(tree.find_all(exp.With), key=lambda node: node.depth):
         owner = with_.parent
         if owner is None:
             continue
         definitions = with_.expressions
         recursive = bool(with_.args.get("recursive"))
+        by_name: dict[str, list[tuple[int, exp.CTE]]] = {}
         for position, cte in enumerate(definitions):
-            name = cte.alias_or_name.lower()
-            # the query that owns the WITH, without the WITH's own bodies, and the bodies that see it
-            scopes = [owner.walk(prune=lambda node, own=with_: node is own)]
-            scopes += [d.this.walk() for d in (definitions if recursive else definitions[position + 1 :])]
-            for scope in scopes:
-                for node in scope:
-                    if isinstance(node, exp.Table) and not node.args.get("db") and node.name.lower() == name:
-                        found.add(id(node))
+            by_name.setdefault(cte.alias_or_name.lower(), []).append((position, cte))
+        # the query that owns the WITH, without the WITH's own bodies (position: after them all),
+        # then each body, which sees the CTEs before it
+        scopes = [(len(definitions), owner.walk(prune=lambda node, own=with_: node is own))]
+        scopes += [(len(definitions) if recursive else i, d.this.walk()) for i, d in enumerate(definitions)]
+        for visible, scope in scopes:
+            for node in scope:
+                if not isinstance(node, exp.Table) or node.args.get("db"):
+                    continue
+                seen = [cte for position, cte in by_name.get(node.name.lower(), ()) if position < visible]
+                if seen:
+                    found[id(node)] = seen[-1]
     return found
+
+
+def cte_references(tree: exp.Expression) -> set[int]:
+    """The ``id`` of every table reference in ``tree`` that reads a CTE (see :func:`cte_bindings`)."""
+    return set(cte_bindings(tree))
 
 
 def _table_name(table: exp.Table) -> str:
@@ -268,29 +281,43 @@ def inline_ctes(tree: exp.Expression) -> exp.Expression:
     """``WITH x AS (q) ... FROM x`` as ``... FROM (q) AS x``: every reference a subquery of its own.
 
     The incremental planner plans subqueries; a CTE read twice becomes two subqueries, which is
-    what a CTE means (it is not materialized). A CTE is seen by its query and by the CTEs after it,
-    not by its own body nor by those before it: ``WITH orders AS (SELECT * FROM orders WHERE ...)``
-    reads the table ``orders``. A nested WITH hides an outer CTE of its name. ``WITH RECURSIVE`` is
-    left as written (its CTEs read themselves: only a full-refresh view runs one, as written)."""
+    what a CTE means (it is not materialized). Which CTE a reference reads is
+    :func:`cte_bindings`'s scoping. ``WITH RECURSIVE`` is left as written (its CTEs read
+    themselves: only a full-refresh view runs one, as written)."""
     tree = tree.copy()
-    # innermost first: a nested WITH's names are replaced before an outer CTE of the same name
-    for with_ in sorted(tree.find_all(exp.With), key=lambda node: node.depth, reverse=True):
-        if with_.args.get("recursive"):
-            continue
-        definitions = [(cte.alias_or_name.lower(), cte.this, cte.args["alias"].columns) for cte in with_.expressions]
-        owner = with_.parent
-        with_.pop()
-        # Last first: a later CTE's body, copied into the query, still names the earlier CTEs it
-        # reads, and their turn comes after; the earlier ones' bodies never see the later names.
-        for name, query, columns in reversed(definitions):
-            for table in list(owner.find_all(exp.Table)):
-                if not table.args.get("db") and table.name.lower() == name:
-                    # WITH m(k, v) AS (...) names the CTE's columns: the subquery's alias does then
-                    alias = exp.TableAlias(
-                        this=exp.to_identifier(table.alias or table.name), columns=[c.copy() for c in columns]
-                    )
-                    table.replace(exp.Subquery(this=query.copy(), alias=alias))
-    return tree
+    bindings = cte_bindings(tree)
+    ctes: list[exp.CTE] = []
+    for table in tree.find_all(exp.Table):
+        cte = bindings.get(id(table))
+        if cte is not None and not cte.parent.args.get("recursive"):
+            if cte not in ctes:
+                ctes.append(cte)
+            # (a mark, not an id: it survives the copies of a body that expanding makes)
+            table.meta[_CTE_MARK] = ctes.index(cte)
+    for with_ in list(tree.find_all(exp.With)):
+        if not with_.args.get("recursive"):
+            with_.pop()
+
+    def expanded(node: exp.Expression) -> exp.Expression:
+        for table in list(node.find_all(exp.Table)):
+            index = table.meta.get(_CTE_MARK)
+            if index is None:
+                continue
+            cte = ctes[index]
+            # WITH m(k, v) AS (...) names the CTE's columns: the subquery's alias does then
+            columns = [c.copy() for c in cte.args["alias"].columns]
+            alias = exp.TableAlias(this=exp.to_identifier(table.alias or table.name), columns=columns)
+            subquery = exp.Subquery(this=expanded(cte.this.copy()), alias=alias)
+            if table is node:
+                return subquery
+            table.replace(subquery)
+        return node
+
+    return expanded(tree)
+
+
+#: the meta key :func:`inline_ctes` marks a reference to a CTE with
+_CTE_MARK = "epochal_cte"
 
 
 def qualify_query(tree: exp.Expression, schema: Mapping[str, Sequence[str]]) -> exp.Expression:
