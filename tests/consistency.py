@@ -48,6 +48,11 @@ def _normal(value: Any) -> Any:
         return round(value, 9)
     if isinstance(value, Decimal):
         return Decimal(value).normalize()
+    # arrays, structs and maps compare by their values (a list or dict is no Counter key)
+    if isinstance(value, (list, tuple)):
+        return tuple(_normal(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((_normal(k), _normal(v)) for k, v in value.items()))
     return value
 
 

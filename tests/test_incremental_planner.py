@@ -176,6 +176,8 @@ def test_set_operation_branches_partitioned_by_different_columns_become_stages()
     assert planned.plan.kind == "linear"
     assert [s.columns for s in planned.stages] == [("k", "n"), ("k", "n")]
     assert "COUNT(*) AS n FROM person" in planned.stages[1].query
+    latest = plan("SELECT auction, price FROM bid WHERE auction IN (SELECT max(auction) FROM bid GROUP BY bidder)")
+    assert latest.plan.kind == "keyed" and [s.columns for s in latest.stages] == [("_col_0",)]
     keyed = plan("SELECT count(*) AS n FROM bid GROUP BY auction UNION SELECT max(id) FROM person")
     assert keyed.plan.kind == "keyed" and keyed.plan.key_classes == ("n",) and len(keyed.stages) == 2
 

@@ -413,17 +413,20 @@ def test_grouping_by_the_side_an_outer_join_pads_is_staged_and_matches_batch(spa
     run_epochs(h, dg.DagsterInstance.ephemeral(), spark, PADDED_GROUPS, PADDED_EPOCHS)
 
 
-#: Set operations whose branches share no key (refused with no rewrite): each stateful branch is a stage
+#: Set operations whose branches share no key (refused with no rewrite): each stateful branch is a
+#: stage, as an IN subquery grouped by another key is
 UNEVEN_BRANCHES = {
     "with_total": "SELECT cust, count(*) AS n FROM orders GROUP BY cust UNION ALL SELECT NULL, count(*) FROM orders",
     "by_dimension": "SELECT 'cust' AS dim, CAST(cust AS STRING) AS k, sum(qty) AS q FROM orders GROUP BY cust "
     "UNION ALL SELECT 'all', 'all', sum(qty) FROM orders UNION ALL SELECT 'region', region, count(*) FROM customers "
     "GROUP BY region",
     "counts_seen": "SELECT count(*) AS n FROM orders GROUP BY cust UNION SELECT max(tier) FROM customers",
+    # an IN subquery grouped by another key than the IN tests (its stage had no alias: the load crashed)
+    "latest_orders": "SELECT id, cust FROM orders WHERE id IN (SELECT max(id) FROM orders GROUP BY cust)",
 }
 
 
-def test_set_operations_of_differently_grouped_branches_stage_each_branch(spark, tmp_path: Path) -> None:
+def test_branches_and_in_subqueries_grouped_by_another_key_become_stages(spark, tmp_path: Path) -> None:
     h = make_harness(tmp_path, files(UNEVEN_BRANCHES))
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
     pipeline = load_pipeline(h.pipeline_dir)

@@ -121,9 +121,11 @@ def plan_query(
             stages.append(Stage(name, query.sql(dialect=DIALECT), columns, upstreams))
             schema[name] = columns
             stage = exp.Table(this=exp.to_identifier(name))
-            if isinstance(part, exp.Subquery):
+            if isinstance(part, exp.Subquery) and part.args.get("alias") is not None:
                 stage.set("alias", exp.TableAlias(this=part.args["alias"].this))
                 part.replace(stage)
+            elif isinstance(part, exp.Subquery):  # x IN (subquery): a subquery reading the stage
+                part.replace(exp.Subquery(this=exp.select(*(exp.column(c) for c in columns)).from_(stage)))
             else:  # a branch: its columns, by position as the set operation reads them
                 part.replace(exp.select(*(exp.column(c) for c in columns)).from_(stage))
     constant = tree.find(exp.Values) is not None  # (a stage may have taken them)
