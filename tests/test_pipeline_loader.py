@@ -1039,6 +1039,14 @@ def test_unnamed_expressions_need_an_alias(tmp_path: Path) -> None:
     assert issue.message == "view v: column 2 (price * 0.908) has no name: add AS column_name"
 
 
+def test_a_generator_of_several_unnamed_columns_is_told_to_name_each(tmp_path: Path) -> None:
+    issue = only_issue(
+        tmp_path,
+        {"a.sql": BID_SOURCE + "CREATE MATERIALIZED VIEW v AS\nSELECT inline(array(struct(price, bidder)))\nFROM bid;"},
+    )
+    assert issue.message.endswith("has no name: add AS (name1, name2, ...), one name per column it gives")
+
+
 def test_union_all_branches_need_the_same_column_count(tmp_path: Path) -> None:
     issue = only_issue(
         tmp_path,

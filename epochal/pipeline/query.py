@@ -166,11 +166,14 @@ def analyze_query(view: str, query_text: str, query_line: int, full_refresh: boo
         if _output_names(projection) is None:
             shown = projection.sql(dialect=DIALECT)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            # (a generator of several columns, e.g. inline() of structs or posexplode(),
+            # takes one name per column; Spark names them, but the loader must know them first)
+            several = isinstance(projection, _MULTI_COLUMN_GENERATORS) or (
+                isinstance(projection, exp.Anonymous) and projection.name.lower() in ("json_tuple", "inline_outer")
+            )
+            fix = "add AS (name1, name2, ...), one name per column it gives" if several else "add AS column_name"
             analysis.problems.append(
-                Problem(
-                    lines.of(projection),
-                    f"view {view}: column {position} ({shown}) has no name: add AS column_name",
-                )
+                Problem(lines.of(projection), f"view {view}: column {position} ({shown}) has no name: {fix}")
             )
     return analysis
 
@@ -180,6 +183,10 @@ def _unwrap(node: exp.Expression) -> exp.Expression:
     while isinstance(node, (exp.Subquery, exp.Paren)) and not node.alias:
         node = node.this
     return node
+
+
+#: generators that give several columns
+_MULTI_COLUMN_GENERATORS = (exp.Inline, exp.Posexplode, exp.PosexplodeOuter, exp.Stack)
 
 
 def _output_names(projection: exp.Expression) -> list[str] | None:
