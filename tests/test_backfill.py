@@ -38,6 +38,10 @@ NEW_VIEWS = {
     # constant rows (VALUES) on the kept side of a LEFT JOIN: 'zed' has no order
     "customer_tiers": "SELECT t.customer, t.tier, count(o.id) AS n FROM VALUES ('c1', 'gold'), ('zed', 'new') "
     "AS t(customer, tier) LEFT JOIN orders o ON o.customer = t.customer GROUP BY t.customer, t.tier",
+    # a stage per branch (groups beside a total), and a join staged under a grouping by its padded side
+    "bidders_and_total": "SELECT bidder, count(*) AS n FROM bid GROUP BY bidder UNION ALL SELECT -1, count(*) FROM bid",
+    "orders_hit": "SELECT o.id, count(*) AS n FROM (SELECT auction % 7 AS k FROM bid) b "
+    "LEFT JOIN orders o ON o.id = b.k GROUP BY o.id",
 }
 
 # Small ranges: the snapshot phase writes several vnode ranges however small the test's data.
