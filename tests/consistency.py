@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
@@ -139,6 +139,7 @@ _DOUBLE_WORDS = {
 }
 #: ISO 8601 in its extended form, from a date alone to microseconds (more digits are truncated),
 #: 'T' or a space between date and time, with 'Z' or an offset or neither (the session's zone).
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _TIMESTAMP = re.compile(
     r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}(?::\d{2}(?::\d{2}(?:\.(\d+))?)?)?)?"  # date, hour, minute, second, fraction
     r"(?:Z|[+-]\d{2}(?::?\d{2})?)?"  # zone
@@ -216,10 +217,50 @@ class LineRules:
                 return value
             if type(value) in (int, bool):
                 return json.dumps(value)
+            if isinstance(value, (dict, list)) and not _holds_float(value):
+                # Spark keeps an object's or array's JSON text, compact, keys in their order
+                return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
             raise OracleCannotDecide(f"a STRING column holding the JSON value {value!r}: Spark keeps its JSON text")
         if type_ == "TIMESTAMP":
             return self.timestamp(value)
+        if type_ == "DATE":
+            if isinstance(value, str) and _DATE.fullmatch(value):
+                try:
+                    return dt.date.fromisoformat(value)
+                except ValueError:
+                    raise _Misfit from None
+            raise OracleCannotDecide(f"a DATE written as {value!r}: only yyyy-MM-dd is decided here")
+        if type_.startswith("DECIMAL("):
+            return self.decimal(value, type_)
+        if type_.startswith(("ARRAY<", "STRUCT<")):
+            return self.nested(value, _spark_type(type_))
         raise OracleCannotDecide(f"columns of type {type_}: add a rule to tests/consistency.py LineRules.value")
+
+    @staticmethod
+    def decimal(value: Any, type_: str) -> Decimal:
+        precision, scale = (int(p) for p in type_[len("DECIMAL(") : -1].split(","))
+        if type(value) not in (int, float):
+            raise OracleCannotDecide(f"a {type_} written as {value!r}: only JSON numbers are decided here")
+        exact = Decimal(str(value)).quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)
+        if exact.adjusted() + 1 > precision - scale:
+            raise _Misfit
+        return exact
+
+    def nested(self, value: Any, data_type: Any) -> Any:
+        """An ARRAY's or STRUCT's value as Spark's JSON reader gives it (missing fields are NULL)."""
+        from pyspark.sql import types as T
+
+        if value is None:
+            return None
+        if isinstance(data_type, T.ArrayType):
+            if not isinstance(value, list):
+                raise _Misfit
+            return [self.nested(v, data_type.elementType) for v in value]
+        if isinstance(data_type, T.StructType):
+            if not isinstance(value, dict):
+                raise _Misfit
+            return {f.name: self.nested(value.get(f.name), f.dataType) for f in data_type.fields}
+        return self.value(value, data_type.simpleString().upper().replace(" ", ""))
 
     def timestamp(self, value: Any) -> dt.datetime:
         if type(value) is int:  # seconds since the Unix epoch
@@ -253,7 +294,7 @@ def log_directory(source: "SourceDef", home: Path) -> Path:
 def log_source_rows(source: "SourceDef", home: Path, ranges: list[EpochRange], zone: dt.tzinfo) -> list[tuple]:
     """The committed rows of a log source: its records in ``ranges`` (in (epoch, split) order), every
     one appended or, with a PRIMARY KEY, the last upsert of each key unless a delete followed it."""
-    rules = LineRules(tuple((c.name, c.type.strip().upper()) for c in source.columns), source.primary_key, zone)
+    rules = LineRules(tuple((c.name, _declared(c.type)) for c in source.columns), source.primary_key, zone)
     directory = log_directory(source, home)
     lines: dict[str, list[str]] = {}
     appended: list[tuple] = []
@@ -295,12 +336,40 @@ _ARROW_TYPES = {
 }
 
 
+def _declared(type_: str) -> str:
+    """A column's type as the rules read it: upper case, but a struct's field names as declared."""
+    type_ = type_.strip()
+    return type_ if "<" in type_ else type_.upper()
+
+
+def _holds_float(value: Any) -> bool:
+    """Whether JSON ``value`` has a float, whose text Python may write otherwise than it was written."""
+    if isinstance(value, dict):
+        return any(_holds_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_float(v) for v in value)
+    return isinstance(value, float)
+
+
 def _arrow_type(type_: str) -> Any:
     import pyarrow as pa
 
     if type_ == "TIMESTAMP":
         return pa.timestamp("us", tz="UTC")
+    if type_ == "DATE":
+        return pa.date32()
+    if type_.startswith(("DECIMAL(", "ARRAY<", "STRUCT<")):
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        return to_arrow_type(_spark_type(type_))
     return getattr(pa, _ARROW_TYPES[type_])()
+
+
+def _spark_type(type_: str) -> Any:
+    """A declared type as Spark's DataType (parsed by the running Spark)."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(type_)
 
 
 def _mentions(name: str, query: str) -> bool:
@@ -349,7 +418,7 @@ class Oracle:
             rows = self.source_rows(source)
             columns = list(zip(*rows, strict=True)) if rows else [() for _ in definition.columns]
             arrays = [
-                pa.array(list(values), _arrow_type(c.type.strip().upper()))
+                pa.array(list(values), _arrow_type(_declared(c.type)))
                 for values, c in zip(columns, definition.columns, strict=True)
             ]
             frame = self.spark.createDataFrame(pa.table(arrays, names=list(definition.column_names)), schema)

@@ -52,8 +52,10 @@ TYPE_NAMES = {
     "TIMESTAMP": "TIMESTAMP",
 }
 DECIMAL_NAMES = ("DECIMAL", "DEC", "NUMERIC")
+NESTED_TYPES = ("ARRAY", "MAP", "STRUCT")
 SUPPORTED_TYPES = (
-    "BIGINT, INT, SMALLINT, TINYINT, DOUBLE, FLOAT, BOOLEAN, STRING, DATE, TIMESTAMP, DECIMAL(p,s)"
+    "BIGINT, INT, SMALLINT, TINYINT, DOUBLE, FLOAT, BOOLEAN, STRING, DATE, TIMESTAMP, DECIMAL(p,s), "
+    "ARRAY<t>, STRUCT<name: t, ...>"
 )
 #: Spark's bounds and defaults for DECIMAL
 MAX_DECIMAL_PRECISION = 38
@@ -363,12 +365,19 @@ class _Parser:
             options = self.options()
             self.expect_end()
         if key_token is not None:
+            types = {c.name: c.type for c in columns}
             for key in primary_key:
                 if key not in column_tokens:
                     self.problem(
                         key_token,
                         f"PRIMARY KEY column '{key}' is not a column "
                         f"(columns: {', '.join(c.name for c in columns)})",
+                    )
+                elif types[key].startswith(NESTED_TYPES):
+                    self.problem(
+                        key_token,
+                        f"PRIMARY KEY column '{key}' is {types[key].split('<')[0]}: a key is a scalar column "
+                        f"(a field of it can be one: declare that field as a column of its own)",
                     )
         return ParsedSource(
             kind=kind,
@@ -386,6 +395,8 @@ class _Parser:
             raise self.fail(f"a type for column {column} ({SUPPORTED_TYPES})")
         self.advance()
         word = token.value.upper()
+        if word in NESTED_TYPES and self.accept_punct("<"):
+            return self.nested_type(word, column)
         params: list[int] = []
         if self.accept_punct("("):
             while True:
@@ -410,6 +421,47 @@ class _Parser:
         if params and word != "VARCHAR":  # VARCHAR(n) is accepted and read as STRING
             self.problem(token, f"type {word} of column {column} takes no parameters: write {canonical}")
         return canonical
+
+    def nested_type(self, word: str, column: str) -> str:
+        """The rest of ARRAY<t> or STRUCT<name: t, ...> (the '<' read), as Spark DDL; MAP<k, v> is
+        read to name it in its refusal.
+
+        A struct's field names are backquoted as written: a JSON record's keys match them by
+        their exact spelling, and Spark keeps them in the value's type."""
+        if word == "ARRAY":
+            element = self.column_type(f"{column}[]")
+            self.expect_punct(">", f"'>' after the element type of ARRAY in column {column}")
+            return f"ARRAY<{element}>"
+        if word == "MAP":
+            start = self.peek()
+            key = self.column_type(f"{column} (map key)")
+            self.expect_punct(",", f"',' between the key and value types of MAP in column {column}")
+            value = self.column_type(f"{column} (map value)")
+            self.expect_punct(">", f"'>' after the value type of MAP in column {column}")
+            # Netting a change compares whole rows (a keyed table's upsert, a view's diff), and
+            # Spark can neither compare nor group maps
+            self.problem(
+                start,
+                f"MAP column {column} is not supported: Spark cannot compare or group maps, which a change "
+                f"needs; declare it STRING (a JSON object arrives as its text) and read it in a view with "
+                f"from_json({column}, 'MAP<{key}, {value}>')['key']",
+            )
+            return f"MAP<{key}, {value}>"
+        fields: list[str] = []
+        if self.accept_punct(">"):
+            return "STRUCT<>"
+        while True:
+            name = self.peek()
+            if name.kind not in ("word", "ident"):
+                raise self.fail(f"a field name in the STRUCT of column {column}, e.g. STRUCT<os: STRING>")
+            self.advance()
+            self.accept_punct(":")
+            field_type = self.column_type(f"{column}.{name.value}")
+            escaped = name.value.replace("`", "``")
+            fields.append(f"`{escaped}`: {field_type}")
+            if self.accept_punct(">"):
+                return f"STRUCT<{', '.join(fields)}>"
+            self.expect_punct(",", f"',' or '>' after field {name.value} in the STRUCT of column {column}")
 
     def decimal(self, token: Token, column: str, params: list[int]) -> str:
         if len(params) > 2:
