@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 
 import dagster as dg
+import duckdb
 import pytest
+from deltalake import DeltaTable
+from pyiceberg.catalog.sql import SqlCatalog
 
 from epochal.connectors.log import append_records
 from epochal.errors import PipelineError
@@ -61,6 +64,52 @@ EPOCHS = [
     [event(1, "u1", amount=2, tags=("b",), attrs={"j": 1}), event(6, "u4", os="web", version=None, ok=None),
      event(4, op="delete")],
 ]
+
+
+def _rows(rows: list[dict]) -> list[tuple]:
+    """Rows of id, device, tags, info as plain tuples, in id order."""
+    return sorted(
+        (r["id"], tuple(r["device"].values()), tuple(r["tags"]), tuple(r["info"].values())) for r in rows
+    )
+
+
+SINKS = """
+CREATE MATERIALIZED VIEW nested_out AS
+SELECT id, device, tags, named_struct('User', user_name, 'Amt', amount) AS info FROM events WHERE ok;
+CREATE SINK to_duckdb FROM nested_out
+WITH (connector = 'duckdb', database = 'out/sink.duckdb', table = 'nested', type = 'upsert', primary_key = 'id');
+CREATE SINK to_delta FROM nested_out
+WITH (connector = 'deltalake', location = 'lake/nested', type = 'upsert', primary_key = 'id');
+CREATE SINK to_iceberg FROM nested_out
+WITH (connector = 'iceberg', namespace = 'app', table = 'nested', type = 'upsert', primary_key = 'id');
+"""
+
+
+def test_structs_and_arrays_reach_duckdb_delta_and_iceberg_sinks_as_they_are(spark, tmp_path: Path) -> None:
+    """(The Iceberg sink refused its own table at the second epoch: a nested type's field ids
+    differ between the table and the schema it is compared with.)"""
+    h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": SINKS})
+    instance = dg.DagsterInstance.ephemeral()
+    for events in EPOCHS:
+        append_records(h.home / "data" / "events", events)
+        result = h.run_in_process(instance)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+    view = _rows([r.asDict(recursive=True) for r in h.runtime(spark).state("nested_out").collect()])
+    assert [r[0] for r in view] == [1, 3, 5]
+    con = duckdb.connect(str(h.home / "out" / "sink.duckdb"), read_only=True)
+    try:
+        columns = ["id", "device", "tags", "info"]
+        in_duckdb = [dict(zip(columns, r, strict=True)) for r in con.execute("SELECT * FROM nested").fetchall()]
+    finally:
+        con.close()
+    assert _rows(in_duckdb) == view
+    assert _rows(DeltaTable(str(h.home / "lake" / "nested")).to_pyarrow_table().to_pylist()) == view
+    catalog = SqlCatalog(
+        "epochal",
+        uri=f"sqlite:///{(h.home / 'iceberg-catalog.db').resolve()}",
+        warehouse=str((h.home / "iceberg-warehouse").resolve()),
+    )
+    assert _rows(catalog.load_table("app.nested").scan().to_arrow().to_pylist()) == view
 
 
 def test_nested_source_columns_are_maintained_by_every_kind_of_view(spark, tmp_path: Path) -> None:

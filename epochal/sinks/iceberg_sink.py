@@ -440,6 +440,27 @@ def _prune_filter(keys: pa.Table, primary_key: Sequence[str]):
     return condition
 
 
+def _same_type(have: Any, want: Any) -> bool:
+    """Iceberg types equal but for field ids: a table's nested fields have ids, a schema built
+    from Arrow has none (-1), and pyiceberg's equality compares them."""
+    from pyiceberg import types as it
+
+    if isinstance(have, it.StructType) and isinstance(want, it.StructType):
+        return len(have.fields) == len(want.fields) and all(
+            h.name == w.name and h.required == w.required and _same_type(h.field_type, w.field_type)
+            for h, w in zip(have.fields, want.fields, strict=True)
+        )
+    if isinstance(have, it.ListType) and isinstance(want, it.ListType):
+        return have.element_required == want.element_required and _same_type(have.element_type, want.element_type)
+    if isinstance(have, it.MapType) and isinstance(want, it.MapType):
+        return (
+            have.value_required == want.value_required
+            and _same_type(have.key_type, want.key_type)
+            and _same_type(have.value_type, want.value_type)
+        )
+    return have == want
+
+
 def iceberg_schema_differences(table: Table, want: pa.Schema) -> list[str]:
     """Why an existing Iceberg table cannot take the sink's rows as they are (empty when it can).
     Columns match by name; types and required-ness must match exactly."""
@@ -455,7 +476,7 @@ def iceberg_schema_differences(table: Table, want: pa.Schema) -> list[str]:
     for name, f in wanted.items():
         if name not in have:
             problems.append(f"missing column {f.name} {f.field_type}")
-        elif have[name].field_type != f.field_type:
+        elif not _same_type(have[name].field_type, f.field_type):
             problems.append(f"column {f.name} is {have[name].field_type}, the sink writes {f.field_type}")
         elif have[name].required and not f.required:
             problems.append(f"column {f.name} is required in the table, the sink's column may hold NULL")
