@@ -155,3 +155,26 @@ def test_a_primary_key_is_a_scalar_column(tmp_path: Path) -> None:
     )
     with pytest.raises(PipelineError, match="PRIMARY KEY column 'tags' is ARRAY: a key is a scalar column"):
         load_pipeline(tmp_path)
+
+
+def test_a_nested_value_that_does_not_fit_its_type_is_a_dead_letter(spark, tmp_path: Path) -> None:
+    """A string for an array, a number or an array for a struct, a field of the wrong type inside a
+    struct: the record is a dead letter, as any misfit is. A number in an array of strings is its
+    text, and a missing struct field is NULL, as Spark reads JSON."""
+    views = {"by_os": "SELECT device.os AS os, count(*) AS n, sum(size(tags)) AS t FROM events GROUP BY device.os"}
+    h = make_harness(tmp_path, {
+        "sources.sql": SOURCES,
+        "views.sql": "\n".join(f"CREATE MATERIALIZED VIEW {n} AS {q};" for n, q in views.items()),
+    })
+    good = json.loads(event(1))
+    misfits = [("tags", "notalist"), ("device", 5), ("device", {"os": "ios", "appVersion": "x"}), ("tags", {"a": 1}),
+               ("device", [1, 2]), ("amount", 123456789012.5), ("day", "2026-13-01")]
+    fits = [("tags", [1, "a", None]), ("device", {"os": "ios"})]
+    records = [event(1)] + [json.dumps({**good, "id": i, k: v}) for i, (k, v) in enumerate(misfits + fits, start=10)]
+    append_records(h.home / "data" / "events", records)
+    result = h.run_in_process(dg.DagsterInstance.ephemeral())
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    runtime = h.runtime(spark)
+    assert sorted(r.id for r in runtime.state("events").collect()) == [1, 17, 18]
+    assert_source_exact(runtime, "events")
+    assert_views_match_batch(runtime, views)
