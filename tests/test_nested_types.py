@@ -18,6 +18,7 @@ from epochal.errors import PipelineError
 from epochal.pipeline.loader import load_pipeline
 from tests.consistency import assert_source_exact, assert_views_match_batch
 from tests.epochal_harness import make_harness
+from tests.test_postgres_sink import database, sql_rows  # noqa: F401 - the fixture
 
 SOURCES = """
 CREATE TABLE events (id BIGINT PRIMARY KEY, user_name STRING, day DATE, amount DECIMAL(10, 2), tags ARRAY<STRING>,
@@ -82,13 +83,19 @@ CREATE SINK to_delta FROM nested_out
 WITH (connector = 'deltalake', location = 'lake/nested', type = 'upsert', primary_key = 'id');
 CREATE SINK to_iceberg FROM nested_out
 WITH (connector = 'iceberg', namespace = 'app', table = 'nested', type = 'upsert', primary_key = 'id');
+CREATE SINK to_postgres FROM nested_out
+WITH (connector = 'postgres', host = '127.0.0.1', user = 'postgres', database = '{db}', table = 'nested',
+      type = 'upsert', primary_key = 'id');
 """
 
 
-def test_structs_and_arrays_reach_duckdb_delta_and_iceberg_sinks_as_they_are(spark, tmp_path: Path) -> None:
+def test_structs_and_arrays_reach_duckdb_delta_iceberg_and_postgres_sinks_as_they_are(
+    spark, tmp_path: Path, database: str  # noqa: F811 - the fixture
+) -> None:
     """(The Iceberg sink refused its own table at the second epoch: a nested type's field ids
-    differ between the table and the schema it is compared with.)"""
-    h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": SINKS})
+    differ between the table and the schema it is compared with. PostgreSQL refused them; they are
+    jsonb there, decimals exact.)"""
+    h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": SINKS.replace("{db}", database)})
     instance = dg.DagsterInstance.ephemeral()
     for events in EPOCHS:
         append_records(h.home / "data" / "events", events)
@@ -110,6 +117,14 @@ def test_structs_and_arrays_reach_duckdb_delta_and_iceberg_sinks_as_they_are(spa
         warehouse=str((h.home / "iceberg-warehouse").resolve()),
     )
     assert _rows(catalog.load_table("app.nested").scan().to_arrow().to_pylist()) == view
+    assert sql_rows(database, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                    "'public.nested'::regclass AND attname = 'device'") == [("jsonb",)]
+    in_postgres = sql_rows(database, "SELECT id, device::text, tags::text, info::text FROM nested ORDER BY id")
+    assert in_postgres == [
+        (1, '{"os": "ios", "appVersion": 1}', '["b"]', '{"Amt": 2.00, "User": "u1"}'),
+        (3, '{"os": "ios", "appVersion": 3}', '["c"]', '{"Amt": 1.50, "User": "u2"}'),
+        (5, '{"os": "ios", "appVersion": 1}', '["a", "a"]', '{"Amt": 1.50, "User": "u3"}'),
+    ]
 
 
 def test_nested_source_columns_are_maintained_by_every_kind_of_view(spark, tmp_path: Path) -> None:

@@ -366,8 +366,13 @@ def test_schema_mismatch_is_refused_with_the_differences(database: str) -> None:
     sql_rows(database, "CREATE UNIQUE INDEX ON wide (id)")
     target(database, table="wide", type="upsert", primary_key="id").prepare_target(SCHEMA)
 
-    with pytest.raises(SinkSchemaError, match=r"column tags has Arrow type list<item: string>"):
-        target(database, table="t2", columns=["tags"]).prepare_target(pa.schema([("tags", pa.list_(pa.string()))]))
+    # a list is jsonb; an existing text column does not take it
+    target(database, table="t2", columns=["tags"]).prepare_target(pa.schema([("tags", pa.list_(pa.string()))]))
+    assert sql_rows(database, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                    "'public.t2'::regclass AND attname = 'tags'") == [("jsonb",)]
+    sql_rows(database, "CREATE TABLE t4 (tags text)")
+    with pytest.raises(SinkSchemaError, match=r"column tags is text, the sink writes jsonb"):
+        target(database, table="t4", columns=["tags"]).prepare_target(pa.schema([("tags", pa.list_(pa.string()))]))
     with pytest.raises(SinkSchemaError, match=r"column ns has Arrow type timestamp\[ns\]"):
         target(database, table="t3", columns=["ns"]).prepare_target(pa.schema([("ns", pa.timestamp("ns"))]))
 

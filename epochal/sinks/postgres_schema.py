@@ -16,16 +16,22 @@ timestamp[s|ms|us, tz=...]     timestamp with time zone
 timestamp[s|ms|us]             timestamp without time zone
 decimal128(p, s)               numeric(p, s)
 binary, large_binary           bytea
+list, struct, map              jsonb (a struct an object, a map an
+                               object keyed by its keys' text)
 =============================  ===================================
 
-Anything else (nanosecond timestamps, lists, structs, ...) is refused with the column named.
+Anything else (nanosecond timestamps, ...) is refused with the column named.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import io
+import json
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
@@ -71,11 +77,13 @@ def postgres_type(field: pa.Field) -> str:
         return "timestamp with time zone" if t.tz else "timestamp without time zone"
     if pa.types.is_decimal128(t):
         return f"numeric({t.precision},{t.scale})"
+    if _is_nested(t):
+        return "jsonb"
     raise SinkSchemaError(
         f"column {field.name} has Arrow type {t}, which the PostgreSQL sink does not map: supported are "
         "int64, int32, int16, float64, float32, string, bool, date32, timestamp (s/ms/us, with or without time "
-        "zone), decimal128 and binary; cast the column in the sink's view (e.g. CAST(x AS TIMESTAMP) for "
-        "nanosecond timestamps, to_json(x) for structs and arrays)"
+        "zone), decimal128, binary, and lists, structs and maps (as jsonb); cast the column in the sink's view "
+        "(e.g. CAST(x AS TIMESTAMP) for nanosecond timestamps)"
     )
 
 
@@ -163,9 +171,44 @@ def copy_csv(batch: pa.RecordBatch, columns: Sequence[str]) -> bytes:
             column = column.view(pa.timestamp(t.unit))
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
             column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
+        elif _is_nested(t):
+            column = pa.array([None if v is None else _json_text(v) for v in column.to_pylist()], pa.string())
         arrays.append(column)
     buffer = io.BytesIO()
     pa_csv.write_csv(
         pa.RecordBatch.from_arrays(arrays, names=list(columns)), buffer, pa_csv.WriteOptions(include_header=False)
     )
     return buffer.getvalue()
+
+
+def _is_nested(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t) or pa.types.is_map(t)
+
+
+def _json_text(value: Any) -> str:
+    """A list, struct or map value as jsonb text: decimals as the exact numbers they are, dates and
+    timestamps as ISO text, NaN and infinities (which JSON has not) as strings. (A map comes from
+    Arrow as (key, value) pairs: an object keyed by the keys' text.)"""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Decimal):
+        return format(value, "f") if value.is_finite() else json.dumps(str(value))
+    if isinstance(value, float):
+        return json.dumps(value) if math.isfinite(value) else json.dumps(str(value))
+    if isinstance(value, (dt.datetime, dt.date)):
+        return json.dumps(value.isoformat())
+    if isinstance(value, dict):
+        return _json_object(value.items())
+    if isinstance(value, list) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+        return _json_object(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_json_text(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value)
+
+
+def _json_object(pairs: Any) -> str:
+    return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{_json_text(v)}" for k, v in pairs) + "}"
