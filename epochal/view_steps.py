@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
 from epochal.errors import EpochalError
 from epochal.incremental.binding import sql_over
-from epochal.sql import quote
 from epochal.step_report import StepReport
-from epochal.storage.changes import signed_parts, unit_changes
+from epochal.storage.changes import cast_like, signed_parts, unit_changes
 from epochal.storage.state_reader import quoted
 from epochal.storage.warehouse import WEIGHT
 
@@ -242,12 +241,7 @@ class ViewSteps:
         for sign, rows in signed_parts(deltas):
             out = sql_over(self.runtime.spark, query, rows).toDF(*view.columns)
             if view.plan is not None and view.plan.typed_like_query:
-                out = out.select(
-                    *(
-                        F.col(quote(f.name)).cast(f.dataType).alias(f.name)
-                        for f in self.runtime.view_schema(view).fields
-                    )
-                )
+                out = cast_like(out, self.runtime.view_schema(view))
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
         rows, recorded = self.publish_change(epoch, name, change, rows_in, started, run_id, release)

@@ -42,6 +42,10 @@ VIEWS = {
     "GROUP BY day, user_name) WHERE r = 1",
     "positions": "SELECT id, pos, tag FROM events LATERAL VIEW OUTER posexplode(tags) t AS pos, tag",
     "other_tags": "SELECT id, filter(tags, x -> x <> 'a') AS others, transform(tags, x -> upper(x)) AS up FROM events",
+    # nested values built from aggregates, projected from a partial aggregate's stage: its stored
+    # counts may be NULL where the query says not, and Spark refused to cast array(count(*)) to that
+    "nested_counts": "SELECT user_name, array(count(*)) AS a, named_struct('n', count(*), 'total', sum(amount)) AS s, "
+    "map('n', count(*)) AS m FROM events GROUP BY user_name",
 }
 
 

@@ -31,6 +31,7 @@ from epochal.checkpoint.records import StateCompacted
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
 from epochal.sql import quote, unquote
+from epochal.storage.changes import cast_like
 from epochal.storage.vnode import vnode_column, vnodes_per_directory, write_laid_out
 
 if TYPE_CHECKING:
@@ -284,7 +285,7 @@ def rows_over(runner: BackfillRunner, name: str, states: dict[str, DataFrame]) -
     view = runtime.pipeline.views[name]
     if view.refresh == "full" or view.plan is None:
         rows = sql_over(spark, view.query, states).toDF(*view.columns)
-        return _cast_like(rows, runtime.query_schema(name))
+        return cast_like(rows, runtime.query_schema(name))
     plan = view.plan
     if aggregates(runner, name):
         # The table stores partial state (hidden MIN/MAX values): every input row is an insert
@@ -298,7 +299,7 @@ def rows_over(runner: BackfillRunner, name: str, states: dict[str, DataFrame]) -
         return sql_over(spark, plan.query, leaves).toDF(*view.columns)
     rows = sql_over(spark, plan.query or view.query, states).toDF(*view.columns)
     if plan.typed_like_query:
-        rows = _cast_like(rows, runtime.query_schema(name))
+        rows = cast_like(rows, runtime.query_schema(name))
     return rows
 
 
@@ -362,12 +363,6 @@ def _canonical_vnode(frame: DataFrame, columns: list[str]) -> Column:
         else:
             parts.append(col.cast("string"))
     return F.coalesce(F.pmod(F.xxhash64(*parts), F.lit(VNODES_TOTAL)).cast("int"), F.lit(0))
-
-
-def _cast_like(rows: DataFrame, schema: Any) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return rows.select(*(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields))
 
 
 __all__ = ["aggregates", "chunk_columns", "chunk_keys", "rows_over", "run"]

@@ -37,6 +37,7 @@ from epochal.errors import PipelineError, PipelineIssue
 from epochal.incremental.binding import sql_over
 from epochal.incremental.plan import PARTIAL_RULE
 from epochal.pipeline.model import Pipeline, ViewDef
+from epochal.storage.changes import cast_like
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def _analyse_view(spark: SparkSession, view: ViewDef, stored: Mapping[str, Struc
         for sign, rows in signed_parts(deltas):
             out = sql_over(spark, query, rows).toDF(*view.columns)
             if plan is not None and plan.typed_like_query:
-                out = out.select(*(F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in declared.fields))
+                out = cast_like(out, declared)
             parts.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         weighted = reduce(lambda a, b: a.unionByName(b), parts)
     elif plan.rule == PARTIAL_RULE:
