@@ -172,7 +172,7 @@ def copy_csv(batch: pa.RecordBatch, columns: Sequence[str]) -> bytes:
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
             column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
         elif _is_nested(t):
-            column = pa.array([None if v is None else _json_text(v) for v in column.to_pylist()], pa.string())
+            column = pa.array([None if v is None else _json_text(v, t) for v in column.to_pylist()], pa.string())
         arrays.append(column)
     buffer = io.BytesIO()
     pa_csv.write_csv(
@@ -185,12 +185,19 @@ def _is_nested(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t) or pa.types.is_map(t)
 
 
-def _json_text(value: Any) -> str:
-    """A list, struct or map value as jsonb text: decimals as the exact numbers they are, dates and
-    timestamps as ISO text, NaN and infinities (which JSON has not) as strings. (A map comes from
-    Arrow as (key, value) pairs: an object keyed by the keys' text.)"""
+def _json_text(value: Any, t: pa.DataType) -> str:
+    """A value of Arrow type ``t`` (a list, struct or map, or what they hold) as jsonb text:
+    decimals as the exact numbers they are, dates and timestamps as ISO text, NaN and infinities
+    (which JSON has not) as strings, a map as an object keyed by its keys' text. The type, not the
+    value, says what a value is: Arrow gives a map as a list of (key, value) pairs."""
     if value is None:
         return "null"
+    if pa.types.is_struct(t):
+        return _json_object((f.name, value[f.name], f.type) for f in t)
+    if pa.types.is_map(t):
+        return _json_object((k, v, t.item_type) for k, v in value)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return "[" + ",".join(_json_text(v, t.value_type) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, Decimal):
@@ -199,16 +206,8 @@ def _json_text(value: Any) -> str:
         return json.dumps(value) if math.isfinite(value) else json.dumps(str(value))
     if isinstance(value, (dt.datetime, dt.date)):
         return json.dumps(value.isoformat())
-    if isinstance(value, dict):
-        return _json_object(value.items())
-    if isinstance(value, list) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-        return _json_object(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_json_text(v) for v in value) + "]"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
-def _json_object(pairs: Any) -> str:
-    return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{_json_text(v)}" for k, v in pairs) + "}"
+def _json_object(fields: Any) -> str:
+    return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{_json_text(v, t)}" for k, v, t in fields) + "}"
