@@ -81,8 +81,9 @@ def register_new(
             continue
         if table not in upstreams:  # a source added to a running pipeline
             cur.execute(
-                "INSERT INTO table_epochs (table_name, committed_epoch, registered_at) VALUES (?, ?, ?)",
-                [table, committed, now],
+                "INSERT INTO table_epochs (table_name, committed_epoch, registered_at, joined_epoch) "
+                "VALUES (?, ?, ?, ?)",
+                [table, committed, now, committed],
             )
             known.add(table)
             continue

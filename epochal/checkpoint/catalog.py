@@ -79,6 +79,11 @@ def _check_not_compacted(cur: Cursor, table: str, after: int | None, what: str) 
 
 def _changes(cur: Cursor, table: str, epoch: int, inclusive: bool, after: int | None) -> list[tuple[int, str]]:
     comparison = "<=" if inclusive else "<"
+    # A source that joined a running pipeline has no epoch before it joined: its first one read
+    # its splits from their start.
+    joined = cur.execute("SELECT joined_epoch FROM table_epochs WHERE table_name = ?", [table]).fetchone()
+    if joined is not None and joined[0] is not None:
+        after = joined[0] if after is None else max(after, joined[0])
     rows = cur.execute(
         "SELECT e.epoch, c.asset, c.location FROM epochs e "
         "LEFT JOIN collected c ON c.epoch = e.epoch AND c.asset = ? "

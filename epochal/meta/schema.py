@@ -47,6 +47,9 @@ DDL = (
     # When a table joined a pipeline that had history (NULL: from the pipeline's first epoch): a
     # process that read its SQL files before then does not name it, which is not a removal.
     "ALTER TABLE table_epochs ADD COLUMN IF NOT EXISTS registered_at DOUBLE PRECISION",
+    # The committed epoch when a source joined a pipeline with history (NULL: from the first epoch):
+    # its state is the changes after it, since its first epoch reads its splits from their start.
+    "ALTER TABLE table_epochs ADD COLUMN IF NOT EXISTS joined_epoch BIGINT",
     """CREATE TABLE IF NOT EXISTS controller (
         key VARCHAR PRIMARY KEY,
         value VARCHAR
