@@ -43,6 +43,7 @@ class CheckpointController:
         view_columns: Mapping[str, tuple[str, ...]] | None = None,
         loaded_at: float | None = None,
         statements: Mapping[str, str] | None = None,
+        declarations: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.sources = list(sources)
@@ -63,6 +64,7 @@ class CheckpointController:
             view_columns,
             loaded_at,
             statements,
+            declarations,
         )
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)

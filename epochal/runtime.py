@@ -27,6 +27,7 @@ from epochal.checkpoint.records import (
     RecoveryReport,
     StepStart,
 )
+from epochal.checkpoint.source_declarations import Declaration
 from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.controller import CheckpointController
 from epochal.epoch import epoch_physical_ms
@@ -104,6 +105,7 @@ class EpochRuntime:
             statements={
                 view_fingerprint(v): view_statement(v) for v in pipeline.views.values() if v.internal_of is None
             },
+            declarations={name: Declaration.of(source).to_json() for name, source in pipeline.sources.items()},
         )
         self.warehouse = Warehouse(settings.warehouse)
         # On a Spark Connect server, cached snapshots outlive the run (``StateCache``): the registry
@@ -118,6 +120,7 @@ class EpochRuntime:
             self.query_schema,
             SourceHistory(self),
             DriverLookup(settings.driver_lookup_rows),
+            lambda table: self.query_schema(table) if table in self.pipeline.sources else None,
         )
         self._connectors: dict[str, SourceConnector] = {}
         self.schemas = QuerySchemas(self)

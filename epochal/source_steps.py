@@ -28,11 +28,17 @@ class SourceSteps:
         self.runtime = runtime
 
     def run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        from epochal.checkpoint import backfill_rows
+        from epochal.checkpoint import backfill_rows, source_declarations
 
         started = time.time()
-        if self.runtime.controller.backend.transaction(lambda cur: backfill_rows.is_retired(cur, name)):
+        retired, recorded = self.runtime.controller.backend.transaction(
+            lambda cur: (backfill_rows.is_retired(cur, name), source_declarations.stored(cur, name))
+        )
+        if retired:
             return self.runtime._retired(epoch, name)
+        # Records decoded by a declaration other than the stored rows' would not fit them.
+        declaration = source_declarations.Declaration.of(self.runtime.pipeline.sources[name]).to_json()
+        source_declarations.check_step(recorded, name, declaration, self.runtime.pipeline.loaded_at)
         if self.runtime.pipeline.sources[name].primary_key:
             # Upserts resolve against the source's rows before this epoch: its earlier epochs first.
             self.runtime.controller.epoch_log.wait_for_order(epoch, [name], f"source {name}")

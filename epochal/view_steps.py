@@ -13,7 +13,8 @@ from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolati
 from epochal.errors import EpochalError
 from epochal.incremental.binding import sql_over
 from epochal.step_report import StepReport
-from epochal.storage.changes import cast_like, signed_parts, unit_changes
+from epochal.storage.changes import signed_parts, unit_changes
+from epochal.storage.schemas import aligned, cast_like
 from epochal.storage.state_reader import quoted
 from epochal.storage.warehouse import WEIGHT
 
@@ -221,7 +222,9 @@ class ViewSteps:
             return history.change(upstream, epoch)
         if entry is None or entry.location is None:
             raise _not_written(view, upstream, epoch)
-        return self.runtime.warehouse.read(self.runtime.spark, [entry.location])
+        # (a source's change written before a column was declared: read as declared now)
+        change = self.runtime.warehouse.read(self.runtime.spark, [entry.location])
+        return aligned(change, self.runtime.reader.declared(upstream))
 
     def _run_view(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
         from pyspark.sql import functions as F

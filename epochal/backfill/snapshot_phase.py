@@ -31,7 +31,7 @@ from epochal.checkpoint.records import StateCompacted
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
 from epochal.sql import quote, unquote
-from epochal.storage.changes import cast_like
+from epochal.storage.schemas import cast_like
 from epochal.storage.vnode import vnode_column, vnodes_per_directory, write_laid_out
 
 if TYPE_CHECKING:

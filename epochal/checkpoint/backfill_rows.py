@@ -231,6 +231,7 @@ def retire(cur: Cursor, tables: Iterable[str]) -> list[str]:
         drop_state(cur, table)
         garbage += forget(cur, [table])
         cur.execute("DELETE FROM table_definitions WHERE table_name = ?", [table])
+        cur.execute("DELETE FROM source_declarations WHERE source_name = ?", [table])
         cur.execute("DELETE FROM dropped_files WHERE table_name = ?", [table])  # its whole directory goes
     return garbage
 

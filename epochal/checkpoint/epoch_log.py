@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from epochal.checkpoint import backfill_log, backfill_rows, definitions, rebuilds
+from epochal.checkpoint import backfill_log, backfill_rows, definitions, rebuilds, source_declarations
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.epoch_claims import EpochClaims
 from epochal.checkpoint.records import (
@@ -57,6 +57,7 @@ class EpochLog(EpochClaims):
         view_columns: Mapping[str, tuple[str, ...]] | None = None,
         loaded_at: float | None = None,
         statements: Mapping[str, str] | None = None,
+        declarations: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.backend = backend
@@ -75,6 +76,8 @@ class EpochLog(EpochClaims):
         self.view_columns = dict(view_columns or {})
         #: each view's statement (JSON) by fingerprint: a rebuild maintains the old rows with it
         self.statements = dict(statements or {})
+        #: each source's declaration (``source_declarations.Declaration`` as JSON): a changed type is caught
+        self.declarations = dict(declarations or {})
         self.readers: dict[str, list[str]] = {}
         for view, inputs in self.upstreams.items():
             for upstream in inputs:
@@ -208,6 +211,9 @@ class EpochLog(EpochClaims):
         definitions.check_definitions(
             cur, fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns, self.loaded_at
         )
+        declared = {s: d for s, d in self.declarations.items() if s not in retired}
+        for change in source_declarations.check_declarations(cur, declared, self.loaded_at):
+            log.warning("%s", change)
         known = {*self.sources, *self.upstreams} - retired
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)
         # The new statement of a view being rebuilt backfills under its shadow name (after its

@@ -37,7 +37,7 @@ from epochal.errors import PipelineError, PipelineIssue
 from epochal.incremental.binding import sql_over
 from epochal.incremental.plan import PARTIAL_RULE
 from epochal.pipeline.model import Pipeline, ViewDef
-from epochal.storage.changes import cast_like
+from epochal.storage.schemas import cast_like
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:

@@ -278,6 +278,14 @@ DDL = (
         retired_at DOUBLE PRECISION NOT NULL,
         retired_epoch BIGINT
     )""",
+    # Each source's declaration (JSON: kind, primary key, columns and types) its stored rows and
+    # the views over it were written with: a changed type or key is refused at injection, a column
+    # added or removed is recorded (epochal/checkpoint/source_declarations.py).
+    """CREATE TABLE IF NOT EXISTS source_declarations (
+        source_name VARCHAR PRIMARY KEY,
+        declaration VARCHAR NOT NULL,
+        recorded_at DOUBLE PRECISION NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

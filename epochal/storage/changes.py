@@ -8,7 +8,7 @@ runtime, the keyed view step and compaction agree on what a change means.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epochal.sql import quote
 from epochal.storage.warehouse import WEIGHT
@@ -52,27 +52,3 @@ def signed_parts(deltas: Mapping[str, DataFrame]) -> list[tuple[int, dict[str, D
         (sign, {name: delta.where(keep).drop(WEIGHT) for name, delta in deltas.items()})
         for sign, keep in ((1, F.col(WEIGHT) > 0), (-1, F.col(WEIGHT) < 0))
     ]
-
-
-def cast_like(rows: DataFrame, schema: Any) -> DataFrame:
-    """``rows`` with ``schema``'s columns, each cast to its type with every nested part nullable.
-
-    Stored rows read back with nullable nested parts (an array's elements, a map's values, a
-    struct's fields), while the query over empty inputs may say they cannot be NULL (array(count(*)))
-    and Spark refuses to cast a nullable part to a non-nullable one. Storage keeps NULL-able
-    columns anyway, so the cast only widens."""
-    from pyspark.sql import functions as F
-
-    return rows.select(*(F.col(quote(f.name)).cast(_nullable(f.dataType)).alias(f.name) for f in schema.fields))
-
-
-def _nullable(data_type: Any) -> Any:
-    from pyspark.sql import types as T
-
-    if isinstance(data_type, T.ArrayType):
-        return T.ArrayType(_nullable(data_type.elementType), True)
-    if isinstance(data_type, T.MapType):
-        return T.MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
-    if isinstance(data_type, T.StructType):
-        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in data_type.fields])
-    return data_type

@@ -17,6 +17,7 @@ from epochal.sql import quote
 from epochal.storage import driver_lookup
 from epochal.storage.changes import net_rows
 from epochal.storage.driver_lookup import DriverLookup
+from epochal.storage.schemas import aligned
 from epochal.storage.state_cache import SnapshotPlan, StateCache
 from epochal.storage.warehouse import WEIGHT, Warehouse
 
@@ -47,6 +48,7 @@ class StateReader:
         schema_of: Callable[[str], StructType],
         history: SourceRows | None = None,
         lookup: DriverLookup | None = None,
+        declared: Callable[[str], StructType | None] | None = None,
     ):
         self._spark = spark
         #: answers a few keys' rows of a large snapshot without Spark scanning it (driver_lookup.py)
@@ -58,6 +60,9 @@ class StateReader:
         self.schema_of = schema_of
         #: where a SOURCE's rows come from once its change files are gone (epochal/source_history.py)
         self.history = history
+        #: a source's columns as declared now, which its stored rows may predate (``aligned``); None
+        #: for a view
+        self.declared = declared or (lambda table: None)
 
     @property
     def spark(self) -> SparkSession:
@@ -91,7 +96,7 @@ class StateReader:
             # A SOURCE that stores nothing: its connector reads the records again.
             rows, records = self.history.read(table, epoch, inclusive)
             return (rows if restrict is None else semi_join(rows, restrict)), records
-        weighted, rows_read = self.read_weighted(parts, restrict, cached)
+        weighted, rows_read = self.read_weighted(parts, restrict, cached, self.declared(table))
         if weighted is None:
             # No change file yet (every epoch so far was idle, or none ran): the table is empty.
             return self.spark.createDataFrame([], self.schema_of(table)), 0
@@ -135,32 +140,40 @@ class StateReader:
         base = self._parquet_rows(schema, files) if snapshot.rows else self.spark.createDataFrame([], schema)
         if wider:
             base = base.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
+        base = aligned(base, self.declared(table))
         if not parts.changes:
             return base, rows_read
         changes, change_rows, deletes = self.warehouse.read_changes(self.spark, [loc for _, loc in parts.changes])
         changes = changes.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
+        changes = aligned(changes, self.declared(table))
         if not deletes:  # only inserts since the snapshot: their union, nothing to net
             return base.unionByName(changes.drop(WEIGHT)), rows_read + change_rows
         weighted = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
         return net_rows(weighted), rows_read + change_rows
 
     def read_weighted(
-        self, parts: StateParts, restrict: tuple[tuple[str, ...], DataFrame] | None, cached: bool = True
+        self,
+        parts: StateParts,
+        restrict: tuple[tuple[str, ...], DataFrame] | None,
+        cached: bool = True,
+        declared: StructType | None = None,
     ) -> tuple[DataFrame | None, int]:
         """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
         the snapshot as it is (no ``_weight`` column: every row counts once), and so it is when no
         change file deletes a row (an append-only table): the snapshot's rows followed by the
         inserted ones, already net. Otherwise the snapshot rows with weight +1 followed by the
-        changes."""
+        changes. ``declared``: a source's columns now, which each part is laid out as (``aligned``)."""
         from pyspark.sql import functions as F
 
         if parts.snapshot is None and not parts.changes:
             return None, 0
         base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict, cached)
+        base = None if base is None else aligned(base, declared)
         if not parts.changes:
             return base, rows_read
         locations = [loc for _, loc in parts.changes]
         changes, change_rows, deletes = self.warehouse.read_changes(self.spark, locations)
+        changes = aligned(changes, declared)
         rows_read += change_rows
         if restrict is not None:
             changes = semi_join(changes, restrict)

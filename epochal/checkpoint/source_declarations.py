@@ -1,0 +1,205 @@
+"""Whether a source's declaration (TABLE or SOURCE, primary key, columns and their types) is the
+one its stored rows, and the views computed from them, were made with.
+
+Every stored file of a source, and every view's state, holds values of the types the source
+declared when they were written. A declaration edited in a running pipeline is checked at the
+next injection against the one the meta store keeps (``check_declarations``):
+
+* **columns added or removed**: accepted. Readers take the stored rows with the declared columns
+  (``epochal.storage.schemas.aligned``): a column declared since holds NULL in rows stored before,
+  as ``ALTER TABLE ... ADD COLUMN`` gives; a view added later that reads a SOURCE backfills from
+  its connector, where the records are decoded with the new declaration;
+* **a column's type, the primary key or TABLE/SOURCE changed**: refused, naming each change and
+  the fixes. Views hold state of the old types, and a keyed table's rows are placed by its key:
+  going on would mix the two in one table (Parquet files of both types, which no reader can take
+  together) or fail every epoch from then on.
+
+As with view statements (:mod:`epochal.checkpoint.definitions`), a process that read its SQL files
+before a newer declaration was recorded holds an older one: it injects nothing, and its source
+steps refuse to run (``check_step``), since their records would be decoded the old way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from epochal.checkpoint import queries as q
+from epochal.checkpoint.records import InjectionBlocked
+from epochal.errors import EpochalError
+
+if TYPE_CHECKING:
+    from epochal.meta.backend import Cursor
+    from epochal.pipeline.model import SourceDef
+
+
+class DeclarationChanged(EpochalError):
+    """A source's declaration changed in a way its stored rows and views cannot follow."""
+
+
+class StaleDeclarations(InjectionBlocked):
+    """This process read its SQL files before another one recorded newer source declarations."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    kind: str
+    primary_key: tuple[str, ...]
+    #: (name, type) in declared order; names lower case as SQL resolves them, types as Spark DDL
+    columns: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, source: SourceDef) -> Declaration:
+        return cls(source.kind, tuple(source.primary_key), tuple((c.name, normal_type(c.type)) for c in source.columns))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"kind": self.kind, "primary_key": list(self.primary_key), "columns": [list(c) for c in self.columns]}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Declaration:
+        data = json.loads(text)
+        return cls(data["kind"], tuple(data["primary_key"]), tuple((n, t) for n, t in data["columns"]))
+
+
+def normal_type(declared: str) -> str:
+    """A DDL type with its spacing normalized (``DECIMAL(10, 2)`` is ``DECIMAL(10,2)``); field names
+    in backquotes keep their case, which records match exactly."""
+    return re.sub(r"\s+", " ", re.sub(r"\s*([(),<>:])\s*", r"\1", declared.strip()))
+
+
+def refusals(name: str, old: Declaration, new: Declaration) -> list[str]:
+    """What ``new`` changes of ``old`` that the stored rows cannot follow, one phrase each."""
+    found = []
+    if old.kind != new.kind:
+        found.append(f"it was declared {old.kind.upper()} and is now {new.kind.upper()}")
+    if old.primary_key != new.primary_key:
+        was = f"PRIMARY KEY ({', '.join(old.primary_key)})" if old.primary_key else "no primary key"
+        now = f"PRIMARY KEY ({', '.join(new.primary_key)})" if new.primary_key else "none"
+        found.append(f"its key was {was} and is now {now}")
+    types = dict(old.columns)
+    for column, type_ in new.columns:
+        if column in types and types[column] != type_:
+            found.append(f"column {column} was {types[column]} and is now {type_}")
+    return found
+
+
+def added_and_removed(old: Declaration, new: Declaration) -> tuple[list[str], list[str]]:
+    before, after = dict(old.columns), dict(new.columns)
+    return [c for c in after if c not in before], [c for c in before if c not in after]
+
+
+def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: float | None) -> list[str]:
+    """Record each source's declaration (JSON of :class:`Declaration`) or check it against the one
+    recorded (module docstring); returns a line per source whose columns changed, for the log.
+    Raises :class:`StaleDeclarations` for a process holding older declarations, and
+    :class:`DeclarationChanged` naming every change the stored rows cannot follow; nothing is
+    recorded then."""
+    rows = cur.execute("SELECT source_name, declaration, recorded_at FROM source_declarations").fetchall()
+    stored = {r[0]: (r[1], r[2]) for r in rows}
+    stale = sorted(
+        name
+        for name, text in declarations.items()
+        if name in stored and stored[name][0] != text and _newer(stored[name][1], loaded_at)
+    )
+    if stale:
+        raise StaleDeclarations(stale_message(stale))
+    committed = q.committed_epoch(cur) is not None
+    refused, changed = [], []
+    retyped: list[tuple[str, str]] = []
+    for name, text in sorted(declarations.items()):
+        if name not in stored:
+            _record(cur, name, text)
+            continue
+        if stored[name][0] == text:
+            continue
+        old, new = Declaration.from_json(stored[name][0]), Declaration.from_json(text)
+        found = refusals(name, old, new)
+        if found and committed:
+            refused.append(f"source {name}: {'; '.join(found)}")
+            before = dict(old.columns)
+            retyped += [(c, t) for c, t in new.columns if c in before and before[c] != t]
+            continue
+        added, removed = added_and_removed(old, new)
+        changed.append(
+            f"source {name}: "
+            + "; ".join(
+                part
+                for part in (
+                    f"column(s) {', '.join(added)} added (NULL in the rows stored before)" if added else "",
+                    f"column(s) {', '.join(removed)} removed" if removed else "",
+                    "; ".join(found),
+                )
+                if part
+            )
+        )
+        _record(cur, name, text)
+    if refused:
+        casts = [f"CAST({c} AS {t})" for c, t in retyped]
+        convert = (
+            f"put the declared type back and convert in the views that read it ({', '.join(casts)}), or "
+            if casts
+            else ""
+        )
+        raise DeclarationChanged(
+            f"{'. '.join(refused)}. The source's stored files and the views computed from it hold the old "
+            "types and layout, and mixing the two would fail every epoch, so nothing was injected. To go on, "
+            f"{convert}declare the new shape under a new name (a new source reads its splits from their start, "
+            "and the views moved to it rebuild while their old rows keep serving). Adding and removing "
+            "columns is accepted"
+        )
+    return changed
+
+
+def stored(cur: Cursor, name: str) -> tuple[str, float | None] | None:
+    """The declaration recorded for source ``name`` and when; None when none is."""
+    row = cur.execute(
+        "SELECT declaration, recorded_at FROM source_declarations WHERE source_name = ?", [name]
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def check_step(recorded: tuple[str, float | None] | None, name: str, declaration: str, loaded_at: float | None) -> None:
+    """Refuse a source step of this process when the recorded declaration is another: its records
+    would be decoded and stored in a shape the readers do not expect."""
+    if recorded is None or recorded[0] == declaration:
+        return
+    if _newer(recorded[1], loaded_at):
+        raise StaleDeclarations(stale_message([name]))
+    raise DeclarationChanged(
+        f"the declaration of source {name} in this process's SQL files is not the one its stored rows were "
+        "written with, and no injection has checked the change yet, so this process cannot read it. The next "
+        "injection (epoch_job without a partition, or the barrier sensor) checks and records it; a recovery "
+        "takes back an epoch this refused, and re-runs it"
+    )
+
+
+def forget(cur: Cursor, names: list[str]) -> None:
+    """Sources that left the pipeline: one declared again under the name starts afresh."""
+    for name in names:
+        cur.execute("DELETE FROM source_declarations WHERE source_name = ?", [name])
+
+
+def stale_message(names: list[str]) -> str:
+    return (
+        f"the declaration of source(s) {', '.join(names)} changed after this process read its SQL files (a "
+        "newer process recorded it): this one holds the old declaration and must not read or inject with it. "
+        "The next run reads the files afresh; a long-lived process (a code server) needs reloading"
+    )
+
+
+def _record(cur: Cursor, name: str, text: str) -> None:
+    cur.execute("DELETE FROM source_declarations WHERE source_name = ?", [name])
+    cur.execute(
+        "INSERT INTO source_declarations (source_name, declaration, recorded_at) VALUES (?, ?, ?)",
+        [name, text, time.time()],
+    )
+
+
+def _newer(recorded_at: float | None, loaded_at: float | None) -> bool:
+    return recorded_at is not None and loaded_at is not None and recorded_at > loaded_at
