@@ -29,11 +29,12 @@ from epochal.checkpoint.records import (
 )
 from epochal.checkpoint.source_declarations import Declaration
 from epochal.connectors.base import SourceConnector, SplitRange
+from epochal.connectors.registry import connector_spec
 from epochal.controller import CheckpointController
 from epochal.epoch import epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
-from epochal.pipeline.model import Pipeline
+from epochal.pipeline.model import Pipeline, SourceDef
 from epochal.pipeline_changes import PipelineChanges, view_fingerprint, view_statement
 from epochal.query_schemas import QuerySchemas
 from epochal.rebuild_steps import RebuildSteps
@@ -80,6 +81,12 @@ def _lag_seconds(epoch: int | None) -> float | None:
     return None if epoch is None else round(time.time() - epoch_physical_ms(epoch) / 1000, 3)
 
 
+def source_declaration(source: SourceDef) -> str:
+    """What ``source``'s stored rows depend on (``source_declarations.Declaration``), as JSON."""
+    spec = connector_spec(source.connector)
+    return Declaration.of(source, spec.identity_options if spec is not None else ()).to_json()
+
+
 class EpochRuntime:
     def __init__(
         self,
@@ -105,7 +112,7 @@ class EpochRuntime:
             statements={
                 view_fingerprint(v): view_statement(v) for v in pipeline.views.values() if v.internal_of is None
             },
-            declarations={name: Declaration.of(source).to_json() for name, source in pipeline.sources.items()},
+            declarations={name: source_declaration(source) for name, source in pipeline.sources.items()},
         )
         self.warehouse = Warehouse(settings.warehouse)
         # On a Spark Connect server, cached snapshots outlive the run (``StateCache``): the registry
@@ -180,8 +187,6 @@ class EpochRuntime:
 
     def _connector(self, source: str) -> SourceConnector:
         if source not in self._connectors:
-            from epochal.connectors.registry import connector_spec
-
             definition = self.pipeline.sources[source]
             spec = connector_spec(definition.connector)
             if spec is None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import StateCompacted
-from epochal.sql import quote
+from epochal.storage.schemas import cast_like
 from epochal.storage.warehouse import WEIGHT
 
 if TYPE_CHECKING:
@@ -52,10 +52,7 @@ class SourceHistory:
 
     def _typed(self, rows: DataFrame, table: str) -> DataFrame:
         """``rows`` with the stored rows' columns and types, so a reader cannot tell where they came from."""
-        from pyspark.sql import functions as F
-
-        schema = self.runtime.query_schema(table)
-        return rows.select(*(F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in schema.fields))
+        return cast_like(rows, self.runtime.query_schema(table))
 
     def _ranges(self, table: str, epoch: int, inclusive: bool) -> list[SplitRange] | None:
         return self.runtime.controller.backend.transaction(lambda cur: q.source_history(cur, table, epoch, inclusive))

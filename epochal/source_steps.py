@@ -37,7 +37,9 @@ class SourceSteps:
         if retired:
             return self.runtime._retired(epoch, name)
         # Records decoded by a declaration other than the stored rows' would not fit them.
-        declaration = source_declarations.Declaration.of(self.runtime.pipeline.sources[name]).to_json()
+        from epochal.runtime import source_declaration
+
+        declaration = source_declaration(self.runtime.pipeline.sources[name])
         source_declarations.check_step(recorded, name, declaration, self.runtime.pipeline.loaded_at)
         if self.runtime.pipeline.sources[name].primary_key:
             # Upserts resolve against the source's rows before this epoch: its earlier epochs first.

@@ -56,8 +56,11 @@ def _views_sql(views: dict[str, str]) -> str:
     return "".join(f"CREATE MATERIALIZED VIEW {name} AS {query};\n" for name, query in views.items())
 
 
-def _declaration(columns: list[tuple[str, str]], kind: str = "table", key: tuple[str, ...] = ("id",)) -> str:
-    return sd.Declaration(kind, key if kind == "table" else (), tuple(columns)).to_json()
+def _declaration(
+    columns: list[tuple[str, str]], kind: str = "table", key: tuple[str, ...] = ("id",), path: str = "data/t"
+) -> str:
+    origin = (("connector", "log"), ("path", path), ("format", "json"))
+    return sd.Declaration(kind, key if kind == "table" else (), tuple(columns), origin).to_json()
 
 
 def test_what_a_declaration_may_change_is_decided_by_kind_key_and_types(tmp_path: Path) -> None:
@@ -87,6 +90,7 @@ def test_what_a_declaration_may_change_is_decided_by_kind_key_and_types(tmp_path
         (_declaration([("id", "BIGINT"), ("amount", "DOUBLE"), ("tier", "STRING")]), "column amount was DECIMAL(10,2)"),
         (_declaration([*base, ("tier", "STRING")], key=("id", "tier")), "PRIMARY KEY (id, tier)"),
         (_declaration([*base, ("tier", "STRING")], kind="source"), "declared TABLE and is now SOURCE"),
+        (_declaration([*base, ("tier", "STRING")], path="data/t2"), "its path was 'data/t' and is now 'data/t2'"),
     ):
         with pytest.raises(sd.DeclarationChanged) as refused:
             backend.transaction(lambda cur, d=declaration: sd.check_declarations(cur, {"t": d}, later + 1))
@@ -154,6 +158,10 @@ def test_columns_added_mid_stream_are_null_before_and_a_changed_type_is_refused(
         changed.start_epoch(None, None)
     assert "source orders: column amount was DOUBLE and is now DECIMAL(10,2)" in str(refused.value)
     assert "CAST(amount AS DECIMAL(10,2))" in str(refused.value)
+    # So is another log under the same name: its offsets would point into other records.
+    (h.pipeline_dir / "sources.sql").write_text(SOURCES_EDITED.replace("data/regions", "data/regions_eu"))
+    with pytest.raises(sd.DeclarationChanged, match="source regions: its path was 'data/regions' and is now"):
+        h.runtime(spark).start_epoch(None, None)
     (h.pipeline_dir / "sources.sql").write_text(SOURCES_EDITED)
     back = h.runtime(spark)
     run_epoch(back)

@@ -51,20 +51,41 @@ class Declaration:
     primary_key: tuple[str, ...]
     #: (name, type) in declared order; names lower case as SQL resolves them, types as Spark DDL
     columns: tuple[tuple[str, str], ...]
+    #: the connector and the options that say which records its offsets point to
+    #: (``ConnectorSpec.identity_options``), as written; None for an option not given
+    origin: tuple[tuple[str, str | None], ...] = ()
 
     @classmethod
-    def of(cls, source: SourceDef) -> Declaration:
-        return cls(source.kind, tuple(source.primary_key), tuple((c.name, normal_type(c.type)) for c in source.columns))
+    def of(cls, source: SourceDef, identity_options: tuple[str, ...] = ()) -> Declaration:
+        origin = (("connector", source.connector.lower()),) + tuple(
+            (key, source.options.get(key)) for key in identity_options
+        )
+        return cls(
+            source.kind,
+            tuple(source.primary_key),
+            tuple((c.name, normal_type(c.type)) for c in source.columns),
+            origin,
+        )
 
     def to_json(self) -> str:
         return json.dumps(
-            {"kind": self.kind, "primary_key": list(self.primary_key), "columns": [list(c) for c in self.columns]}
+            {
+                "kind": self.kind,
+                "primary_key": list(self.primary_key),
+                "columns": [list(c) for c in self.columns],
+                "origin": [list(o) for o in self.origin],
+            }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Declaration:
         data = json.loads(text)
-        return cls(data["kind"], tuple(data["primary_key"]), tuple((n, t) for n, t in data["columns"]))
+        return cls(
+            data["kind"],
+            tuple(data["primary_key"]),
+            tuple((n, t) for n, t in data["columns"]),
+            tuple((k, v) for k, v in data.get("origin", [])),
+        )
 
 
 def normal_type(declared: str) -> str:
@@ -82,11 +103,19 @@ def refusals(name: str, old: Declaration, new: Declaration) -> list[str]:
         was = f"PRIMARY KEY ({', '.join(old.primary_key)})" if old.primary_key else "no primary key"
         now = f"PRIMARY KEY ({', '.join(new.primary_key)})" if new.primary_key else "none"
         found.append(f"its key was {was} and is now {now}")
+    was = dict(old.origin)
+    for option, value in new.origin:
+        if option in was and was[option] != value:
+            found.append(f"its {option} was {_shown(was[option])} and is now {_shown(value)}")
     types = dict(old.columns)
     for column, type_ in new.columns:
         if column in types and types[column] != type_:
             found.append(f"column {column} was {types[column]} and is now {type_}")
     return found
+
+
+def _shown(value: str | None) -> str:
+    return "not given" if value is None else f"'{value}'"
 
 
 def added_and_removed(old: Declaration, new: Declaration) -> tuple[list[str], list[str]]:

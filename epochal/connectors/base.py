@@ -76,6 +76,10 @@ class ConnectorSpec(Protocol):
     """Static side of a connector: validation at pipeline load, construction at run time."""
 
     name: str
+    #: the options that say which records an offset points to (a log's path, Nexmark's event
+    #: stream): changing one under a running source would read other records at the offsets it
+    #: committed, so it is refused (``epochal.checkpoint.source_declarations``). The others tune.
+    identity_options: tuple[str, ...]
 
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         """Problems with the declared columns/options, each a full sentence naming the fix.

@@ -105,6 +105,7 @@ def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig
 
 class LogConnectorSpec:
     name = "log"
+    identity_options = ("path", "format")
 
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         # the home directory only matters for resolving the path, not for whether it is valid

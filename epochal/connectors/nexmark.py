@@ -186,6 +186,8 @@ def _normalize_type(ddl: str) -> str:
 
 class NexmarkConnectorSpec:
     name = "nexmark"
+    # (each event is a function of its number, the split count and these: another value is another stream)
+    identity_options = ("nexmark.table.type", "nexmark.split.num", "nexmark.min.event.gap.in.ns", "nexmark.base.time")
 
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         config, problems = parse_nexmark_options(options)
