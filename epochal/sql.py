@@ -22,6 +22,23 @@ from sqlglot.tokens import TokenType
 SPARK = "spark"
 DUCKDB = "duckdb"
 
+#: Names Spark SQL written by Epochal always quotes (the pipeline dialect's generator, and ``quote``
+#: with ``when_needed``): a column called `select`, `from` or `order` is ordinary in JSON records,
+#: and the SQL written for it must parse again, in sqlglot and in Spark. Spark's ANSI reserved
+#: words, and the words sqlglot's parser does not take as a bare name (measured against the dialect).
+SPARK_RESERVED = frozenset(
+    """
+    all alter and any as authorization between both case cast check collate column constraint create
+    cross cube current_date current_time current_timestamp current_user distinct drop else end escape
+    except exists false fetch filter for foreign from full glob grant group having ilike in inner
+    insert intersect interval into is join lateral leading left like limit lock minus natural not
+    notnull null offset on only or order outer overlaps partitioned_by primary qualify references
+    regexp returning revoke right rlike rollback rollup select serdeproperties session_user some table
+    tablesample then time to trailing true uncache union unique unknown user using values when where
+    window with xor
+    """.split()
+)
+
 
 @lru_cache(maxsize=4096)
 def quote(name: str, dialect: str = SPARK, *, when_needed: bool = False) -> str:
@@ -30,7 +47,8 @@ def quote(name: str, dialect: str = SPARK, *, when_needed: bool = False) -> str:
     ``when_needed`` leaves a plain name (``auction``) bare and quotes any other (```a b```), as sqlglot
     writes a column in the SQL it generates, so the result compares equal to that SQL's text.
     """
-    return exp.to_identifier(name, quoted=None if when_needed else True).sql(dialect=dialect)
+    quoted = not when_needed or (dialect == SPARK and name.lower() in SPARK_RESERVED)
+    return exp.to_identifier(name, quoted=True if quoted else None).sql(dialect=dialect)
 
 
 @lru_cache(maxsize=4096)

@@ -686,15 +686,15 @@ def test_spark_forms_are_planned_by_the_keys_they_partition_by(tmp_path: Path) -
     # a grouped window is a column of the input, keyed and kept as partial state like any group
     tumble = pipeline.views["tumble__stage1"].plan
     assert tumble.rule == PARTIAL_RULE and tumble.key_classes == ("bid.window",)
-    assert "WINDOW(bid.date_time, '10 seconds') AS window" in tumble.leaves[0].sql
+    assert "WINDOW(bid.date_time, '10 seconds') AS `window`" in tumble.leaves[0].sql
     assert pipeline.views["tumble"].plan.query == (
-        "SELECT _p.g0.start AS start, _p.g0.end AS end, _p.p_rows AS cnt FROM tumble__stage1 AS _p"
+        "SELECT _p.g0.start AS start, _p.g0.`end` AS `end`, _p.p_rows AS cnt FROM tumble__stage1 AS _p"
     )
     hop = pipeline.views["hop__stage1"].plan
-    assert hop.key_classes == ("bid.auction", "bid.window") and hop.leaves[0].key == ("auction", "window")
+    assert hop.key_classes == ("bid.auction", "bid.window") and hop.leaves[0].key == ("auction", "`window`")
     # the hopping CTE joined with its per-window maximum: every input is keyed by its window column
     hot = pipeline.views["hot_items"].plan
-    assert hot.key_classes == ("m.win = w.win",) and [leaf.key for leaf in hot.leaves] == [("window",), ("window",)]
+    assert hot.key_classes == ("m.win = w.win",) and [leaf.key for leaf in hot.leaves] == [("`window`",), ("`window`",)]
     # a window over a join is a column of the join's input; the join is a stage of its own
     assert rules("window_over_join") == ["delta join", PARTIAL_RULE, "linear"]
     assert rules("window_of_two_inputs") == ["delta join", PARTIAL_RULE, "linear"]

@@ -38,6 +38,8 @@ from sqlglot.errors import ErrorLevel
 from sqlglot.generator import Generator
 from sqlglot.tokens import TokenType
 
+from epochal.sql import SPARK_RESERVED
+
 
 def _exists(args: list[exp.Expression]) -> exp.Expression:
     """``exists(array, lambda)`` as a plain function; anything else as sqlglot builds it."""
@@ -110,6 +112,10 @@ class EpochalSpark(Spark):
             return self._MODIFIERS
 
     class Generator(Spark.Generator):
+        # Quoted wherever they are written as a name (sqlglot's Spark quotes none): a column
+        # called `select`, `from` or `order` is ordinary in JSON records (``SPARK_RESERVED``).
+        RESERVED_KEYWORDS = SPARK_RESERVED
+
         def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - sqlglot's arguments
             # A call sqlglot cannot write for Spark is an error, not a warning beside SQL that
             # means something else (the probe's to_char and max_by were such warnings).
