@@ -9,10 +9,12 @@ next injection against the one the meta store keeps (``check_declarations``):
   (``epochal.storage.schemas.aligned``): a column declared since holds NULL in rows stored before,
   as ``ALTER TABLE ... ADD COLUMN`` gives; a view added later that reads a SOURCE backfills from
   its connector, where the records are decoded with the new declaration;
-* **a column's type, the primary key or TABLE/SOURCE changed**: refused, naming each change and
-  the fixes. Views hold state of the old types, and a keyed table's rows are placed by its key:
-  going on would mix the two in one table (Parquet files of both types, which no reader can take
-  together) or fail every epoch from then on.
+* **a column's type, the primary key, TABLE/SOURCE or where the records come from changed** (the
+  connector, and the options its ``identity_options`` name: a log's path): refused, naming each
+  change and the fixes. Views hold state of the old types, a keyed table's rows are placed by its
+  key, and a committed offset read in another log is other records: going on would mix the two in
+  one table (Parquet files of both types, which no reader can take together), fail every epoch
+  from then on, or skip records without a word.
 
 As with view statements (:mod:`epochal.checkpoint.definitions`), a process that read its SQL files
 before a newer declaration was recorded holds an older one: it injects nothing, and its source
@@ -94,7 +96,7 @@ def normal_type(declared: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\s*([(),<>:])\s*", r"\1", declared.strip()))
 
 
-def refusals(name: str, old: Declaration, new: Declaration) -> list[str]:
+def refusals(old: Declaration, new: Declaration) -> list[str]:
     """What ``new`` changes of ``old`` that the stored rows cannot follow, one phrase each."""
     found = []
     if old.kind != new.kind:
@@ -148,25 +150,23 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
         if stored[name][0] == text:
             continue
         old, new = Declaration.from_json(stored[name][0]), Declaration.from_json(text)
-        found = refusals(name, old, new)
+        found = refusals(old, new)
         if found and committed:
             refused.append(f"source {name}: {'; '.join(found)}")
             before = dict(old.columns)
             retyped += [(c, t) for c, t in new.columns if c in before and before[c] != t]
             continue
         added, removed = added_and_removed(old, new)
-        changed.append(
-            f"source {name}: "
-            + "; ".join(
-                part
-                for part in (
-                    f"column(s) {', '.join(added)} added (NULL in the rows stored before)" if added else "",
-                    f"column(s) {', '.join(removed)} removed" if removed else "",
-                    "; ".join(found),
-                )
-                if part
+        parts = "; ".join(
+            part
+            for part in (
+                f"column(s) {', '.join(added)} added (NULL in the rows stored before)" if added else "",
+                f"column(s) {', '.join(removed)} removed" if removed else "",
+                "; ".join(found),
             )
+            if part
         )
+        changed.append(f"source {name}: {parts or 'its columns in another order'}")
         _record(cur, name, text)
     if refused:
         casts = [f"CAST({c} AS {t})" for c, t in retyped]
