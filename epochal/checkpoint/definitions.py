@@ -71,7 +71,7 @@ def check_statement(stored: tuple[str, float | None] | None, table: str, fingerp
     read at ``loaded_at``) when its state comes from another: the rows would mix the two."""
     if stored is None or stored[0] == fingerprint:
         return
-    if _newer(stored[1], loaded_at):
+    if recorded_after(stored[1], loaded_at):
         raise StaleStatements(stale_message([table]))
     raise DefinitionChanged(
         f"the statement of {table} in this process's SQL files is not the one its stored rows come from, and no "
@@ -81,8 +81,9 @@ def check_statement(stored: tuple[str, float | None] | None, table: str, fingerp
     )
 
 
-def _newer(recorded_at: float | None, loaded_at: float | None) -> bool:
-    """Whether a statement recorded at ``recorded_at`` is newer than SQL files read at ``loaded_at``."""
+def recorded_after(recorded_at: float | None, loaded_at: float | None) -> bool:
+    """Whether a statement (or a source's declaration) recorded at ``recorded_at`` is newer than
+    SQL files read at ``loaded_at``."""
     return recorded_at is not None and loaded_at is not None and recorded_at > loaded_at
 
 
@@ -120,7 +121,7 @@ def check_definitions(
             newest, at = rebuild.new_statement
         else:
             newest, at = stored.get(view), stored_at.get(view)
-        if newest is not None and fingerprint != newest and _newer(at, loaded_at):
+        if newest is not None and fingerprint != newest and recorded_after(at, loaded_at):
             stale.append(view)
     if stale:
         raise StaleStatements(stale_message(stale))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.definitions import recorded_after
 from epochal.checkpoint.records import InjectionBlocked
 from epochal.errors import EpochalError
 
@@ -136,7 +137,7 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
     stale = sorted(
         name
         for name, text in declarations.items()
-        if name in stored and stored[name][0] != text and _newer(stored[name][1], loaded_at)
+        if name in stored and stored[name][0] != text and recorded_after(stored[name][1], loaded_at)
     )
     if stale:
         raise StaleDeclarations(stale_message(stale))
@@ -198,7 +199,7 @@ def check_step(recorded: tuple[str, float | None] | None, name: str, declaration
     would be decoded and stored in a shape the readers do not expect."""
     if recorded is None or recorded[0] == declaration:
         return
-    if _newer(recorded[1], loaded_at):
+    if recorded_after(recorded[1], loaded_at):
         raise StaleDeclarations(stale_message([name]))
     raise DeclarationChanged(
         f"the declaration of source {name} in this process's SQL files is not the one its stored rows were "
@@ -206,12 +207,6 @@ def check_step(recorded: tuple[str, float | None] | None, name: str, declaration
         "injection (epoch_job without a partition, or the barrier sensor) checks and records it; a recovery "
         "takes back an epoch this refused, and re-runs it"
     )
-
-
-def forget(cur: Cursor, names: list[str]) -> None:
-    """Sources that left the pipeline: one declared again under the name starts afresh."""
-    for name in names:
-        cur.execute("DELETE FROM source_declarations WHERE source_name = ?", [name])
 
 
 def stale_message(names: list[str]) -> str:
@@ -229,6 +224,3 @@ def _record(cur: Cursor, name: str, text: str) -> None:
         [name, text, time.time()],
     )
 
-
-def _newer(recorded_at: float | None, loaded_at: float | None) -> bool:
-    return recorded_at is not None and loaded_at is not None and recorded_at > loaded_at

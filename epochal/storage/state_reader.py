@@ -140,12 +140,13 @@ class StateReader:
         base = self._parquet_rows(schema, files) if snapshot.rows else self.spark.createDataFrame([], schema)
         if wider:
             base = base.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
-        base = aligned(base, self.declared(table))
+        declared = self.declared(table)
+        base = aligned(base, declared)
         if not parts.changes:
             return base, rows_read
         changes, change_rows, deletes = self.warehouse.read_changes(self.spark, [loc for _, loc in parts.changes])
         changes = changes.where(vnode_column(schema, snapshot.distribution_key).between(lo, hi - 1))
-        changes = aligned(changes, self.declared(table))
+        changes = aligned(changes, declared)
         if not deletes:  # only inserts since the snapshot: their union, nothing to net
             return base.unionByName(changes.drop(WEIGHT)), rows_read + change_rows
         weighted = base.withColumn(WEIGHT, F.lit(1).cast("bigint")).unionByName(changes)
