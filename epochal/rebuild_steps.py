@@ -14,6 +14,7 @@ from epochal.checkpoint import backfill_rows, definitions, rebuilds
 from epochal.checkpoint.backfill_rows import outside_alignment
 from epochal.checkpoint.rebuilds import OldRows
 from epochal.checkpoint.records import Collected, EpochAborted
+from epochal.data_errors import ViewDataError
 from epochal.errors import PipelineError, require
 from epochal.faults import fault_point
 from epochal.pipeline.model import old_version_name
@@ -104,6 +105,10 @@ class RebuildSteps:
                 except AnalysisException as error:
                     # (e.g. its stored rows are none and their columns are read as the new statement's)
                     self._freeze(view, f"Spark refused the old statement: {error}")
+                except ViewDataError as error:
+                    # A record the old statement cannot compute (often why it was edited): maintained
+                    # on, it would fail every epoch until the switch, and the switch needs epochs.
+                    self._freeze(view, f"the old statement fails on epoch {epoch}'s records: {error.failure.message}")
                 else:
                     report.metadata.update({"mode": "rebuilding", "serving": "old statement, maintained", **about})
                     return report

@@ -391,6 +391,14 @@ class EpochRuntime:
             )
         return self._guard(epoch, lambda: self.checked_view_epoch(epoch, name, run_id, release, stored))
 
+    def user_view(self, view: ViewDef) -> ViewDef:
+        """The view a user wrote that ``view`` computes: itself, or the view an internal stage was
+        split off, or the view a rebuild's shadow is the new statement of (errors name that one)."""
+        from epochal.checkpoint.rebuilds import rebuilt_view
+
+        name = view.internal_of or view.name
+        return self.pipeline.views.get(rebuilt_view(name) or name, view)
+
     def checked_view_epoch(
         self, epoch: int, name: str, run_id: str | None, release: bool, stored: object = _UNREAD
     ) -> StepReport:

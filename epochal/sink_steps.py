@@ -71,7 +71,7 @@ class SinkSteps:
         holds epochs back: it runs after the commit, and a target that is down makes this step retry
         with backoff for EPOCHAL_SINK_RETRY_S, then fail; the sink lags, and the next run catches up."""
         from epochal.retry import retrying
-        from epochal.sinks.base import SinkConfigError, SinkError, SinkSchemaError
+        from epochal.sinks.base import SinkConfigError, SinkDataError, SinkError, SinkSchemaError
 
         started = time.time()
         record = self.runtime.controller.epoch_log.epoch(epoch)
@@ -124,7 +124,8 @@ class SinkSteps:
             )
 
         def transient(error: BaseException) -> bool:
-            return isinstance(error, SinkError) and not isinstance(error, SinkSchemaError | SinkConfigError)
+            permanent = SinkSchemaError | SinkConfigError | SinkDataError
+            return isinstance(error, SinkError) and not isinstance(error, permanent)
 
         def retry_log(error: BaseException, attempt: int, sleep: float) -> None:
             log.warning("sink %s: delivery attempt %d failed (%s); retrying in %.1fs", name, attempt, error, sleep)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
+from epochal.data_errors import ViewDataError, data_failure
 from epochal.errors import EpochalError
 from epochal.incremental.binding import sql_over
 from epochal.step_report import StepReport
@@ -41,11 +42,21 @@ class ViewSteps:
         backfill runner writes committed epochs, which have none). ``definition``: the statement
         to maintain the view with, when not the pipeline's (the old one of a view being rebuilt)."""
         view = definition or self.runtime.pipeline.views[name]
-        if view.refresh == "full":
-            return self._run_view_full(epoch, view, run_id, release)
-        if view.plan is not None and view.plan.kind == "keyed":
-            return self._run_view_keyed(epoch, view, run_id, release)
-        return self._run_view(epoch, view, run_id, release)
+        try:
+            if view.refresh == "full":
+                return self._run_view_full(epoch, view, run_id, release)
+            if view.plan is not None and view.plan.kind == "keyed":
+                return self._run_view_keyed(epoch, view, run_id, release)
+            return self._run_view(epoch, view, run_id, release)
+        except EpochalError:
+            raise
+        except Exception as error:
+            failure = data_failure(error)
+            if failure is None:
+                raise
+            # (an internal stage's SQL is the planner's; the user edits the view it was split off)
+            owner = self.runtime.user_view(view)
+            raise ViewDataError(owner.name, epoch, failure, owner.query) from error
 
     def _run_view_keyed(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
         """A view with state: its change is recomputed at the keys the epoch touched, reading only

@@ -48,6 +48,11 @@ class SinkConfigError(SinkError):
     """The target refuses the sink's settings (a wrong password, prepared transactions off)."""
 
 
+class SinkDataError(SinkError):
+    """The target refuses the batch's rows themselves (a value it cannot store, a constraint they
+    break): the same rows fail the same way however often they are sent, so it is not retried."""
+
+
 class PrecommitLost(SinkError):
     """Raised by :meth:`SinkTarget.commit` when a PENDING batch's pre-commit is gone (a prepared
     transaction rolled back by hand, staged files deleted) and the target does not hold the batch:

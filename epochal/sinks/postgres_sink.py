@@ -39,6 +39,7 @@ from epochal.sinks.base import (
     BatchId,
     PrecommitLost,
     SinkConfigError,
+    SinkDataError,
     SinkError,
     SinkSchemaError,
     SinkTarget,
@@ -342,10 +343,17 @@ class PostgresTarget(SinkTarget):
             )
         state = exc.sqlstate or ""
         if state.startswith(("22", "23")):  # data exception, integrity constraint violation
-            return SinkError(
+            fix = "fix the table's constraint or the view's rows, then the next run delivers the batch again"
+            if state == "22021" and "0x00" in message:  # text and jsonb cannot hold NUL
+                fix = (
+                    "PostgreSQL text cannot hold the NUL character: strip it in the view, e.g. "
+                    "replace(col, char(0), ''); "
+                    "epochs committed before the fix still hold it, so once the view has switched to the fixed "
+                    "statement (epochal status), give the sink a new name: it starts from the view's rows"
+                )
+            return SinkDataError(
                 f"{where}: PostgreSQL refused the rows for {self.schema}.{self.table}: {message}{detail}. The "
-                "writer's transaction was rolled back, so nothing of the batch is visible; fix the table's "
-                "constraint or the view's rows, then the batch is delivered again"
+                f"writer's transaction was rolled back, so nothing of the batch is visible; {fix}"
             )
         return SinkError(f"{where}: PostgreSQL failed: {message}{detail}")
 
