@@ -56,6 +56,7 @@ from epochal.sinks.base import (
     BatchId,
     PrecommitLost,
     SinkConfigError,
+    SinkDataError,
     SinkError,
     SinkSchemaError,
     SinkTarget,
@@ -485,7 +486,7 @@ class SinkCoordinator:
 
 _WRITER_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(?P<kind>Sink\w*Error|PrecommitLost): (?P<message>.+)$", re.MULTILINE)
 _KINDS: dict[str, type[SinkError]] = {
-    k.__name__: k for k in (SinkError, SinkSchemaError, SinkConfigError, PrecommitLost)
+    k.__name__: k for k in (SinkError, SinkSchemaError, SinkConfigError, SinkDataError, PrecommitLost)
 }
 
 
