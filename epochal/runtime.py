@@ -241,6 +241,14 @@ class EpochRuntime:
         self.changes.retire_removed()
         self.changes.delete_dropped()
 
+    def waiting_for_an_edit(self) -> str | None:
+        """Why the barrier sensor should not inject now: a record a view cannot compute stopped the
+        last epoch and the view is unchanged (``data_errors.waiting_for_an_edit``); None otherwise."""
+        from epochal.data_errors import waiting_for_an_edit
+
+        fingerprints = {name: view_fingerprint(view) for name, view in self.pipeline.views.items()}
+        return self.controller.backend.transaction(lambda cur: waiting_for_an_edit(cur, fingerprints))
+
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
         """The epochs a run of epoch_job works on, oldest first.
 

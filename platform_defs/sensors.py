@@ -65,7 +65,7 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
         partitions = []
         if schedule.due(cursor.next_barrier, now):
             runtime.apply_pipeline_changes()  # (a view removed from the files: its runs could not commit)
-            blocked = epoch_log.can_inject()
+            blocked = epoch_log.can_inject() or runtime.waiting_for_an_edit()
             if blocked is None:
                 key = str(epoch_log.inject(runtime.plan).epoch)
                 partitions.append(key)

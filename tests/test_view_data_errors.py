@@ -115,10 +115,23 @@ def test_a_record_a_view_cannot_compute_stops_epochs_until_the_view_is_edited(sp
         assert runtime.controller.epoch_log.committed_epoch() == good
     assert_source_exact(runtime, "orders")  # the committed source holds records 1 and 2 only
 
+    # The barrier sensor does not start a failing run every barrier interval: it skips, saying why.
+    def sensor_tick() -> dg.SkipReason | dg.SensorResult:
+        defs = h.definitions()  # the files as they are now, as a reloaded code location reads them
+        with dg.build_sensor_context(instance=instance, resources=defs.resources) as context:
+            return defs.get_sensor_def("barrier_sensor")(context)
+
+    skipped = sensor_tick()
+    assert isinstance(skipped, dg.SkipReason), skipped
+    assert "no epoch is injected: view ratios cannot compute the records of epoch" in skipped.skip_message
+    assert "DIVIDE_BY_ZERO" in skipped.skip_message and "Edit ratios" in skipped.skip_message
+
     # The edit that tolerates the record: epochs go on at once, the old rows frozen at the last
     # committed epoch (the old statement cannot compute the next), the other views maintained.
     views["ratios"] = "SELECT id, try_divide(a, b) AS r FROM orders"
     (h.pipeline_dir / "views.sql").write_text(views_sql(views))
+    injected = sensor_tick()  # the edited statement: the sensor injects again
+    assert isinstance(injected, dg.SensorResult) and injected.run_requests, injected
     for _ in range(2):
         result = h.run_in_process(instance)
         assert result.success, failures(result)
