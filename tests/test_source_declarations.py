@@ -109,6 +109,48 @@ def test_what_a_declaration_may_change_is_decided_by_kind_key_and_types(tmp_path
         sd.check_step(recorded, "t", _declaration(base), time.time() + 10)
 
 
+def test_an_identity_option_written_another_way_is_the_same_stream(tmp_path: Path) -> None:
+    """A default written out ('1' for a split count left out), a path spelled another way or a
+    format in capitals reads the same records: taken without a word. Another value is refused."""
+    backend = open_backend(f"duckdb:///{tmp_path / 'meta.duckdb'}")
+    backend.transaction(ensure_schema)
+    columns = (("auction", "BIGINT"), ("price", "BIGINT"))
+
+    def nexmark(**options: str) -> str:
+        given = {"nexmark.table.type": "Bid", **options}
+        origin = (("connector", "nexmark"), *((k, given.get(k)) for k in (
+            "nexmark.table.type", "nexmark.split.num", "nexmark.min.event.gap.in.ns", "nexmark.base.time")))
+        return sd.Declaration("source", (), columns, origin).to_json()
+
+    def log(path: str, fmt: str | None) -> str:
+        return sd.Declaration("source", (), columns, (("connector", "log"), ("path", path), ("format", fmt))).to_json()
+
+    from epochal.connectors.nexmark import DEFAULT_BASE_TIME_MS
+
+    t0 = time.time()
+    backend.transaction(lambda cur: sd.check_declarations(cur, {"bid": nexmark(), "raw": log("data/raw", None)}, t0))
+    backend.transaction(
+        lambda cur: cur.execute(
+            "INSERT INTO epochs (epoch, prev_epoch, kind, state, injected_at) "
+            "VALUES (1, NULL, 'checkpoint', 'COMMITTED', 0)"
+        )
+    )
+    later = time.time() + 1
+    spelled = {
+        "bid": nexmark(**{
+            "nexmark.table.type": "BID", "nexmark.split.num": "01", "nexmark.base.time": str(DEFAULT_BASE_TIME_MS)
+        }),
+        "raw": log("./data//raw/", "JSON"),
+    }
+    assert backend.transaction(lambda cur: sd.check_declarations(cur, spelled, later)) == []
+    with pytest.raises(sd.DeclarationChanged, match="its nexmark.split.num was '01' and is now '2'"):
+        backend.transaction(
+            lambda cur: sd.check_declarations(cur, {"bid": nexmark(**{"nexmark.split.num": "2"})}, later + 1)
+        )
+    with pytest.raises(sd.DeclarationChanged, match="its path was './data//raw/' and is now 'data/raw2'"):
+        backend.transaction(lambda cur: sd.check_declarations(cur, {"raw": log("data/raw2", None)}, later + 1))
+
+
 def test_columns_added_mid_stream_are_null_before_and_a_changed_type_is_refused(spark, tmp_path: Path) -> None:
     h = make_harness(tmp_path, {"sources.sql": SOURCES, "views.sql": _views_sql(VIEWS)})
     data = h.home / "data"

@@ -26,13 +26,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.definitions import recorded_after
 from epochal.checkpoint.records import InjectionBlocked
+from epochal.connectors.registry import connector_spec
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
@@ -107,14 +108,24 @@ def refusals(old: Declaration, new: Declaration) -> list[str]:
         now = f"PRIMARY KEY ({', '.join(new.primary_key)})" if new.primary_key else "none"
         found.append(f"its key was {was} and is now {now}")
     was = dict(old.origin)
+    acted = _acted_value(dict(new.origin).get("connector"))
     for option, value in new.origin:
-        if option in was and was[option] != value:
+        if option in was and acted(option, was[option]) != acted(option, value):
             found.append(f"its {option} was {_shown(was[option])} and is now {_shown(value)}")
     types = dict(old.columns)
     for column, type_ in new.columns:
         if column in types and types[column] != type_:
             found.append(f"column {column} was {types[column]} and is now {type_}")
     return found
+
+
+def _acted_value(connector: str | None) -> Callable[[str, str | None], str | None]:
+    """How ``connector`` reads an identity option as written: a default written out, or a number
+    or path spelled another way, is the same stream (``ConnectorSpec.identity_value``)."""
+    spec = connector_spec(connector) if connector else None
+    if spec is None:
+        return lambda option, value: value
+    return spec.identity_value
 
 
 def _shown(value: str | None) -> str:
@@ -167,8 +178,9 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
             )
             if part
         )
-        changed.append(f"source {name}: {parts or 'its columns in another order'}")
-        _record(cur, name, text)
+        if parts or [c for c, _ in old.columns] != [c for c, _ in new.columns]:
+            changed.append(f"source {name}: {parts or 'its columns in another order'}")
+        _record(cur, name, text)  # (else an option written another way, which reads the same records)
     if refused:
         casts = [f"CAST({c} AS {t})" for c, t in retyped]
         convert = (

@@ -81,6 +81,11 @@ class ConnectorSpec(Protocol):
     #: committed, so it is refused (``epochal.checkpoint.source_declarations``). The others tune.
     identity_options: tuple[str, ...]
 
+    def identity_value(self, option: str, value: str | None) -> str | None:
+        """The value identity ``option`` acts with when written as ``value`` (None: not given): its
+        default filled in, a number or name in one spelling. Declarations compare these, so writing
+        out a default, or '04' for '4', is no change; a value that does not parse stays as written."""
+
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         """Problems with the declared columns/options, each a full sentence naming the fix.
 

@@ -107,6 +107,13 @@ class LogConnectorSpec:
     name = "log"
     identity_options = ("path", "format")
 
+    def identity_value(self, option: str, value: str | None) -> str | None:
+        if option == "format":
+            return (value or "json").strip().lower()
+        if option == "path" and value is not None and value.strip():
+            return os.path.normpath(os.path.expanduser(value.strip()))
+        return value
+
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         # the home directory only matters for resolving the path, not for whether it is valid
         _, problems = parse_log_options(options, Path("."))

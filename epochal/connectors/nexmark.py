@@ -188,6 +188,23 @@ class NexmarkConnectorSpec:
     name = "nexmark"
     # (each event is a function of its number, the split count and these: another value is another stream)
     identity_options = ("nexmark.table.type", "nexmark.split.num", "nexmark.min.event.gap.in.ns", "nexmark.base.time")
+    _defaults: Mapping[str, int] = {
+        "nexmark.split.num": 1,
+        "nexmark.min.event.gap.in.ns": DEFAULT_MIN_EVENT_GAP_NS,
+        "nexmark.base.time": DEFAULT_BASE_TIME_MS,
+    }
+
+    def identity_value(self, option: str, value: str | None) -> str | None:
+        if option == "nexmark.table.type":
+            return value.strip().lower() if value is not None else None
+        if option not in self._defaults:
+            return value
+        if value is None:
+            return str(self._defaults[option])
+        try:
+            return str(int(value.strip()))
+        except ValueError:
+            return value
 
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         config, problems = parse_nexmark_options(options)
