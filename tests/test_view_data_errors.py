@@ -158,14 +158,14 @@ def test_a_record_a_view_cannot_compute_stops_epochs_until_the_view_is_edited(sp
     assert assert_sink_exactly_once(runtime, "ratios_out") == 3
 
     # A new view whose backfill fails on a record: the backfill says so, live epochs go on.
-    views["halves"] = "SELECT id, CAST(s AS INT) AS n FROM orders"
+    views["s_numbers"] = "SELECT id, CAST(s AS INT) AS n FROM orders"
     (h.pipeline_dir / "views.sql").write_text(views_sql(views))
     assert h.run_in_process(instance).success
     runtime = h.runtime(spark)
-    refused = r"view halves cannot be backfilled: .*`CAST\(s AS INT\)`.*CAST_INVALID_INPUT"
+    refused = r"view s_numbers cannot be backfilled: .*`CAST\(s AS INT\)`.*CAST_INVALID_INPUT"
     with pytest.raises(ViewDataError, match=refused):
         BackfillRunner(runtime).advance(budget_s=300)
-    assert "halves cannot be backfilled" in runtime.controller.status()["backfills"]["halves"]["error"]
+    assert "s_numbers cannot be backfilled" in runtime.controller.status()["backfills"]["s_numbers"]["error"]
     result = h.run_in_process(instance)
     assert result.success, failures(result)
 
