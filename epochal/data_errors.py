@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 from epochal.checkpoint import definitions, rebuilds
 from epochal.checkpoint import queries as q
 from epochal.errors import EpochalError
+from epochal.pipeline_changes import view_fingerprint
 
 if TYPE_CHECKING:
-    from epochal.meta.backend import Cursor
+    from epochal.meta.backend import Backend, Cursor
+    from epochal.pipeline.model import Pipeline, ViewDef
 
 #: SQLSTATEs of errors a record's values cause: class 22 ("data exception") and P0001 (raised by the
 #: query itself: ``raise_error``, ``assert_true``)
@@ -109,6 +111,20 @@ def _fragment(error: BaseException) -> str | None:
 
 
 _FAILED = re.compile(r"ViewDataError: view (?P<view>\w+) cannot compute epoch (?P<epoch>\d+): (?P<what>[^\n]*)")
+
+
+def user_view(pipeline: Pipeline, view: ViewDef) -> ViewDef:
+    """The view a user wrote that ``view`` computes: itself, or the view an internal stage was
+    split off, or the view a rebuild's shadow is the new statement of (errors name that one)."""
+    name = view.internal_of or view.name
+    return pipeline.views.get(rebuilds.rebuilt_view(name) or name, view)
+
+
+def sensor_should_wait(pipeline: Pipeline, backend: Backend) -> str | None:
+    """Why the barrier sensor should not inject now (``waiting_for_an_edit`` for the views of
+    ``pipeline``, the SQL files this process read), in one meta-store transaction; None otherwise."""
+    fingerprints = {name: view_fingerprint(view) for name, view in pipeline.views.items()}
+    return backend.transaction(lambda cur: waiting_for_an_edit(cur, fingerprints))
 
 
 def waiting_for_an_edit(cur: Cursor, fingerprints: Mapping[str, str]) -> str | None:

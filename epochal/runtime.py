@@ -241,14 +241,6 @@ class EpochRuntime:
         self.changes.retire_removed()
         self.changes.delete_dropped()
 
-    def waiting_for_an_edit(self) -> str | None:
-        """Why the barrier sensor should not inject now: a record a view cannot compute stopped the
-        last epoch and the view is unchanged (``data_errors.waiting_for_an_edit``); None otherwise."""
-        from epochal.data_errors import waiting_for_an_edit
-
-        fingerprints = {name: view_fingerprint(view) for name, view in self.pipeline.views.items()}
-        return self.controller.backend.transaction(lambda cur: waiting_for_an_edit(cur, fingerprints))
-
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
         """The epochs a run of epoch_job works on, oldest first.
 
@@ -398,14 +390,6 @@ class EpochRuntime:
                 },
             )
         return self._guard(epoch, lambda: self.checked_view_epoch(epoch, name, run_id, release, stored))
-
-    def user_view(self, view: ViewDef) -> ViewDef:
-        """The view a user wrote that ``view`` computes: itself, or the view an internal stage was
-        split off, or the view a rebuild's shadow is the new statement of (errors name that one)."""
-        from epochal.checkpoint.rebuilds import rebuilt_view
-
-        name = view.internal_of or view.name
-        return self.pipeline.views.get(rebuilt_view(name) or name, view)
 
     def checked_view_epoch(
         self, epoch: int, name: str, run_id: str | None, release: bool, stored: object = _UNREAD

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
-from epochal.data_errors import ViewDataError, data_failure
+from epochal.data_errors import ViewDataError, data_failure, user_view
 from epochal.errors import EpochalError
 from epochal.incremental.binding import sql_over
 from epochal.step_report import StepReport
@@ -55,7 +55,7 @@ class ViewSteps:
             if failure is None:
                 raise
             # (an internal stage's SQL is the planner's; the user edits the view it was split off)
-            owner = self.runtime.user_view(view)
+            owner = user_view(self.runtime.pipeline, view)
             raise ViewDataError(owner.name, epoch, failure, owner.query) from error
 
     def _run_view_keyed(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:

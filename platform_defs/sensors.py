@@ -28,6 +28,7 @@ from dagster import (
 from assets.epoch_assets import EPOCHS
 from epochal.backfill.runner import BackfillRunner
 from epochal.barrier_schedule import BarrierSchedule, SensorCursor
+from epochal.data_errors import sensor_should_wait
 from epochal.settings import Settings
 from platform_defs.jobs import PARTITION_TAG, TAKE_WAITING_TAG
 from resources.checkpoint import CheckpointControllerResource
@@ -65,7 +66,7 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
         partitions = []
         if schedule.due(cursor.next_barrier, now):
             runtime.apply_pipeline_changes()  # (a view removed from the files: its runs could not commit)
-            blocked = epoch_log.can_inject() or runtime.waiting_for_an_edit()
+            blocked = epoch_log.can_inject() or sensor_should_wait(runtime.pipeline, runtime.controller.backend)
             if blocked is None:
                 key = str(epoch_log.inject(runtime.plan).epoch)
                 partitions.append(key)

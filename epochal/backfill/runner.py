@@ -28,7 +28,7 @@ from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase
 from epochal.checkpoint import rebuilds
 from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
 from epochal.checkpoint.records import Collected
-from epochal.data_errors import ViewDataError, data_failure
+from epochal.data_errors import ViewDataError, data_failure, user_view
 from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
@@ -165,7 +165,7 @@ class BackfillRunner:
             # Not an epoch's failure (the epochs it writes are committed without it): the
             # backfill's, which fails the same way until the statement changes.
             definition = self.runtime.pipeline.views.get(view)
-            owner = self.runtime.user_view(definition) if definition else None
+            owner = user_view(self.runtime.pipeline, definition) if definition else None
             error = ViewDataError(owner.name if owner else view, None, failure, owner.query if owner else None)
             self.log.record_error(view, f"{type(error).__name__}: {error}"[:1000])
             raise error from exc
