@@ -118,5 +118,5 @@ class SourceSteps:
         restrict = (tuple(source.primary_key), touched)
         previous, _ = self.runtime.read_state(name, epoch, inclusive=False, restrict=restrict)
         if previous is None:
-            previous = self.runtime.spark.createDataFrame([], records.select(*columns).schema)
+            previous = self.runtime.spark.createDataFrame([], records.select(*quoted(columns)).schema)
         return upsert_changes(records, previous, source.primary_key, columns)

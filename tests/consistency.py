@@ -156,6 +156,9 @@ class LineRules:
     key: tuple[str, ...]
     #: the zone of a timestamp written without one (Spark's session time zone)
     zone: dt.tzinfo
+    #: per column, the field a record holds it under (``Column.key``: the DDL's spelling, not the
+    #: lower-cased name, since JSON keys are case-sensitive); empty: the names themselves
+    fields: tuple[str, ...] = ()
 
     def record(self, line: str) -> tuple[str, tuple] | None:
         """(op, row) for a record, None for a dead letter or a blank line."""
@@ -178,11 +181,11 @@ class LineRules:
                 op = _OPS[text.lower()]
         try:
             values = {}
-            for name, type_ in self.columns:
+            for i, (name, type_) in enumerate(self.columns):
                 if op == "delete" and name not in self.key:
                     values[name] = None  # a delete's other fields are ignored
                 else:
-                    values[name] = self.value(body.get(name), type_)
+                    values[name] = self.value(body.get(self.fields[i] if self.fields else name), type_)
         except _Misfit:
             return None
         if any(values[k] is None for k in self.key):
@@ -294,7 +297,12 @@ def log_directory(source: "SourceDef", home: Path) -> Path:
 def log_source_rows(source: "SourceDef", home: Path, ranges: list[EpochRange], zone: dt.tzinfo) -> list[tuple]:
     """The committed rows of a log source: its records in ``ranges`` (in (epoch, split) order), every
     one appended or, with a PRIMARY KEY, the last upsert of each key unless a delete followed it."""
-    rules = LineRules(tuple((c.name, _declared(c.type)) for c in source.columns), source.primary_key, zone)
+    rules = LineRules(
+        tuple((c.name, _declared(c.type)) for c in source.columns),
+        source.primary_key,
+        zone,
+        tuple(c.key for c in source.columns),
+    )
     directory = log_directory(source, home)
     lines: dict[str, list[str]] = {}
     appended: list[tuple] = []

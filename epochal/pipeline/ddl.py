@@ -63,6 +63,7 @@ DEFAULT_DECIMAL = (10, 0)
 
 # Names become Spark table names and Dagster asset keys, so keep them plain.
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _NUMBER_RE = re.compile(r"(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -251,13 +252,19 @@ class _Parser:
         if self.peek().kind != "end":
             raise self.fail("the end of the statement")
 
-    def name(self, what: str) -> tuple[str, Token]:
-        """An identifier, lower-cased (names are case-insensitive)."""
+    def name(self, what: str, column: bool = False) -> tuple[str, Token]:
+        """An identifier, lower-cased (names are case-insensitive). A table's name becomes a
+        directory, a Spark table and a Dagster asset key, so it is letters, digits and underscores;
+        a ``column`` may be any quoted name (```user-id```, ```Event Type```), as in Spark."""
         token = self.peek()
         if token.kind not in ("word", "ident"):
             raise self.fail(what)
         self.advance()
         value = token.value.lower()
+        if column:
+            if not value.strip() or _CONTROL_RE.search(value):
+                self.problem(token, f"{what} '{token.value}' must hold a visible character and no control character")
+            return value, token
         if not _NAME_RE.match(value):
             self.problem(
                 token,
@@ -330,15 +337,15 @@ class _Parser:
                 token = self.advance()
                 self.expect_word("KEY")
                 self.expect_punct("(", "'(' and the key columns")
-                keys = [self.name("key column")[0]]
+                keys = [self.name("key column", column=True)[0]]
                 while self.accept_punct(","):
-                    keys.append(self.name("key column")[0])
+                    keys.append(self.name("key column", column=True)[0])
                 self.expect_punct(")")
                 if key_token is not None:
                     self.problem(token, "PRIMARY KEY is declared twice; keep one")
                 primary_key, key_token = keys, token
             else:
-                column, token = self.name("column name")
+                column, token = self.name("column name", column=True)
                 column_type = self.column_type(column)
                 if self.peek().is_word("PRIMARY"):
                     pk = self.advance()
