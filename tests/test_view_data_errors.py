@@ -217,3 +217,45 @@ def test_a_value_the_sink_target_refuses_fails_the_sink_at_once_with_the_fix(
     result = h.run_in_process(instance)
     assert result.success, failures(result)
     assert sorted(sql_rows(database, "SELECT id, s FROM texts")) == [(1, "fine"), (2, "nulinside"), (3, "more")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["driver", "spark tasks"])
+def test_an_append_only_sink_given_an_update_fails_at_once_on_every_target_with_the_fix(
+    spark, tmp_path: Path, database, writer: str, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001, F811
+) -> None:
+    """An append-only sink cannot take a retraction: the batch fails the same way however often it
+    is sent, so it is a SinkDataError, not retried for sink_retry_s (every target retried it, up
+    to 11 attempts over ~30 s, before the run failed). Nothing of the batch is visible."""
+    if writer == "spark tasks":  # Python writer tasks, and Delta's native Spark write (raise_error)
+        monkeypatch.setenv("EPOCHAL_SINK_DRIVER_ROWS", "0")
+    targets = {
+        "to_duckdb": "connector = 'duckdb', database = 'out/s.duckdb', table = 'texts'",
+        "to_pg": f"connector = 'postgres', host = '127.0.0.1', user = 'postgres', database = '{database}', "
+        "table = 'texts'",
+        "to_delta": "connector = 'deltalake', location = 'lake/texts'",
+        "to_iceberg": "connector = 'iceberg', namespace = 'app', table = 'texts'",
+    }
+    h = make_harness(tmp_path, {
+        "sources.sql": SOURCES,
+        "views.sql": "CREATE MATERIALIZED VIEW texts AS SELECT id, s FROM orders;",
+        "sinks.sql": "".join(
+            f"CREATE SINK {name} FROM texts WITH ({to}, type = 'append-only');\n" for name, to in targets.items()
+        ),
+    })
+    instance = dg.DagsterInstance.ephemeral()
+    h.produce([order(1, 1, 1, "first"), order(2, 1, 1, "second")])
+    assert h.run_in_process(instance).success
+    h.produce([order(1, 1, 1, "changed")])  # an update: the view retracts its old row
+    started = time.monotonic()
+    result = h.run_in_process(instance)
+    took = time.monotonic() - started
+    runtime = h.runtime(spark)
+    assert not result.success
+    messages = failures(result)
+    assert len(messages) == len(targets), messages
+    for message in messages:
+        assert "is append-only but its upstream deleted or updated" in message, message
+        assert "use type = 'upsert' with a primary_key" in message, message
+    assert took < runtime.settings.sink_retry_s, took
+    assert sql_rows(database, "SELECT id, s FROM texts ORDER BY id") == [(1, "first"), (2, "second")]

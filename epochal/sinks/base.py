@@ -53,6 +53,18 @@ class SinkDataError(SinkError):
     break): the same rows fail the same way however often they are sent, so it is not retried."""
 
 
+def deletes_refused(what: str, negative: int | None = None) -> SinkDataError:
+    """An append-only sink given a change that deletes or updates rows (``negative`` of them, when
+    counted): the same batch fails the same way however often it is sent, so it is a data error,
+    not retried (it was, for ``EPOCHAL_SINK_RETRY_S``, before the run failed). ``what`` names the
+    batch or writer (``BatchId.describe``)."""
+    rows = "a row" if negative is None else f"{negative} row(s)"
+    return SinkDataError(
+        f"{what}: the sink is append-only but its upstream deleted or updated {rows}: use type = 'upsert' "
+        "with a primary_key, or deliver a view that only inserts"
+    )
+
+
 class PrecommitLost(SinkError):
     """Raised by :meth:`SinkTarget.commit` when a PENDING batch's pre-commit is gone (a prepared
     transaction rolled back by hand, staged files deleted) and the target does not hold the batch:

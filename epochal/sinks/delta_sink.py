@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.redaction import redact_url
-from epochal.sinks.base import WEIGHT, BatchId, SinkError, SinkSchemaError, SinkTarget, WriterResult, WriterTask
+from epochal.sinks.base import (
+    WEIGHT,
+    BatchId,
+    SinkError,
+    SinkSchemaError,
+    SinkTarget,
+    WriterResult,
+    WriterTask,
+    deletes_refused,
+)
 from epochal.sinks.lake_files import (
     STAGING_DIR,
     RollingParquetWriter,
@@ -233,10 +242,10 @@ class DeltaTarget(SinkTarget):
 
         columns = [F.col(quote(c)) for c in self.columns]
         if self.type == "append-only":
-            refused = (
-                f"{batch.describe()}: the sink is append-only but its upstream deleted or updated a row: use "
-                "type = 'upsert' with a primary_key"
-            )
+            # Raised inside Spark's tasks, the error comes back as text: on a line of its own, its
+            # kind is read from it by the coordinator (not retried) like a Python writer's traceback.
+            error = deletes_refused(batch.describe())
+            refused = f"\n{type(error).__name__}: {error}\n"
             weight = F.when(F.col(WEIGHT) < 0, F.raise_error(F.lit(refused))).otherwise(F.col(WEIGHT)).cast("int")
             copies = F.explode(F.array_repeat(F.lit(0), weight)).alias("_epochal_copy")  # weight n: n rows
             files = self._spark_files(frame.select(*columns, copies).drop("_epochal_copy"), batch, "s")

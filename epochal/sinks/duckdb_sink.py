@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Any
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.meta.backend import Cursor, DuckDBBackend
-from epochal.sinks.base import WEIGHT, BatchId, PrecommitLost, SinkError, SinkSchemaError, SinkTarget, WriterTask
+from epochal.sinks.base import (
+    WEIGHT,
+    BatchId,
+    PrecommitLost,
+    SinkError,
+    SinkSchemaError,
+    SinkTarget,
+    WriterTask,
+    deletes_refused,
+)
 from epochal.sinks.spec import primary_key_columns
 from epochal.sql import DUCKDB, duckdb_parquet, quote
 
@@ -148,10 +157,7 @@ class DuckDBTarget(SinkTarget):
                 if self.type == "append-only":
                     negative = pc.sum(pc.less(record_batch.column(WEIGHT), 0)).as_py() or 0
                     if negative:
-                        raise SinkError(
-                            f"{task.batch.describe()}: the sink is append-only but its upstream deleted or updated "
-                            f"{negative} row(s): use type = 'upsert' with a primary_key"
-                        )
+                        raise deletes_refused(task.batch.describe(), negative)
                 if writer is None:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     writer = pq.ParquetWriter(path, record_batch.schema)
@@ -219,10 +225,7 @@ class DuckDBTarget(SinkTarget):
         if self.type == "append-only":
             negative = cur.execute(f"SELECT count(*) FROM {source} WHERE {WEIGHT} < 0").fetchone()[0]
             if negative:
-                raise EpochalError(
-                    f"sink {self.name} is append-only but its upstream deleted or updated {negative} row(s) "
-                    "in this epoch: use type = 'upsert' with a primary_key"
-                )
+                raise deletes_refused(f"sink {self.name}", negative)
             # a weight of n is n copies of the row
             cur.execute(f"INSERT INTO {target} SELECT {cols} FROM (SELECT *, unnest(range({WEIGHT})) FROM {source})")
             return cur.execute(f"SELECT coalesce(sum({WEIGHT}), 0) FROM {source}").fetchone()[0], 0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epochal.sinks.base import WEIGHT, BatchId, PrecommitLost, SinkError, WriterTask
+from epochal.sinks.base import WEIGHT, BatchId, PrecommitLost, SinkError, WriterTask, deletes_refused
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -287,10 +287,7 @@ def write_task_rows(
             lowest = pc.min(weight).as_py()
             if lowest < 0:
                 negative = pc.sum(pc.less(weight, 0)).as_py()
-                raise SinkError(
-                    f"{task.batch.describe()}: sink {task.batch.sink} is append-only but its upstream deleted or "
-                    f"updated {negative} row(s): use type = 'upsert' with a primary_key"
-                )
+                raise deletes_refused(task.batch.describe(), negative)
             if pc.max(weight).as_py() > 1:
                 data = data.take(pa.array(np.repeat(np.arange(batch.num_rows), weight.to_numpy())))
             writer.write(data)

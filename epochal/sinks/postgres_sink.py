@@ -44,6 +44,7 @@ from epochal.sinks.base import (
     SinkSchemaError,
     SinkTarget,
     WriterTask,
+    deletes_refused,
 )
 from epochal.sinks.postgres_schema import check_existing, copy_csv, existing_columns, postgres_type
 from epochal.sinks.spec import primary_key_columns, writer_count
@@ -385,10 +386,7 @@ class PostgresTarget(SinkTarget):
                 weights = record_batch.column(WEIGHT)
                 if pc.min(weights).as_py() < 0:
                     negative = pc.sum(pc.less(weights, 0)).as_py()
-                    raise SinkError(
-                        f"{task.batch.describe()}: sink {self.name} is append-only but its upstream deleted or "
-                        f"updated {negative} row(s) in this batch: use type = 'upsert' with a primary_key"
-                    )
+                    raise deletes_refused(task.batch.describe(), negative)
                 if pc.max(weights).as_py() > 1:  # weight n: n copies of the row
                     repeats = np.repeat(np.arange(record_batch.num_rows), weights.to_numpy(zero_copy_only=False))
                     record_batch = record_batch.take(pa.array(repeats))
