@@ -84,7 +84,9 @@ def _lag_seconds(epoch: int | None) -> float | None:
 def source_declaration(source: SourceDef) -> str:
     """What ``source``'s stored rows depend on (``source_declarations.Declaration``), as JSON."""
     spec = connector_spec(source.connector)
-    return Declaration.of(source, spec.identity_options if spec is not None else ()).to_json()
+    if spec is None:
+        return Declaration.of(source).to_json()
+    return Declaration.of(source, spec.identity_options, spec.fields_by_spelling).to_json()
 
 
 class EpochRuntime:

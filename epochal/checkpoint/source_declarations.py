@@ -58,9 +58,13 @@ class Declaration:
     #: the connector and the options that say which records its offsets point to
     #: (``ConnectorSpec.identity_options``), as written; None for an option not given
     origin: tuple[tuple[str, str | None], ...] = ()
+    #: (name, the record's field it is read from) per column, for a connector that looks fields up
+    #: by the DDL's spelling (``ConnectorSpec.fields_by_spelling``); None: not recorded (another
+    #: connector, or a declaration stored before fields were)
+    fields: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
-    def of(cls, source: SourceDef, identity_options: tuple[str, ...] = ()) -> Declaration:
+    def of(cls, source: SourceDef, identity_options: tuple[str, ...] = (), by_spelling: bool = False) -> Declaration:
         origin = (("connector", source.connector.lower()),) + tuple(
             (key, source.options.get(key)) for key in identity_options
         )
@@ -69,6 +73,7 @@ class Declaration:
             tuple(source.primary_key),
             tuple((c.name, normal_type(c.type)) for c in source.columns),
             origin,
+            tuple((c.name, c.key) for c in source.columns) if by_spelling else None,
         )
 
     def to_json(self) -> str:
@@ -78,6 +83,7 @@ class Declaration:
                 "primary_key": list(self.primary_key),
                 "columns": [list(c) for c in self.columns],
                 "origin": [list(o) for o in self.origin],
+                **({"fields": [list(f) for f in self.fields]} if self.fields is not None else {}),
             }
         )
 
@@ -89,6 +95,7 @@ class Declaration:
             tuple(data["primary_key"]),
             tuple((n, t) for n, t in data["columns"]),
             tuple((k, v) for k, v in data.get("origin", [])),
+            tuple((n, f) for n, f in data["fields"]) if "fields" in data else None,
         )
 
 
@@ -116,7 +123,19 @@ def refusals(old: Declaration, new: Declaration) -> list[str]:
     for column, type_ in new.columns:
         if column in types and types[column] != type_:
             found.append(f"column {column} was {types[column]} and is now {type_}")
+    found += [f"column {c} was read from the records' field {was!r} and would now be read from {now!r}"
+              for c, was, now in respelled(old, new)]
     return found
+
+
+def respelled(old: Declaration, new: Declaration) -> list[tuple[str, str, str]]:
+    """(column, field it was read from, field it would be read from) for each column whose spelling
+    changed where the connector reads fields by spelling: ``customerId`` -> ``CustomerId`` is the
+    same column to SQL but another JSON key, which most records lack (NULL from then on, silently)."""
+    if old.fields is None or new.fields is None:
+        return []
+    was = dict(old.fields)
+    return [(c, was[c], field) for c, field in new.fields if c in was and was[c] != field]
 
 
 def _acted_value(connector: str | None) -> Callable[[str, str | None], str | None]:
@@ -155,6 +174,7 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
     committed = q.committed_epoch(cur) is not None
     refused, changed = [], []
     retyped: list[tuple[str, str]] = []
+    respellings: list[tuple[str, str]] = []
     for name, text in sorted(declarations.items()):
         if name not in stored:
             _record(cur, name, text)
@@ -167,6 +187,7 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
             refused.append(f"source {name}: {'; '.join(found)}")
             before = dict(old.columns)
             retyped += [(c, t) for c, t in new.columns if c in before and before[c] != t]
+            respellings += [(c, was) for c, was, _ in respelled(old, new)]
             continue
         added, removed = added_and_removed(old, new)
         parts = "; ".join(
@@ -188,9 +209,13 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
             if casts
             else ""
         )
+        if respellings:
+            spelled = ", ".join(f"`{was}`" for _, was in respellings)
+            convert += f"spell the column(s) as before ({spelled}: a record's field names are case-sensitive), or "
         raise DeclarationChanged(
-            f"{'. '.join(refused)}. The source's stored files and the views computed from it hold the old "
-            "types and layout, and mixing the two would fail every epoch, so nothing was injected. To go on, "
+            f"{'. '.join(refused)}. The source's stored files and the views computed from it follow the old "
+            "declaration, and mixing the two would fail every epoch or read other fields, so nothing was "
+            "injected. To go on, "
             f"{convert}declare the new shape under a new name (a new source reads its splits from their start, "
             "and the views moved to it rebuild while their old rows keep serving). Adding and removing "
             "columns is accepted"

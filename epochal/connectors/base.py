@@ -80,6 +80,9 @@ class ConnectorSpec(Protocol):
     #: stream): changing one under a running source would read other records at the offsets it
     #: committed, so it is refused (``epochal.checkpoint.source_declarations``). The others tune.
     identity_options: tuple[str, ...]
+    #: whether a record's field is looked up by the column's spelling in the DDL (``Column.key``:
+    #: a log's JSON keys are case-sensitive), so that respelling a column reads another field
+    fields_by_spelling: bool
 
     def identity_value(self, option: str, value: str | None) -> str | None:
         """The value identity ``option`` acts with when written as ``value`` (None: not given): its

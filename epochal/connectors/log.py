@@ -106,6 +106,7 @@ def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig
 class LogConnectorSpec:
     name = "log"
     identity_options = ("path", "format")
+    fields_by_spelling = True
 
     def identity_value(self, option: str, value: str | None) -> str | None:
         if option == "format":
