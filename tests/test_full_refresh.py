@@ -23,6 +23,9 @@ FULL_VIEWS = {
     # a recursive CTE (incremental views refuse it by name; it made a cycle among views)
     "order_bands": "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
     "SELECT o.id, r.n FROM orders o JOIN r ON o.id % 3 + 1 = r.n",
+    # a LATERAL subquery (incremental views refuse it by name; its columns read as unknown)
+    "customer_counts": "SELECT c.customer, t.n, t.top FROM (SELECT DISTINCT customer FROM orders) c, "
+    "LATERAL (SELECT count(*) AS n, max(o.amount) AS top FROM orders o WHERE o.customer = c.customer) t",
 }
 DOWNSTREAM = {"big_customers": "SELECT customer, total FROM order_totals WHERE total > 50"}
 

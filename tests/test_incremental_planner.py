@@ -650,6 +650,13 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
                             "EXISTS", "correlate it"),
     "any_subquery": ("SELECT auction FROM bid WHERE price > ANY (SELECT reserve FROM auction)", "ANY/SOME/ALL",
                      "EXISTS"),
+    # (its columns read as unknown before: "unknown column 'n': t has ")
+    "lateral_subquery": ("SELECT p.id, t.n FROM person p, LATERAL (SELECT count(*) AS n FROM auction a "
+                         "WHERE a.seller = p.id) t", "a LATERAL subquery", "grouped by the columns it correlates on"),
+    "tuple_in_subquery": ("SELECT id FROM person WHERE (id, city) IN (SELECT seller, item_name FROM auction)",
+                          "IN (subquery)", "EXISTS (SELECT 1 FROM t WHERE t.x = a AND t.y = b)"),
+    "join_lateral": ("SELECT p.id, t.top FROM person p JOIN LATERAL (SELECT a.id AS top FROM auction a "
+                     "WHERE a.seller = p.id ORDER BY a.reserve DESC LIMIT 1) t", "a LATERAL subquery", "LEFT JOIN ("),
 }
 
 

@@ -100,6 +100,14 @@ class KeyAnalyzer:
             # is the rows themselves (restricted by key like any leaf's)
             self.leaves.append(_LeafSpec(node, f"SELECT * FROM {node.sql(dialect=DIALECT)}", (), None))
             return _Item(self._next_id(), alias, node, leaf=len(self.leaves) - 1)
+        if isinstance(node, exp.Lateral) and isinstance(node.this, exp.Subquery):
+            raise Unmaintainable(
+                "a LATERAL subquery",
+                "it runs once for every row of the tables before it, so no key partitions it",
+                "join the subquery grouped by the columns it correlates on instead, e.g. LEFT JOIN "
+                "(SELECT o.cust, count(*) AS n FROM orders o GROUP BY o.cust) t ON t.cust = c.id",
+                node,
+            )
         raise Unmaintainable(
             f"FROM {node.sql(dialect=DIALECT)[:60]}", "only tables, views and subqueries can be read", node=node
         )
@@ -453,7 +461,13 @@ class KeyAnalyzer:
             subquery = inner.args["query"]
             query = subquery.this if isinstance(subquery, exp.Subquery) else subquery
             if len(query.named_selects) != 1:
-                raise Unmaintainable("IN (subquery)", "the subquery must return one column", node=inner)
+                raise Unmaintainable(
+                    "IN (subquery)",
+                    "the subquery must return one column",
+                    "for several, write EXISTS (SELECT 1 FROM t WHERE t.x = a AND t.y = b) instead of (a, b) IN "
+                    "(SELECT x, y FROM t)",
+                    inner,
+                )
             if not isinstance(subquery, exp.Subquery):
                 subquery = exp.Subquery(this=query.copy())
                 inner.set("query", subquery)

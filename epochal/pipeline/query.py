@@ -549,7 +549,11 @@ def _unknown_column(
         if isinstance(source, exp.Table):
             candidates[_table_name(source)] = list(schema[_table_name(source)])
         elif isinstance(source, Scope):
-            candidates[alias] = list(source.expression.named_selects)
+            produced = source.expression
+            if isinstance(produced, exp.Lateral) and isinstance(produced.this, exp.Subquery):
+                # LATERAL (SELECT ...) t: its columns are the subquery's (a LATERAL VIEW's are its alias's)
+                produced = produced.this
+            candidates[alias] = list(produced.named_selects)
     if any(column.name in names or "*" in names for names in candidates.values()):
         return None
     message = f"view {view}: unknown column '{column.name}'"
