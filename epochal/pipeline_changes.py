@@ -85,6 +85,7 @@ class PipelineChanges:
                     continue
                 cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
                 cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
+                cur.execute("DELETE FROM sink_declarations WHERE sink = ?", [sink])
                 gone.append(f"sink {sink}")
             retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
             # (a shadow is the meta store's own table: its name comes back with the view's next change)

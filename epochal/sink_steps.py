@@ -15,7 +15,13 @@ from epochal.checkpoint.sink_batches import DeliveryReport, SinkStart
 from epochal.errors import require
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
 from epochal.sinks.driver_writer import DriverWriter
-from epochal.sinks.spec import commit_checkpoint_interval, sink_spec, snapshot_option, writer_count
+from epochal.sinks.spec import (
+    commit_checkpoint_interval,
+    sink_declaration,
+    sink_spec,
+    snapshot_option,
+    writer_count,
+)
 from epochal.step_report import StepReport
 
 if TYPE_CHECKING:
@@ -95,7 +101,13 @@ class SinkSteps:
         # table with history delivers the state at the newest committed epoch before this one as one
         # snapshot batch (snapshot = 'true'), or skips that history; one there from the first epoch
         # has none. This epoch and later ones are delivered as epochs.
-        start = coordinator.start(name, snapshot_option(definition.options), epoch)
+        start = coordinator.start(
+            name,
+            snapshot_option(definition.options),
+            epoch,
+            sink_declaration(definition.from_table, definition.connector, definition.options),
+            self.runtime.pipeline.loaded_at,
+        )
 
         def deliver() -> DeliveryReport:
             delivered = coordinator.delivered_epoch(name)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
+from epochal.checkpoint import sink_declarations
 from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.checkpoint.sink_batches import (
     BATCH_COLUMNS,
@@ -164,19 +165,30 @@ class SinkCoordinator:
 
     # ------------------------------------------------------------------ where a sink starts
 
-    def start(self, sink: str, snapshot: bool, join_epoch: int) -> SinkStart:
+    def start(
+        self,
+        sink: str,
+        snapshot: bool,
+        join_epoch: int,
+        declaration: str | None = None,
+        loaded_at: float | None = None,
+    ) -> SinkStart:
         """Where ``sink`` starts: decided at its first call (a delivery step of ``join_epoch``) and
         recorded, so later runs, recoveries and a changed ``snapshot`` option keep it. The history
         is the committed epochs before ``join_epoch``; a sink that already has batches (from before
-        starts were recorded) or joins at the first epoch has none."""
+        starts were recorded) or joins at the first epoch has none. ``declaration`` (what the sink
+        reads and where it writes) is checked against the recorded one first: a sink moved to
+        another target under the same name raises ``SinkTargetChanged`` (``sink_declarations``)."""
 
         def decide(cur: Cursor) -> SinkStart:
             known = q.sink_start(cur, sink)
-            if known is not None:
-                return SinkStart(*known)
             batches = cur.execute(
                 "SELECT count(*) FROM sink_batches WHERE sink = ? AND state IN ('PENDING', 'COMMITTED')", [sink]
             ).fetchone()[0]
+            if declaration is not None:
+                sink_declarations.check_sink(cur, sink, declaration, loaded_at, known is not None or batches > 0)
+            if known is not None:
+                return SinkStart(*known)
             upto = None
             if not batches:
                 upto = cur.execute(

@@ -286,6 +286,13 @@ DDL = (
         declaration VARCHAR NOT NULL,
         recorded_at DOUBLE PRECISION NOT NULL
     )""",
+    # What each sink reads and where it writes, recorded at its first delivery: a sink whose target
+    # changed under the same name is refused (epochal/checkpoint/sink_declarations.py).
+    """CREATE TABLE IF NOT EXISTS sink_declarations (
+        sink VARCHAR PRIMARY KEY,
+        declaration VARCHAR NOT NULL,
+        recorded_at DOUBLE PRECISION NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

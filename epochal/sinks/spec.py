@@ -48,6 +48,11 @@ class SinkSpec:
     secret: tuple[str, ...] = ()
     #: extra load-time checks: (options, upstream columns) -> problems
     check: Callable[[Mapping[str, str], Sequence[str]], list[str]] | None = None
+    #: the options that say which target the rows go to (a changed one is another target:
+    #: ``epochal.checkpoint.sink_declarations``), the defaults the target applies, and which are paths
+    identity: tuple[str, ...] = ()
+    identity_defaults: tuple[tuple[str, str], ...] = ()
+    paths: tuple[str, ...] = ()
 
     def create(
         self, name: str, options: Mapping[str, str], columns: Sequence[str], home: Path, meta_url: str | None
@@ -65,7 +70,12 @@ def _postgres_check(options: Mapping[str, str], columns: Sequence[str]) -> list[
 
 SINK_CONNECTORS: dict[str, SinkSpec] = {
     "duckdb": SinkSpec(
-        "duckdb", ("database", "table"), ("database", "table"), "epochal.sinks.duckdb_sink:DuckDBTarget"
+        "duckdb",
+        ("database", "table"),
+        ("database", "table"),
+        "epochal.sinks.duckdb_sink:DuckDBTarget",
+        identity=("database", "table"),
+        paths=("database",),
     ),
     "postgres": SinkSpec(
         "postgres",
@@ -74,20 +84,43 @@ SINK_CONNECTORS: dict[str, SinkSpec] = {
         "epochal.sinks.postgres_sink:PostgresTarget",
         secret=("password",),
         check=_postgres_check,
+        # (table defaults to the sink's name, which a declaration is kept under anyway)
+        identity=("host", "port", "database", "schema", "table"),
+        identity_defaults=(("port", "5432"), ("database", "postgres"), ("schema", "public")),
     ),
-    "deltalake": SinkSpec("deltalake", ("location",), ("location",), "epochal.sinks.delta_sink:DeltaTarget"),
+    "deltalake": SinkSpec(
+        "deltalake",
+        ("location",),
+        ("location",),
+        "epochal.sinks.delta_sink:DeltaTarget",
+        identity=("location",),
+        paths=("location",),
+    ),
     "iceberg": SinkSpec(
         "iceberg",
         ("catalog.uri", "catalog.name", "warehouse", "namespace", "table"),
         ("table",),
         "epochal.sinks.iceberg_sink:IcebergTarget",
         secret=("catalog.uri",),
+        # (catalog.uri is a secret, never recorded: the catalog's name and warehouse stand for it)
+        identity=("catalog.name", "warehouse", "namespace", "table"),
+        identity_defaults=(("catalog.name", "epochal"), ("namespace", "default")),
+        paths=("warehouse",),
     ),
 }
 
 
 def sink_spec(connector: str) -> SinkSpec | None:
     return SINK_CONNECTORS.get(connector.strip().lower())
+
+
+def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]) -> str:
+    """What a sink reads and where it writes (``sink_declarations.SinkDeclaration``), as JSON."""
+    from epochal.checkpoint.sink_declarations import SinkDeclaration
+
+    spec = sink_spec(connector)
+    identity, defaults, paths = (spec.identity, dict(spec.identity_defaults), spec.paths) if spec else ((), {}, ())
+    return SinkDeclaration.of(from_table, connector, options, identity, defaults, paths).to_json()
 
 
 def primary_key_columns(options: Mapping[str, str]) -> tuple[str, ...]:
