@@ -86,12 +86,15 @@ def test_a_sink_moved_to_another_table_is_refused_until_renamed_or_put_back(spar
     assert runtime.controller.sink_coordinator.delivered_epoch("totals_out") == delivered  # nothing delivered
     assert target_rows(h.home, "totals_v2") is None  # nor created
     assert target_rows(h.home, "totals") == expected(produced[:8])
+    shown = runtime.controller.status()["sinks"]["totals_out"]  # what `epochal status` prints
+    assert shown["lag_epochs"] == 1 and "its table was 'totals'" in shown["last_error"], shown
 
     # Put back, it catches up on the old table; renamed, the new sink starts from a snapshot.
     (h.pipeline_dir / "p.sql").write_text(SOURCE_AND_VIEW + sink_sql("totals_out", "totals"))
     runtime = h.runtime(spark)
     runtime.run_sink(e, "totals_out")
     assert target_rows(h.home, "totals") == expected(produced)
+    assert runtime.controller.status()["sinks"]["totals_out"]["last_error"] is None
     (h.pipeline_dir / "p.sql").write_text(SOURCE_AND_VIEW + sink_sql("totals_v2_out", "totals_v2"))
     runtime = h.runtime(spark)
     runtime.run_sink(epoch(runtime, 3), "totals_v2_out")

@@ -135,7 +135,8 @@ class SinkCoordinator:
             "lag_epochs": waiting,
             "lag_seconds": round(time.time() - oldest, 3) if oldest is not None else 0.0,
             "pending_batches": pending,
-            "last_error": last_error[0] if last_error else None,
+            # (a delivery refused before any batch, for a target changed under the sink's name, first)
+            "last_error": sink_declarations.refusal(cur, sink) or (last_error[0] if last_error else None),
             "start": SinkCoordinator._start_status(cur, sink),
         }
 
@@ -204,7 +205,12 @@ class SinkCoordinator:
                 raise InvariantViolation(f"sink {sink}: its start was recorded but cannot be read back")
             return SinkStart(*decided)
 
-        return self.backend.transaction(decide)
+        try:
+            return self.backend.transaction(decide)
+        except sink_declarations.SinkTargetChanged as refused:
+            reason = str(refused)
+            self.backend.transaction(lambda cur: sink_declarations.note_refusal(cur, sink, reason))
+            raise
 
     def move_snapshot(self, sink: str, stale: int, epoch: int) -> SinkStart:
         """Move a snapshot start whose state can no longer be read (retention released its snapshot

@@ -133,8 +133,12 @@ def check_sink(cur: Cursor, sink: str, declaration: str, loaded_at: float | None
     """Record ``sink``'s declaration (JSON of :class:`SinkDeclaration`) or check it against the
     recorded one (module docstring). ``started``: the sink has delivered or begun to deliver (its
     start is decided, or it has batches), so a target holds some of the old stream."""
-    row = cur.execute("SELECT declaration, recorded_at FROM sink_declarations WHERE sink = ?", [sink]).fetchone()
+    row = cur.execute(
+        "SELECT declaration, recorded_at, refused FROM sink_declarations WHERE sink = ?", [sink]
+    ).fetchone()
     if row is not None and row[0] == declaration:
+        if row[2] is not None:
+            cur.execute("UPDATE sink_declarations SET refused = NULL WHERE sink = ?", [sink])
         return
     if row is not None and recorded_after(row[1], loaded_at):
         raise StaleSinkDeclaration(
@@ -157,3 +161,13 @@ def check_sink(cur: Cursor, sink: str, declaration: str, loaded_at: float | None
         "INSERT INTO sink_declarations (sink, declaration, recorded_at) VALUES (?, ?, ?)",
         [sink, declaration, time.time()],
     )
+
+
+def note_refusal(cur: Cursor, sink: str, reason: str) -> None:
+    """Keep why ``sink``'s delivery was refused, for `epochal status`, until a step delivers again."""
+    cur.execute("UPDATE sink_declarations SET refused = ? WHERE sink = ?", [reason, sink])
+
+
+def refusal(cur: Cursor, sink: str) -> str | None:
+    row = cur.execute("SELECT refused FROM sink_declarations WHERE sink = ?", [sink]).fetchone()
+    return row[0] if row else None

@@ -288,11 +288,14 @@ DDL = (
     )""",
     # What each sink reads and where it writes, recorded at its first delivery: a sink whose target
     # changed under the same name is refused (epochal/checkpoint/sink_declarations.py).
+    # ``refused``: why the last delivery step refused (shown by `epochal status`), until one is not.
     """CREATE TABLE IF NOT EXISTS sink_declarations (
         sink VARCHAR PRIMARY KEY,
         declaration VARCHAR NOT NULL,
-        recorded_at DOUBLE PRECISION NOT NULL
+        recorded_at DOUBLE PRECISION NOT NULL,
+        refused VARCHAR
     )""",
+    "ALTER TABLE sink_declarations ADD COLUMN IF NOT EXISTS refused VARCHAR",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",
