@@ -655,6 +655,10 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
                          "WHERE a.seller = p.id) t", "a LATERAL subquery", "grouped by the columns it correlates on"),
     "tuple_in_subquery": ("SELECT id FROM person WHERE (id, city) IN (SELECT seller, item_name FROM auction)",
                           "IN (subquery)", "EXISTS (SELECT 1 FROM t WHERE t.x = a AND t.y = b)"),
+    # (named "JOIN" before, which the query does not have)
+    "two_semi_joins": ("SELECT p.id FROM person p WHERE EXISTS (SELECT 1 FROM auction a WHERE a.seller = p.id) "
+                       "AND p.city IN (SELECT item_name FROM auction)", "IN/EXISTS (subquery)",
+                       "apply one in a subquery in FROM"),
     "join_lateral": ("SELECT p.id, t.top FROM person p JOIN LATERAL (SELECT a.id AS top FROM auction a "
                      "WHERE a.seller = p.id ORDER BY a.reserve DESC LIMIT 1) t", "a LATERAL subquery", "LEFT JOIN ("),
 }

@@ -256,6 +256,9 @@ SPARK_FORMS = {
     "next_ids": "SELECT id FROM customers WHERE id + 1 IN (SELECT cust FROM orders)",
     "unmatched": "SELECT c.id FROM customers c WHERE NOT EXISTS "
     "(SELECT 1 FROM orders o WHERE coalesce(o.cust, 0) = c.id - 1)",
+    # two semi joins on different keys, the rewrite their refusal names: one in a subquery in FROM
+    "tiered_buyers": "SELECT id FROM (SELECT * FROM customers c WHERE c.tier IN (SELECT qty FROM orders)) c "
+    "WHERE EXISTS (SELECT 1 FROM orders o WHERE o.cust = c.id)",
     # the top groups and a ranking of groups (refused: the aggregation and the LIMIT or window
     # partition differently); the planner makes the aggregation a stage the rest reads
     "top_custs": "SELECT cust, count(*) AS n FROM orders GROUP BY cust ORDER BY n DESC, cust LIMIT 2",

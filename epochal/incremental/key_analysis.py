@@ -331,6 +331,21 @@ class KeyAnalyzer:
                     join,
                 )
         if len(items) > 1 and not any(nodes for _, nodes in required):
+            where = select.args.get("where")
+            # IN/EXISTS (subquery) in this level's WHERE is a semi join with the subquery's table
+            semi = where is not None and any(
+                node.parent_select is select and (isinstance(node, exp.Exists) or node.args.get("query"))
+                for node in where.find_all(exp.In, exp.Exists)
+            )
+            if semi:
+                return Unmaintainable(
+                    "JOIN or IN/EXISTS (subquery)" if select.args.get("joins") else "IN/EXISTS (subquery)",
+                    "each subquery in WHERE joins its table with the query's, and they are not all joined on one "
+                    "key (each must share an equality with the others)",
+                    "apply one in a subquery in FROM, e.g. FROM (SELECT * FROM t WHERE t.a IN (SELECT ...)) t, "
+                    "and the other in the query that reads it",
+                    select,
+                )
             return Unmaintainable(
                 "JOIN",
                 "its inputs are not all joined on one key (every join must share an equality with the others)",
