@@ -555,3 +555,16 @@ def frame(spark: Any, rows: list[tuple], ddl: str) -> Any:
         for row in rows
     ]
     return spark.range(1).select(F.inline(F.array(*structs)))
+
+
+def iceberg_table(home: Path, name: str) -> Any:
+    """Iceberg table ``name`` (``namespace.table``) of an Epochal home's default catalog, opened as
+    another tool would: a fresh pyiceberg SqlCatalog on the catalog file and warehouse."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog(
+        "epochal",
+        uri=f"sqlite:///{(home / 'iceberg-catalog.db').resolve()}",
+        warehouse=str((home / "iceberg-warehouse").resolve()),
+    )
+    return catalog.load_table(name)

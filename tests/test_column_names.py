@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from pyiceberg.catalog.sql import SqlCatalog
 
 from epochal.backfill.runner import BackfillRunner
 from epochal.connectors.log import append_records
@@ -24,7 +23,7 @@ from epochal.errors import PipelineError
 from epochal.pipeline.loader import load_pipeline
 from epochal.query import run_query
 from epochal.storage.warehouse import dead_letter_table
-from tests.consistency import Oracle, multiset, sink_rows
+from tests.consistency import Oracle, iceberg_table, multiset, sink_rows
 from tests.epochal_harness import make_harness, run_epoch
 from tests.test_postgres_sink import database, sql_rows  # noqa: F401 - the fixture
 
@@ -156,12 +155,7 @@ def test_columns_named_as_records_name_them_run_through_views_backfills_and_ever
 
     assert lake(DeltaTable(str(h.home / "lake" / "per_user")).to_pyarrow_table().to_pylist()) == per_user
     assert lake(DeltaTable(str(h.home / "lake" / "linear")).to_pyarrow_table().to_pylist()) == linear
-    catalog = SqlCatalog(
-        "epochal",
-        uri=f"sqlite:///{(h.home / 'iceberg-catalog.db').resolve()}",
-        warehouse=str((h.home / "iceberg-warehouse").resolve()),
-    )
-    assert lake(catalog.load_table("app.per_user").scan().to_arrow().to_pylist()) == per_user
+    assert lake(iceberg_table(h.home, "app.per_user").scan().to_arrow().to_pylist()) == per_user
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,11 @@ import dagster as dg
 import duckdb
 import pytest
 from deltalake import DeltaTable
-from pyiceberg.catalog.sql import SqlCatalog
 
 from epochal.connectors.log import append_records
 from epochal.errors import PipelineError
 from epochal.pipeline.loader import load_pipeline
-from tests.consistency import assert_source_exact, assert_views_match_batch
+from tests.consistency import assert_source_exact, assert_views_match_batch, iceberg_table
 from tests.epochal_harness import make_harness
 from tests.test_postgres_sink import database, sql_rows  # noqa: F401 - the fixture
 
@@ -115,12 +114,7 @@ def test_structs_and_arrays_reach_duckdb_delta_iceberg_and_postgres_sinks_as_the
         con.close()
     assert _rows(in_duckdb) == view
     assert _rows(DeltaTable(str(h.home / "lake" / "nested")).to_pyarrow_table().to_pylist()) == view
-    catalog = SqlCatalog(
-        "epochal",
-        uri=f"sqlite:///{(h.home / 'iceberg-catalog.db').resolve()}",
-        warehouse=str((h.home / "iceberg-warehouse").resolve()),
-    )
-    assert _rows(catalog.load_table("app.nested").scan().to_arrow().to_pylist()) == view
+    assert _rows(iceberg_table(h.home, "app.nested").scan().to_arrow().to_pylist()) == view
     assert sql_rows(database, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
                     "'public.nested'::regclass AND attname = 'device'") == [("jsonb",)]
     in_postgres = sql_rows(database, "SELECT id, device::text, tags::text, info::text FROM nested ORDER BY id")

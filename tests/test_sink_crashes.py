@@ -13,9 +13,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from deltalake import DeltaTable
-from pyiceberg.catalog.sql import SqlCatalog
 
 from epochal.checkpoint.sink_batches import SinkBatchState
+from tests.consistency import iceberg_table
 from tests.epochal_harness import make_harness
 from tests.test_postgres_sink import database, prepared, sql_rows  # noqa: F401 - the fixture
 
@@ -87,12 +87,7 @@ def test_sinks_are_exact_after_a_crash_inside_their_commit(spark, tmp_path: Path
     assert delta.transaction_version("orders_delta") == committed
 
     # Iceberg, opened as another tool would: the view by key; at most one snapshot per batch
-    catalog = SqlCatalog(
-        "epochal",
-        uri=f"sqlite:///{(h.home / 'iceberg-catalog.db').resolve()}",
-        warehouse=str((h.home / "iceberg-warehouse").resolve()),
-    )
-    table = catalog.load_table("sales.totals")
+    table = iceberg_table(h.home, "sales.totals")
     got = table.scan().to_arrow().to_pylist()
     assert Counter((r["customer"], r["total"], r["n"]) for r in got) == expected_totals(ORDERS)
     epochs = [s.summary.additional_properties.get("epochal.epoch") for s in table.snapshots()]
