@@ -61,6 +61,7 @@ class SinkDeclaration:
         from_table: str,
         connector: str,
         options: Mapping[str, str],
+        primary_key: tuple[str, ...],
         identity: tuple[str, ...],
         defaults: Mapping[str, str],
         paths: tuple[str, ...] = (),
@@ -76,7 +77,7 @@ class SinkDeclaration:
             from_table.lower(),
             connector.strip().lower(),
             options.get("type", "append-only").strip().lower(),
-            tuple(c.strip().lower() for c in options.get("primary_key", "").split(",") if c.strip()),
+            tuple(c.lower() for c in primary_key),
             tuple(target),
         )
 

@@ -120,7 +120,9 @@ def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]
 
     spec = sink_spec(connector)
     identity, defaults, paths = (spec.identity, dict(spec.identity_defaults), spec.paths) if spec else ((), {}, ())
-    return SinkDeclaration.of(from_table, connector, options, identity, defaults, paths).to_json()
+    return SinkDeclaration.of(
+        from_table, connector, options, primary_key_columns(options), identity, defaults, paths
+    ).to_json()
 
 
 def primary_key_columns(options: Mapping[str, str]) -> tuple[str, ...]:
