@@ -68,12 +68,15 @@ class PipelineChanges:
             gone = sorted(known - tables - serving - newer)
             rebuilds.forget(cur, [t for t in gone if t not in finished])
             definitions.prune_statements(cur)
-            # A removed sink's delivery records go too (its target keeps what it received).
+            # A removed sink's delivery records go too (its target keeps what it received), its start
+            # with them: a sink added back under the name is a new one, starting from a snapshot, not
+            # from history compaction may have released.
+            # (a sink first delivered after this process read its files is newer)
             sinks = {
                 r[0]
                 for r in cur.execute("SELECT sink, min(created_at) FROM sink_batches GROUP BY sink").fetchall()
-                if r[1] <= loaded_at  # (a sink first delivered after this process read its files is newer)
-            }
+                if r[1] <= loaded_at
+            } | {r[0] for r in cur.execute("SELECT sink, decided_at FROM sink_starts").fetchall() if r[1] <= loaded_at}
             for sink in sorted(sinks - set(self.runtime.pipeline.sinks)):
                 open_batches = cur.execute(
                     "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "
@@ -86,6 +89,7 @@ class PipelineChanges:
                 cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
                 cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])
                 cur.execute("DELETE FROM sink_declarations WHERE sink = ?", [sink])
+                cur.execute("DELETE FROM sink_starts WHERE sink = ?", [sink])
                 gone.append(f"sink {sink}")
             retired = backfill_log.retire(cur, [t for t in gone if not t.startswith("sink ")])
             # (a shadow is the meta store's own table: its name comes back with the view's next change)

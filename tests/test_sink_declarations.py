@@ -101,6 +101,21 @@ def test_a_sink_moved_to_another_table_is_refused_until_renamed_or_put_back(spar
     assert target_rows(h.home, "totals_v2") == expected(produced)
     assert target_rows(h.home, "totals") == expected(produced[:12])  # the removed sink's target keeps its rows
 
+    # Its progress went with it. Once compaction dropped the change files it had started from, the
+    # name added back is a new sink: one snapshot of the view, then the epochs after it.
+    report = runtime.compact(every=1)
+    assert report.metadata["failures"] == "none", report.metadata
+    both = sink_sql("totals_v2_out", "totals_v2") + sink_sql("totals_out", "totals")
+    (h.pipeline_dir / "p.sql").write_text(SOURCE_AND_VIEW + both)
+    runtime = h.runtime(spark)
+    e = epoch(runtime, 4)
+    runtime.run_sink(e, "totals_out")
+    runtime.run_sink(e, "totals_v2_out")
+    assert target_rows(h.home, "totals") == expected(produced) == target_rows(h.home, "totals_v2")
+    coordinator = runtime.controller.sink_coordinator
+    assert coordinator.delivered_epoch("totals_out") == e
+    assert [b.id.snapshot for b in coordinator.batches("totals_out")] == [True, False]  # the snapshot, then e
+
 
 def declared(options: dict[str, str], from_table: str = "totals", connector: str = "postgres") -> SinkDeclaration:
     return SinkDeclaration.from_json(sink_declaration(from_table, connector, options))
