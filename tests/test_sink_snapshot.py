@@ -23,7 +23,7 @@ from epochal.checkpoint.sink_batches import SinkBatchState
 from epochal.sinks.base import SNAPSHOT_FIRST_EPOCH
 from epochal.sinks.spec import validate_sink
 from tests.consistency import batch_view, multiset
-from tests.epochal_harness import make_harness
+from tests.epochal_harness import crash_points, make_harness
 from tests.test_compaction import committed_src, run_epoch
 from tests.test_controller import mark_delivered
 from tests.test_postgres_sink import database, prepared, sql_rows  # noqa: F401 - the fixture
@@ -232,7 +232,9 @@ WITH (connector = 'postgres', host = '127.0.0.1', port = '{port}', user = 'postg
 # The two points where a snapshot batch is recommitted from its recorded epoch (PENDING, and some
 # writers committed downstream). The others abort or mark a batch whatever it holds, and are killed
 # for ordinary batches in test_sink_crashes.py; each point here costs a subprocess run (~2 min).
-@pytest.mark.parametrize("point", ["sink-pending", "sink-commit-midway"])
+# The suite kills between two writers' COMMIT PREPARED of the snapshot batch; EPOCHAL_CRASH_MATRIX=all
+# also kills once it is PENDING.
+@pytest.mark.parametrize("point", crash_points(["sink-pending", "sink-commit-midway"], suite=["sink-commit-midway"]))
 def test_a_crash_inside_the_snapshot_batch_still_delivers_it_once(
     spark,  # noqa: ANN001
     tmp_path: Path,
