@@ -23,7 +23,7 @@ ORDERS = [f'{{"id": {i}, "customer": "c{i % 3}", "amount": {i * 3.5}, "ts": "202
 # The backfill and rebuild points are on their paths, not a plain epoch's: killed in tests/test_backfill.py.
 # The suite kills after the source wrote (recovery aborts the epoch) and after the commit (sinks catch
 # up); the points inside a sink's commit are killed on real targets in tests/test_sink_crashes.py,
-# and here too with EPOCHAL_CRASH_MATRIX=all.
+# and here too with TESTS_CRASH_MATRIX=all.
 @pytest.mark.parametrize(
     "point",
     crash_points(

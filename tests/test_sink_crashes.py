@@ -49,7 +49,7 @@ def expected_totals(orders: list[dict]) -> Counter:
 
 @pytest.mark.slow
 # The suite kills between two writers' COMMIT PREPARED (recovery finishes the batch) and after the
-# targets committed it (recovery must see that, not write twice); EPOCHAL_CRASH_MATRIX=all also kills
+# targets committed it (recovery must see that, not write twice); TESTS_CRASH_MATRIX=all also kills
 # after the writers prepared and after the batch was recorded PENDING.
 @pytest.mark.parametrize(
     "point",

@@ -232,7 +232,7 @@ WITH (connector = 'postgres', host = '127.0.0.1', port = '{port}', user = 'postg
 # The two points where a snapshot batch is recommitted from its recorded epoch (PENDING, and some
 # writers committed downstream). The others abort or mark a batch whatever it holds, and are killed
 # for ordinary batches in test_sink_crashes.py; each point here costs a subprocess run (~2 min).
-# The suite kills between two writers' COMMIT PREPARED of the snapshot batch; EPOCHAL_CRASH_MATRIX=all
+# The suite kills between two writers' COMMIT PREPARED of the snapshot batch; TESTS_CRASH_MATRIX=all
 # also kills once it is PENDING.
 @pytest.mark.parametrize("point", crash_points(["sink-pending", "sink-commit-midway"], suite=["sink-commit-midway"]))
 def test_a_crash_inside_the_snapshot_batch_still_delivers_it_once(
