@@ -329,7 +329,8 @@ def _extra_size(salt: str, current_size: str, average: int) -> str:
     """Beam's ``nextExtra`` length: pads an event to ``average`` bytes, +-20%."""
     desired = f"({average} - ({current_size}))"
     delta = f"CAST(round({desired} * 0.2) AS BIGINT)"
-    spread = f"IF({delta} = 0, 0, {_below(salt, f'2 * {delta}')})"
+    # (greatest: the pmod may be evaluated outside its IF, as in _next_auction; delta = 0 gives 0 either way)
+    spread = f"IF({delta} = 0, 0, {_below(salt, f'greatest(2 * {delta}, 1)')})"
     return f"IF(({current_size}) > {average}, 0, {desired} - {delta} + {spread})"
 
 
@@ -347,7 +348,11 @@ def _next_person(salt: str) -> str:
 def _next_auction(salt: str) -> str:
     """A random base-0 id among the auctions likely still in flight (Beam's nextBase0AuctionId)."""
     low = f"greatest(_last_auction - {NUM_IN_FLIGHT_AUCTIONS}, 0)"
-    return f"({low} + {_below(salt, f'_last_auction - {low} + 1')})"
+    # The bound is at least 1 wherever the id is used (a bid's _last_auction >= 0), but Spark may
+    # evaluate it for rows its guards exclude: without whole-stage codegen a predicate pushed into
+    # the generator's filter hoists it out of the CASE, and the first events' _last_auction of -1
+    # made it a REMAINDER_BY_ZERO. greatest(.., 1) changes no value the guards let through.
+    return f"({low} + {_below(salt, f'greatest(_last_auction - {low} + 1, 1)')})"
 
 
 def _channel_id(number: str) -> str:
