@@ -163,8 +163,8 @@ def crash_points(every: list[str], suite: list[str]) -> list[str]:
     """The fault points a crash test kills runs at: ``suite`` by default, ``every`` point with
     ``TESTS_CRASH_MATRIX=all``.
 
-    Each point costs a `dagster job execute` with a JVM of its own (about 40 s on the 2-core CI
-    machine, twice that on a slow one), so the suite kills at one point per recovery path and the
+    Each point costs a `dagster job execute` with a JVM of its own (29-63 s a test on the machine of
+    stops 46-47, 67-119 s on session 46's slower one), so the suite kills at one point per recovery path and the
     whole matrix runs on demand (docs/development.md), as the deeper Hypothesis search does. (Not an
     EPOCHAL_ name: the runs inherit the environment, and the settings refuse an EPOCHAL_ name they
     do not know.)"""

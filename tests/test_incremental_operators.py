@@ -445,8 +445,6 @@ JOINS_AND_TIES = [
 ]
 
 
-
-
 def apart(epochs: list[list[tuple]], offset: int, items: dict[str, str]) -> list[list[tuple]]:
     """``epochs`` with every order and customer id (and an order's customer) moved up by ``offset``
     and its items renamed, so that it shares no key with a sequence that keeps ids below ``offset``."""
