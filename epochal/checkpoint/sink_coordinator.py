@@ -18,7 +18,9 @@ consecutive committed epochs of the sink's upstream table, delivered in one down
 
 A sink added to a table with history starts with a *snapshot batch* (epochs ``0..S``: the table's
 state at S, see :data:`epochal.sinks.base.SNAPSHOT_FIRST_EPOCH`), or after that history; where it
-starts is decided once, at its first delivery, and kept in ``sink_starts``.
+starts is decided once, at its first delivery (:mod:`epochal.checkpoint.sink_starts`). What the rows
+say, for status and lag, is read by :mod:`epochal.checkpoint.sink_status`; a writer's error is named
+by :mod:`epochal.checkpoint.writer_errors`.
 
 A slow or failing target never holds epochs back: delivery runs after the epoch commit, lags, and
 catches up from the change files, which retention keeps until they are delivered.
@@ -28,14 +30,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from epochal.checkpoint import queries as q
-from epochal.checkpoint import sink_declarations
+from epochal.checkpoint import sink_declarations, sink_starts, sink_status
 from epochal.checkpoint.records import InvariantViolation, Owner
 from epochal.checkpoint.sink_batches import (
     BATCH_COLUMNS,
@@ -44,22 +45,18 @@ from epochal.checkpoint.sink_batches import (
     SinkBatch,
     SinkBatchState,
     SinkStart,
-    batch_from_row,
     results_json,
 )
 from epochal.checkpoint.sink_claims import SinkClaims
+from epochal.checkpoint.writer_errors import describe_error, error_kind
 from epochal.faults import fault_point
 from epochal.lease import Lease
 from epochal.meta.backend import Backend, Cursor
-from epochal.redaction import redact_url
 from epochal.sinks.base import (
     SNAPSHOT_FIRST_EPOCH,
     BatchId,
     PrecommitLost,
-    SinkConfigError,
-    SinkDataError,
     SinkError,
-    SinkSchemaError,
     SinkTarget,
     WriterResult,
     coverage_problems,
@@ -83,88 +80,18 @@ class SinkCoordinator:
         #: one run delivers a sink at a time (sink_claims.py)
         self.claims = SinkClaims(backend, claim_timeout_s, claim_wait_s)
 
-    # ------------------------------------------------------------------ reading
+    # ------------------------------------------------------------------ reading (sink_status.py)
 
     def batches(self, sink: str) -> list[SinkBatch]:
-        rows = self.backend.transaction(
-            lambda cur: cur.execute(
-                f"SELECT {BATCH_COLUMNS} FROM sink_batches WHERE sink = ? ORDER BY first_epoch, attempt", [sink]
-            ).fetchall()
-        )
-        return [batch_from_row(r) for r in rows]
+        return self.backend.transaction(lambda cur: sink_status.batches(cur, sink))
 
     def delivered_epoch(self, sink: str) -> int | None:
-        return self.backend.transaction(lambda cur: self._delivered(cur, sink))
-
-    @staticmethod
-    def _delivered(cur: Cursor, sink: str) -> int | None:
-        return q.sink_delivered(cur, sink)
-
-    @staticmethod
-    def delivered(cur: Cursor) -> dict[str, int]:
-        """The last delivered epoch of every sink that delivered any."""
-        return dict(
-            cur.execute(
-                "SELECT sink, max(last_epoch) FROM sink_batches WHERE state = 'COMMITTED' GROUP BY sink"
-            ).fetchall()
-        )
+        return self.backend.transaction(lambda cur: q.sink_delivered(cur, sink))
 
     def lag_of(self, sink: str) -> dict[str, Any]:
-        return self.backend.transaction(lambda cur: self.lag(cur, sink))
+        return self.backend.transaction(lambda cur: sink_status.lag(cur, sink))
 
-    @staticmethod
-    def lag(cur: Cursor, sink: str) -> dict[str, Any]:
-        """How far ``sink`` is behind: the committed epochs it has not delivered, and the seconds
-        since the oldest of them was committed."""
-        delivered = SinkCoordinator._delivered(cur, sink)
-        progress = q.sink_progress(cur, sink)
-        waiting, oldest = cur.execute(
-            "SELECT count(*), min(committed_at) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?",
-            [-1 if progress is None else progress],
-        ).fetchone()
-        last_error = cur.execute(
-            "SELECT error, updated_at FROM sink_batches WHERE sink = ? AND state = 'ABORTED' "
-            "ORDER BY updated_at DESC LIMIT 1",
-            [sink],
-        ).fetchone()
-        pending = cur.execute(
-            "SELECT count(*) FROM sink_batches WHERE sink = ? AND state = 'PENDING'", [sink]
-        ).fetchone()[0]
-        return {
-            "delivered_epoch": delivered,
-            "lag_epochs": waiting,
-            "lag_seconds": round(time.time() - oldest, 3) if oldest is not None else 0.0,
-            "pending_batches": pending,
-            # (a delivery refused before any batch, for a target changed under the sink's name, first)
-            "last_error": sink_declarations.refusal(cur, sink) or (last_error[0] if last_error else None),
-            "start": SinkCoordinator._start_status(cur, sink),
-        }
-
-    @staticmethod
-    def _start_status(cur: Cursor, sink: str) -> dict[str, Any] | None:
-        """How the sink started: its snapshot batch (epoch, rows, when committed), or the history it
-        skipped; None before its first delivery decided it."""
-        start = q.sink_start(cur, sink)
-        if start is None:
-            return None
-        snapshot, upto = start
-        if not snapshot:
-            return {"snapshot": False, "skipped_upto": upto}
-        row = cur.execute(
-            "SELECT last_epoch, rows_written, updated_at FROM sink_batches WHERE sink = ? AND first_epoch = ? "
-            "AND state = 'COMMITTED'",
-            [sink, SNAPSHOT_FIRST_EPOCH],
-        ).fetchone()
-        return {
-            "snapshot": True,
-            # None: the sink was there from the first epoch, it delivers every epoch (no snapshot)
-            "snapshot_epoch": row[0] if row else upto,
-            "snapshot_delivered": row is not None,
-            "snapshot_rows": row[1] if row else None,
-            "snapshot_delivered_at": row[2] if row else None,
-        }
-
-    # ------------------------------------------------------------------ where a sink starts
+    # ------------------------------------------------------------------ where a sink starts (sink_starts.py)
 
     def start(
         self,
@@ -175,38 +102,12 @@ class SinkCoordinator:
         loaded_at: float | None = None,
     ) -> SinkStart:
         """Where ``sink`` starts: decided at its first call (a delivery step of ``join_epoch``) and
-        recorded, so later runs, recoveries and a changed ``snapshot`` option keep it. The history
-        is the committed epochs before ``join_epoch``; a sink that already has batches (from before
-        starts were recorded) or joins at the first epoch has none. ``declaration`` (what the sink
-        reads and where it writes) is checked against the recorded one first: a sink moved to
-        another target under the same name raises ``SinkTargetChanged`` (``sink_declarations``)."""
-
-        def decide(cur: Cursor) -> SinkStart:
-            known = q.sink_start(cur, sink)
-            batches = cur.execute(
-                "SELECT count(*) FROM sink_batches WHERE sink = ? AND state IN ('PENDING', 'COMMITTED')", [sink]
-            ).fetchone()[0]
-            if declaration is not None:
-                sink_declarations.check_sink(cur, sink, declaration, loaded_at, known is not None or batches > 0)
-            if known is not None:
-                return SinkStart(*known)
-            upto = None
-            if not batches:
-                upto = cur.execute(
-                    "SELECT max(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch < ?", [join_epoch]
-                ).fetchone()[0]
-            # Two runs' first steps may decide at once: the first insert wins, both return it.
-            cur.execute(
-                "INSERT INTO sink_starts VALUES (?, ?, ?, ?) ON CONFLICT (sink) DO NOTHING",
-                [sink, snapshot, upto, time.time()],
-            )
-            decided = q.sink_start(cur, sink)
-            if decided is None:
-                raise InvariantViolation(f"sink {sink}: its start was recorded but cannot be read back")
-            return SinkStart(*decided)
-
+        recorded. A sink moved to another target under the same name raises ``SinkTargetChanged``,
+        and the refusal is kept for ``epochal status``."""
         try:
-            return self.backend.transaction(decide)
+            return self.backend.transaction(
+                lambda cur: sink_starts.decide(cur, sink, snapshot, join_epoch, declaration, loaded_at)
+            )
         except sink_declarations.SinkTargetChanged as refused:
             reason = str(refused)
             self.backend.transaction(lambda cur: sink_declarations.note_refusal(cur, sink, reason))
@@ -214,24 +115,8 @@ class SinkCoordinator:
 
     def move_snapshot(self, sink: str, stale: int, epoch: int) -> SinkStart:
         """Move a snapshot start whose state can no longer be read (retention released its snapshot
-        and change files) to ``epoch``; only while no snapshot batch is PENDING or COMMITTED, since
-        the target then holds or will hold it. Returns the start as it is now."""
-
-        def move(cur: Cursor) -> SinkStart:
-            batches = cur.execute(
-                "SELECT count(*) FROM sink_batches WHERE sink = ? AND state IN ('PENDING', 'COMMITTED')", [sink]
-            ).fetchone()[0]
-            if not batches:
-                cur.execute(
-                    "UPDATE sink_starts SET history_upto = ? WHERE sink = ? AND snapshot AND history_upto = ?",
-                    [epoch, sink, stale],
-                )
-            start = q.sink_start(cur, sink)
-            if start is None:
-                raise InvariantViolation(f"sink {sink}: a snapshot start to move, but none is recorded")
-            return SinkStart(*start)
-
-        return self.backend.transaction(move)
+        and change files) to ``epoch``, while the target holds no snapshot batch yet."""
+        return self.backend.transaction(lambda cur: sink_starts.move_snapshot(cur, sink, stale, epoch))
 
     # ------------------------------------------------------------------ transitions
 
@@ -465,11 +350,11 @@ class SinkCoordinator:
             except Exception as error:
                 # The writers' partial pre-commits are thrown away now; a run killed here leaves
                 # them to the next recovery's abort_orphans.
-                message = _describe_error(batch, error)
+                message = describe_error(batch, error)
                 self._abort(target, batch, [], message)
                 report.aborted_attempts += 1
                 # the target's kind of error (schema, config: not worth retrying) is kept
-                raise _error_kind(error)(message) from error
+                raise error_kind(error)(message) from error
             fault_point("sink-prepared")
             problems = coverage_problems(results)
             if problems:
@@ -500,36 +385,3 @@ class SinkCoordinator:
             log.exception("%s: could not throw the aborted pre-commit away now; recovery will", batch.describe())
             return
         self._mark_cleaned(batch)
-
-
-_WRITER_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(?P<kind>Sink\w*Error|PrecommitLost): (?P<message>.+)$", re.MULTILINE)
-_KINDS: dict[str, type[SinkError]] = {
-    k.__name__: k for k in (SinkError, SinkSchemaError, SinkConfigError, SinkDataError, PrecommitLost)
-}
-
-
-def _error_kind(error: Exception) -> type[SinkError]:
-    """The SinkError class of ``error``, also when a writer raised it inside a Spark task."""
-    if isinstance(error, SinkError):
-        return type(error)
-    found = _WRITER_ERROR.findall(str(error))
-    return _KINDS.get(found[-1][0], SinkError) if found else SinkError
-
-
-def _describe_error(batch: BatchId, error: Exception) -> str:
-    """One line naming the sink, the epochs and the cause. A writer's error reaches the driver inside
-    Spark's PythonException, under a Python and a Java stack trace: its own message is what counts."""
-    text = str(error)
-    found = _WRITER_ERROR.findall(text) if not isinstance(error, SinkError) else []
-    if found:
-        text = found[-1][1]
-    else:
-        text = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-        if not isinstance(error, SinkError):
-            text = f"{type(error).__name__}: {text}"
-    bare = f"sink {batch.sink}:"
-    if text.startswith(bare):  # a target's own error names the sink: add the epochs
-        text = f"{batch.describe()}:{text[len(bare):]}"
-    elif not text.startswith(batch.describe()):
-        text = f"{batch.describe()}: {text}"
-    return redact_url(text)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from epochal.checkpoint import backfill_log
+from epochal.checkpoint import backfill_log, sink_status
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import EpochState
-from epochal.checkpoint.sink_coordinator import SinkCoordinator
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
 
@@ -52,7 +51,7 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
             "paused": bool(q.get_flag(cur, "paused")),
             "pause_on_next_start": bool(q.get_flag(cur, "pause_on_next_start")),
             "recovery_requested": q.get_flag(cur, "recovery_requested"),
-            "sinks": {s: SinkCoordinator.lag(cur, s) for s in sinks},
+            "sinks": {s: sink_status.lag(cur, s) for s in sinks},
             "backfills": backfill_log.status(cur),
             # newest snapshot per table, and the epoch up to which its change files were deleted
             "snapshots": {
