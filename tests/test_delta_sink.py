@@ -15,6 +15,8 @@ from epochal.sinks.base import (
     WEIGHT,
     BatchId,
     PrecommitLost,
+    SinkConfigError,
+    SinkDataError,
     SinkError,
     SinkSchemaError,
     WriterTask,
@@ -263,6 +265,97 @@ def test_an_existing_table_with_the_same_columns_is_used(tmp_path):
     t.prepare_target(SCHEMA)
     deliver(t, BatchId("orders_out", 1, 1), [rows((1, "a", 1.0, 1))])
     assert [r["k"] for r in table_rows(t)] == [0, 1]
+
+
+def table_with_rules(t: DeltaTarget) -> None:
+    """A table another tool made with every kind of row rule Delta leaves to its writers: a CHECK
+    constraint, a column invariant and a generated column (delta-rs's own writer enforces them)."""
+    from deltalake.schema import Field, PrimitiveType, Schema
+
+    invariant = {"delta.invariants": json.dumps({"expression": {"expression": "amount < 100"}})}
+    DeltaTable.create(
+        t.location,
+        Schema([
+            Field("k", PrimitiveType("long"), True),
+            Field("name", PrimitiveType("string"), True, {"delta.generationExpression": "upper(concat('n', k))"}),
+            Field("amount", PrimitiveType("double"), True, invariant),
+        ]),
+    )  # fmt: skip
+    DeltaTable(t.location).alter.add_constraint({"k_positive": "k > 0"})
+
+
+def precommit(t: DeltaTarget, batch: BatchId, *writer_rows: list[pa.RecordBatch]) -> list[dict]:
+    ranges = vnode_ranges(len(writer_rows))
+    return [
+        dict(t.write(WriterTask(batch, i, len(writer_rows), ranges[i]), iter(batches)))
+        for i, batches in enumerate(writer_rows)
+    ]
+
+
+def test_rows_breaking_the_table_s_rules_are_refused_before_the_commit(tmp_path):
+    """Epochal writes the files and commits them with delta-rs's transaction API, which checks no
+    rule: the sink checks them over the staged files before the batch is PENDING. NULL breaks a rule."""
+    t = target(tmp_path)
+    table_with_rules(t)
+    t.prepare_target(SCHEMA)
+    good = BatchId("orders_out", 1, 1, 1, "ok")
+    metadata = precommit(t, good, [rows((1, "N1", 5.0, 1), (2, "N2", 99.0, 2))])
+    t.check_rows(good, metadata)
+    t.commit(good, metadata)
+    assert [(r["k"], r["name"]) for r in table_rows(t)] == [(1, "N1"), (2, "N2"), (2, "N2")]
+
+    cases = {
+        "CHECK constraint k_positive (k > 0)": [(-3, "N-3", 1.0, 1)],
+        "CHECK constraint k_positive": [(None, None, 1.0, 1)],  # NULL is not TRUE
+        "invariant amount (amount < 100)": [(4, "N4", 100.0, 1)],
+        "generated column name (upper(concat('n', k)))": [(5, "n5", 1.0, 1)],
+    }
+    for epoch, (rule, values) in enumerate(cases.items(), start=2):
+        batch = BatchId("orders_out", epoch, epoch, 1, f"b{epoch}")
+        # two writers, one of them with a breaking row
+        metadata = precommit(t, batch, [rows((10 + epoch, f"N{10 + epoch}", 1.0, 1))], [rows(*values)])
+        with pytest.raises(SinkDataError) as caught:
+            t.check_rows(batch, metadata)
+        message = str(caught.value)
+        assert message.startswith(f"sink orders_out, epoch {epoch}: the Delta table at delta:"), message
+        assert f"1 row(s) break its {rule}" in message and "Nothing of the batch was committed" in message
+        t.abort(batch, metadata)
+    assert len(table_rows(t)) == 3 and len(commits(t)) == 2  # the rules' ALTER and the good batch
+    assert sink_files(t) and all(f.startswith("epochal-orders_out-1-1-1-ok") for f in sink_files(t)), sink_files(t)
+
+
+def test_a_rule_the_sink_cannot_evaluate_is_a_config_error_naming_it(tmp_path):
+    t = target(tmp_path)
+    write_deltalake(t.location, pa.table({"k": [1], "name": ["a"], "amount": [1.0]}))
+    # DataFusion's own function: delta-rs takes the constraint, DuckDB has no such function
+    DeltaTable(t.location).alter.add_constraint({"typed": "arrow_typeof(k) = 'Int64'"})
+    t.prepare_target(SCHEMA)
+    batch = BatchId("orders_out", 1, 1)
+    metadata = precommit(t, batch, [rows((2, "b", 2.0, 1))])
+    with pytest.raises(SinkConfigError, match=r"cannot evaluate that expression .*rewrite or drop the rule"):
+        t.check_rows(batch, metadata)
+
+
+def test_tables_whose_values_the_writer_must_generate_are_refused(tmp_path):
+    """An append-only table cannot take an upsert's rewrites; an identity column's values and
+    high-water mark are the writer's to generate."""
+    from deltalake.schema import Field, PrimitiveType, Schema
+
+    t = target(tmp_path, "upsert")
+    write_deltalake(
+        t.location, pa.table({"k": [1], "name": ["a"], "amount": [1.0]}), configuration={"delta.appendOnly": "true"}
+    )
+    with pytest.raises(SinkSchemaError, match=r"append-only \(delta.appendOnly = true\).*type = 'append-only'"):
+        t.prepare_target(SCHEMA)
+    target(tmp_path).prepare_target(SCHEMA)  # an append-only sink takes the same table
+
+    t = target(tmp_path / "i")
+    identity = {"delta.identity.start": 1, "delta.identity.step": 1, "delta.identity.allowExplicitInsert": False}
+    fields = [Field("k", PrimitiveType("long"), True, identity), Field("name", PrimitiveType("string"), True),
+              Field("amount", PrimitiveType("double"), True)]  # fmt: skip
+    DeltaTable.create(t.location, Schema(fields))
+    with pytest.raises(SinkSchemaError, match=r"column k is an identity column"):
+        t.prepare_target(SCHEMA)
 
 
 def test_zoned_timestamps_are_stored_as_utc(tmp_path):

@@ -17,7 +17,7 @@ from epochal.checkpoint.sink_batches import SinkBatchState
 from epochal.checkpoint.sink_coordinator import SinkCoordinator
 from epochal.controller import ensure_schema
 from epochal.meta.backend import open_backend
-from epochal.sinks.base import BatchId, SinkError, SinkSchemaError, WriterResult, vnode_ranges
+from epochal.sinks.base import BatchId, SinkDataError, SinkError, SinkSchemaError, WriterResult, vnode_ranges
 from epochal.sinks.duckdb_sink import DuckDBTarget
 from epochal.sinks.spark_writers import run_writers
 
@@ -148,6 +148,71 @@ def test_an_incompatible_existing_table_is_an_error_not_a_cast(tmp_path: Path, s
         h.deliver()
     with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_rows_the_table_s_own_rules_refuse_are_refused_before_anything_is_pending(
+    tmp_path: Path,
+    spark,  # noqa: ANN001
+) -> None:
+    """DuckDB enforces a table's CHECK and NOT NULL at the commit, which comes after PENDING, when the
+    batch must commit: the sink runs the commit's load and rolls it back first. Nothing is retried
+    (the same rows fail the same way), nothing is visible, and the error names the rule."""
+    with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
+        con.execute("CREATE TABLE t (id BIGINT CHECK (id > 0), name VARCHAR NOT NULL)")
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1), (2, "b", 1)])
+    assert h.deliver().epochs == 1
+    h.change(2, [(3, "c", 1), (-4, "d", 1)])
+    with pytest.raises(SinkDataError, match=r"sink s, epoch 2: DuckDB refused the rows for table t: .*CHECK.*"
+                       r"Nothing of the batch was committed"):  # fmt: skip
+        h.deliver()
+    assert h.rows() == [(1, "a"), (2, "b")] and h.staged() == []
+    assert h.states()[-1] == (2, 2, "ABORTED")
+    assert "CHECK constraint failed" in h.coordinator.lag_of("s")["last_error"]
+    h.files[2] = []
+    h.change(2, [(3, None, 1)])
+    with pytest.raises(SinkDataError, match="NOT NULL constraint failed"):
+        h.deliver()
+    # the user relaxes the table: the same epoch is delivered
+    with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
+        con.execute("CREATE TABLE t2 AS SELECT * FROM t; DROP TABLE t; ALTER TABLE t2 RENAME TO t")
+    assert h.deliver().epochs == 1 and h.rows() == [(1, "a"), (2, "b"), (3, None)]
+
+
+def test_an_upsert_key_holding_null_is_refused_before_anything_is_pending(tmp_path: Path, spark) -> None:  # noqa: ANN001
+    h = Harness(tmp_path, spark, type="upsert", primary_key="id")
+    h.change(1, [(1, "a", 1)])
+    h.deliver()
+    h.change(2, [(None, "nobody", 1)])
+    with pytest.raises(SinkDataError, match=r"sink s, epoch 2: 1 row\(s\) have a NULL in the key \(id\)"):
+        h.deliver()
+    assert h.rows() == [(1, "a")] and h.states()[-1] == (2, 2, "ABORTED") and h.staged() == []
+
+
+def test_a_pending_batch_the_table_refuses_waits_for_the_table_with_its_error_shown(
+    tmp_path: Path,
+    spark,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rule added between the check and the commit: the batch is PENDING, so it must commit; it
+    waits, its error on status, until the table takes it."""
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1), (-2, "b", 1)])
+    check = DuckDBTarget.check_rows
+    monkeypatch.setattr(DuckDBTarget, "check_rows", lambda self, batch, metadata: None)
+    with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
+        con.execute("CREATE TABLE t (id BIGINT CHECK (id > 0), name VARCHAR)")
+    for _ in range(2):  # every later run finds it PENDING and tries again
+        with pytest.raises(SinkDataError, match=r"sink s, epoch 1: DuckDB refused .*The batch is PENDING"):
+            h.deliver()
+        assert h.states() == [(1, 1, "PENDING")] and h.rows() == []
+    assert "The batch is PENDING" in h.coordinator.lag_of("s")["last_error"]
+    monkeypatch.setattr(DuckDBTarget, "check_rows", check)
+    with duckdb.connect(str(tmp_path / "out.duckdb")) as con:
+        con.execute("CREATE TABLE t2 AS SELECT * FROM t; DROP TABLE t; ALTER TABLE t2 RENAME TO t")
+    report = h.deliver()
+    assert report.recommitted == 1 and h.rows() == [(-2, "b"), (1, "a")]
+    assert h.states() == [(1, 1, "COMMITTED")] and h.coordinator.lag_of("s")["last_error"] is None
 
 
 def test_writers_that_miss_vnodes_are_aborted_and_tried_again(tmp_path: Path, spark) -> None:  # noqa: ANN001

@@ -52,10 +52,12 @@ from epochal.checkpoint.writer_errors import describe_error, error_kind
 from epochal.faults import fault_point
 from epochal.lease import Lease
 from epochal.meta.backend import Backend, Cursor
+from epochal.redaction import redact_url
 from epochal.sinks.base import (
     SNAPSHOT_FIRST_EPOCH,
     BatchId,
     PrecommitLost,
+    SinkDataError,
     SinkError,
     SinkTarget,
     WriterResult,
@@ -189,6 +191,15 @@ class SinkCoordinator:
     def _mark(self, batch: BatchId, to: SinkBatchState, **fields: Any) -> bool:
         return self.backend.transaction(lambda cur: self._transition(cur, batch, to, **fields))
 
+    def _note_pending_error(self, batch: BatchId, error: str) -> None:
+        self.backend.transaction(
+            lambda cur: cur.execute(
+                "UPDATE sink_batches SET error = ?, updated_at = ? WHERE sink = ? AND first_epoch = ? AND attempt = ? "
+                "AND nonce = ? AND state = 'PENDING'",
+                [redact_url(error)[:2000], time.time(), batch.sink, batch.first_epoch, batch.attempt, batch.nonce],
+            )
+        )
+
     def _mark_cleaned(self, batch: BatchId) -> None:
         self.backend.transaction(
             lambda cur: cur.execute(
@@ -235,6 +246,11 @@ class SinkCoordinator:
             log.warning("%s: %s; delivering its epochs again", batch.describe(), lost)
             self._mark(batch, SinkBatchState.ABORTED, error=str(lost), cleaned=False)
             return False
+        except SinkDataError as refused:
+            # The batch stays PENDING (its epochs are committed upstream); the error is kept on
+            # it for status until the target takes its rows.
+            self._note_pending_error(batch, str(refused))
+            raise
         fault_point("sink-committed")
         self._mark(batch, SinkBatchState.COMMITTED)
         return True
@@ -364,6 +380,13 @@ class SinkCoordinator:
                 report.aborted_attempts += 1
                 report.errors.append(message)
                 continue
+            try:
+                target.check_rows(batch, [r.metadata for r in results])
+            except Exception as refused:
+                message = describe_error(batch, refused)
+                self._abort(target, batch, results, message)
+                report.aborted_attempts += 1
+                raise error_kind(refused)(message) from refused
             if not self._mark(batch, SinkBatchState.PENDING, results=results, owner=owner):
                 log.info("%s: another run persisted these epochs first; this run's pre-commit goes", batch.describe())
                 target.abort(batch, [r.metadata for r in results])

@@ -30,9 +30,11 @@ def lag(cur: Cursor, sink: str) -> dict[str, Any]:
         "SELECT count(*), min(committed_at) FROM epochs WHERE state = 'COMMITTED' AND epoch > ?",
         [-1 if progress is None else progress],
     ).fetchone()
+    # a PENDING batch the target refused (it waits for the target to take its rows), else the
+    # newest aborted attempt's
     last_error = cur.execute(
-        "SELECT error, updated_at FROM sink_batches WHERE sink = ? AND state = 'ABORTED' "
-        "ORDER BY updated_at DESC LIMIT 1",
+        "SELECT error, updated_at FROM sink_batches WHERE sink = ? AND error IS NOT NULL "
+        "AND (state = 'ABORTED' OR state = 'PENDING') ORDER BY state = 'PENDING' DESC, updated_at DESC LIMIT 1",
         [sink],
     ).fetchone()
     pending = cur.execute("SELECT count(*) FROM sink_batches WHERE sink = ? AND state = 'PENDING'", [sink]).fetchone()[

@@ -224,6 +224,14 @@ class SinkTarget(abc.ABC):
         sink that belongs to no batch in ``keep`` (the PENDING ones), such as the prepared
         transactions of a run killed before it persisted PENDING. Returns how many it threw away."""
 
+    def check_rows(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        """Driver, after the writers and before the batch is PENDING: raise :class:`SinkDataError`
+        when pre-committed rows break a rule the target would enforce at :meth:`commit` (a CHECK
+        constraint, NOT NULL). A PENDING batch must commit, so a refusal found only then holds the
+        sink until the target accepts the rows. The default checks nothing: targets whose writers
+        already meet every rule (PostgreSQL's prepared transactions) need not."""
+        return None
+
     def spark_write(self, frame: Any, batch: BatchId, writers: int) -> list[WriterResult] | None:
         """Optional: write the batch with Spark's own writer instead of :meth:`write` in Python tasks,
         for a target whose pre-commit is plain files (no per-writer transaction). ``frame`` holds

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.redaction import redact_url
+from epochal.sinks import delta_rules
 from epochal.sinks.base import (
     WEIGHT,
     BatchId,
@@ -345,6 +346,17 @@ class DeltaTarget(SinkTarget):
 
     # ------------------------------------------------------------------ driver
 
+    def check_rows(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        """The table's CHECK constraints, invariants and generated columns over the batch's new
+        files (delta_rules.py): delta-rs's transaction API, which commits them, checks none."""
+        files = self._files_of(batch, metadata)
+        if not files:
+            return
+        rules = delta_rules.row_rules(self._open(batch))
+        filesystem, root = self._filesystem()
+        where = f"{batch.describe()}: the Delta table at {self.describe()}"
+        delta_rules.check_rows(rules, [f"{root}/{f.path}" for f in files], filesystem, where)
+
     def commit(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
         from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
@@ -539,7 +551,14 @@ def schema_differences(table: DeltaTable, want: Any, upsert: bool) -> list[str]:
     partitions = table.metadata().partition_columns
     if partitions:
         problems.append(f"the table is partitioned by {', '.join(partitions)}; the sink writes unpartitioned tables")
-    mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    configuration = table.metadata().configuration
+    if upsert and str(configuration.get("delta.appendOnly", "false")).lower() == "true":
+        problems.append(
+            "the table is append-only (delta.appendOnly = true), and an upsert sink rewrites files; "
+            "use type = 'append-only' or unset the property"
+        )
+    problems += delta_rules.unsupported_columns(table)
+    mapping = configuration.get("delta.columnMapping.mode", "none")
     if mapping not in ("none", None):
         problems.append(f"the table uses column mapping ({mapping}), which the sink does not write")
     features = set(table.protocol().reader_features or [])

@@ -23,6 +23,7 @@ from epochal.sinks.base import (
     WEIGHT,
     BatchId,
     PrecommitLost,
+    SinkDataError,
     SinkError,
     SinkSchemaError,
     SinkTarget,
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["DuckDBTarget", "SinkSchemaError"]
 
 PROGRESS_TABLE = "_epochal_sink_progress"
+
+
+class _RolledBack(Exception):
+    """Ends check_rows' trial load: the transaction rolls back."""
 
 
 class DuckDBTarget(SinkTarget):
@@ -186,7 +191,76 @@ class DuckDBTarget(SinkTarget):
                 "one row although the key was proven unique at load: this is a bug in Epochal, please report it"
             )
 
+    def check_rows(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        """The commit's own load, run and rolled back, when the table has rules of its user's
+        (CHECK, NOT NULL, UNIQUE, a foreign key): DuckDB enforces them at the commit, after PENDING.
+        With only the upsert's own key, the load cannot fail but on a NULL key, counted instead."""
+        import duckdb
+
+        files = [m["file"] for m in metadata if m.get("file")]
+        if not files:
+            return
+
+        def dry_run(cur: Cursor) -> None:
+            if not self._user_rules(cur):
+                if self.type == "upsert":
+                    self._check_keys_not_null(cur, batch, files)
+                return
+            try:
+                self._apply(cur, files)
+            except (duckdb.IntegrityError, duckdb.DataError) as exc:
+                raise self._refused(batch, exc, pending=False) from exc
+            raise _RolledBack
+
+        try:
+            self._backend.transaction(dry_run)
+        except _RolledBack:
+            pass
+
+    def _user_rules(self, cur: Cursor) -> list[str]:
+        """The table's constraints other than the PRIMARY KEY an upsert sink's table has anyway."""
+        own = set()
+        if self.type == "upsert":
+            keys = tuple(k.lower() for k in self.primary_key)
+            own = {("PRIMARY KEY", keys)} | {("NOT NULL", (k,)) for k in keys}
+        rows = cur.execute(
+            "SELECT constraint_type, constraint_column_names, constraint_text FROM duckdb_constraints() "
+            "WHERE table_name = ? AND schema_name = 'main'",
+            [self.table],
+        ).fetchall()
+        return [text for kind, cols, text in rows if (kind, tuple(c.lower() for c in cols)) not in own]
+
+    def _check_keys_not_null(self, cur: Cursor, batch: BatchId, files: list[str]) -> None:
+        null_key = " OR ".join(f"{quote(k, DUCKDB)} IS NULL" for k in self.primary_key)
+        count = cur.execute(
+            f"SELECT count(*) FROM {duckdb_parquet(files)} WHERE {WEIGHT} > 0 AND ({null_key})"
+        ).fetchone()[0]
+        if count:
+            raise SinkDataError(
+                f"{batch.describe()}: {count} row(s) have a NULL in the key ({', '.join(self.primary_key)}), which "
+                f"table {self.table}'s PRIMARY KEY cannot hold. Nothing of the batch was committed: drop those rows in "
+                "the view (WHERE ... IS NOT NULL) or coalesce the key, then give the sink a new name, which starts "
+                "from the view's rows (the epochs committed before keep theirs)"
+            )
+
+    def _refused(self, batch: BatchId, exc: Exception, pending: bool) -> SinkDataError:
+        """DuckDB's refusal of the batch's rows, with what happens to the batch and the fix."""
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if pending:
+            state = (
+                "The batch is PENDING (its epochs are committed) and is loaded as soon as the table takes its rows: "
+                "relax the table's rule, and the next run delivers it"
+            )
+        else:
+            state = (
+                "Nothing of the batch was committed. Relax the table's rule, or fix the view's rows and give the "
+                "sink a new name, which starts from the view's rows (the epochs committed before keep theirs)"
+            )
+        return SinkDataError(f"{batch.describe()}: DuckDB refused the rows for table {self.table}: {message}. {state}")
+
     def commit(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
+        import duckdb
+
         files = [m["file"] for m in metadata if m.get("file")]
         missing = [f for f in files if not Path(f).exists()]
 
@@ -197,7 +271,11 @@ class DuckDBTarget(SinkTarget):
             if missing:
                 raise PrecommitLost(f"{len(missing)} staged file(s) of the batch are gone (first: {missing[0]})")
             if files:
-                self._apply(cur, files)
+                try:
+                    self._apply(cur, files)
+                except (duckdb.IntegrityError, duckdb.DataError) as exc:
+                    # (check_rows ran the same load before PENDING: the table changed since)
+                    raise self._refused(batch, exc, pending=True) from exc
             fault_point("sink-midway")
             cur.execute(f"DELETE FROM {PROGRESS_TABLE} WHERE sink = ?", [self.name])
             rows = sum(int(m.get("rows", 0)) for m in metadata)
