@@ -178,6 +178,14 @@ def test_upsert_on_a_composite_key_matches_null_to_null(tmp_path):
     assert table_rows(t) == [{"k": 1, "name": "a", "amount": 2.0}, {"k": None, "name": "z", "amount": 4.0}]
 
 
+def test_upsert_takes_its_key_in_any_case(tmp_path):
+    t = target(tmp_path, "upsert", key="K")
+    t.prepare_target(SCHEMA)
+    deliver(t, BatchId("orders_out", 1, 1), [rows((1, "a", 1.0, 1), (2, "b", 2.0, 1))])
+    deliver(t, BatchId("orders_out", 2, 2), [rows((1, "a", 1.0, -1), (1, "A", 3.0, 1))])
+    assert [(r["k"], r["name"]) for r in table_rows(t)] == [(1, "A"), (2, "b")]
+
+
 def test_upsert_refuses_two_rows_for_one_key(tmp_path):
     t = target(tmp_path, "upsert")
     t.prepare_target(SCHEMA)

@@ -593,6 +593,20 @@ def test_sink_problems_come_from_validate_sink_with_upstream_columns(tmp_path: P
     ]
 
 
+def test_a_sink_primary_key_names_columns_as_sql_does() -> None:
+    """Names are resolved ignoring case and spelled as the upstream table has them (the targets
+    match exact names: a key 'K' over column k failed every Delta delivery with a KeyError); a
+    name holding a comma or spaces is quoted as in Spark SQL."""
+    from epochal.sinks.spec import primary_key_columns
+
+    columns = ["k", "Region", "order id", "a,b"]
+    assert primary_key_columns({"primary_key": " K , region "}, columns) == ("k", "Region")
+    assert primary_key_columns({"primary_key": "`a,b`, order id"}, columns) == ("a,b", "order id")
+    assert primary_key_columns({"primary_key": '"a,b",`x``y`'}) == ("a,b", "x`y")
+    assert primary_key_columns({"primary_key": "` padded `"}) == (" padded ",)
+    assert primary_key_columns({"primary_key": ""}) == primary_key_columns({}) == ()
+
+
 def test_sink_from_unknown_table_suggests_the_closest(tmp_path: Path) -> None:
     issue = only_issue(
         tmp_path,

@@ -81,7 +81,7 @@ class DeltaTarget(SinkTarget):
         self.name = name
         self.columns = list(columns)
         self.type = options.get("type", "append-only")
-        self.primary_key = primary_key_columns(options)
+        self.primary_key = primary_key_columns(options, self.columns)
         self.location = table_location(options["location"], home)
 
     def describe(self) -> str:

@@ -55,7 +55,7 @@ class DuckDBTarget(SinkTarget):
         self.database = database if database.is_absolute() else home / database
         self.table = options["table"]
         self.type = options.get("type", "append-only")
-        self.primary_key = primary_key_columns(options)
+        self.primary_key = primary_key_columns(options, self.columns)
         self.staging = home / "sink-staging" / name
 
     @property

@@ -87,7 +87,7 @@ class IcebergTarget(SinkTarget):
         self.name = name
         self.columns = list(columns)
         self.type = options.get("type", "append-only")
-        self.primary_key = primary_key_columns(options)
+        self.primary_key = primary_key_columns(options, self.columns)
         self.catalog_name = options.get("catalog.name") or "epochal"
         self.catalog_uri = catalog_uri(options.get("catalog.uri"), home, meta_url)
         self.warehouse = warehouse_location(options.get("warehouse"), home)

@@ -95,7 +95,7 @@ class PostgresTarget(SinkTarget):
         self.name = name
         self.columns = list(columns)
         self.type = options.get("type", "append-only")
-        self.primary_key = primary_key_columns(options) if self.type == "upsert" else ()
+        self.primary_key = primary_key_columns(options, self.columns) if self.type == "upsert" else ()
         self.host = options.get("host", "localhost")
         raw_port = str(options.get("port", DEFAULT_PORT)).strip()
         if not raw_port.isdigit() or not 1 <= int(raw_port) <= 65535:

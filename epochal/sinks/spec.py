@@ -125,8 +125,41 @@ def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]
     ).to_json()
 
 
-def primary_key_columns(options: Mapping[str, str]) -> tuple[str, ...]:
-    return tuple(c.strip() for c in options.get("primary_key", "").split(",") if c.strip())
+def primary_key_columns(options: Mapping[str, str], columns: Sequence[str] = ()) -> tuple[str, ...]:
+    """The columns ``primary_key`` names: ``'a, b'``, a name holding a comma in backticks or double
+    quotes (a quote doubled inside them), spaces around names dropped. With ``columns`` (the
+    upstream table's), each is spelled as there: the loader resolves the names ignoring case, as
+    SQL does, while Arrow, Iceberg and PostgreSQL's quoted names match exactly."""
+    spelled = {c.lower(): c for c in columns}
+    return tuple(spelled.get(n.lower(), n) for n in _split_names(options.get("primary_key", "")))
+
+
+def _split_names(text: str) -> list[str]:
+    names: list[str] = []
+    current: list[str] = []
+    quoted = False  # whether the name being read was quoted (its spaces are its own)
+    quote_char = ""
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if quote_char:
+            if char == quote_char and text[i + 1 : i + 2] == quote_char:
+                current.append(char)
+                i += 1
+            elif char == quote_char:
+                quote_char = ""
+            else:
+                current.append(char)
+        elif char in "`\"" and not "".join(current).strip():
+            quote_char, quoted, current = char, True, []
+        elif char == ",":
+            names.append("".join(current) if quoted else "".join(current).strip())
+            current, quoted = [], False
+        elif not (quoted and char.isspace()):
+            current.append(char)
+        i += 1
+    names.append("".join(current) if quoted else "".join(current).strip())
+    return [n for n in names if n]
 
 
 def commit_checkpoint_interval(options: Mapping[str, str]) -> int:
