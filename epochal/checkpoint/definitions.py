@@ -41,11 +41,20 @@ class StaleStatements(InjectionBlocked):
     """This process read its SQL files before another one recorded newer statements of its views."""
 
 
-def stale_message(views: Iterable[str]) -> str:
+def stale_files_message(what: str, consequence: str) -> str:
+    """Why a process that read its SQL files before a newer process recorded ``what`` (its statement,
+    declaration) refuses to go on, ``consequence`` saying what it must not do; shared by views,
+    sources and sinks."""
     return (
-        f"the statement of {', '.join(sorted(views))} changed after this process read its SQL files (a newer "
-        "process recorded it): this one holds the old statement and must not compute or inject with it. The "
-        "next run reads the files afresh; a long-lived process (a code server) needs reloading"
+        f"{what} changed after this process read its SQL files (a newer process recorded it): {consequence}. "
+        "The next run reads the files afresh; a long-lived process (a code server) needs reloading"
+    )
+
+
+def stale_message(views: Iterable[str]) -> str:
+    return stale_files_message(
+        f"the statement of {', '.join(sorted(views))}",
+        "this one holds the old statement and must not compute or inject with it",
     )
 
 

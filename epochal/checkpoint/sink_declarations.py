@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from epochal.checkpoint.definitions import recorded_after
+from epochal.checkpoint.definitions import recorded_after, stale_files_message
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
@@ -143,9 +143,10 @@ def check_sink(cur: Cursor, sink: str, declaration: str, loaded_at: float | None
         return
     if row is not None and recorded_after(row[1], loaded_at):
         raise StaleSinkDeclaration(
-            f"sink {sink}: its declaration changed after this process read its SQL files (a newer process "
-            "recorded it), so this one would deliver to a target the pipeline no longer names; nothing was "
-            "delivered. The next run reads the files afresh; a long-lived process (a code server) needs reloading"
+            stale_files_message(
+                f"sink {sink}: its declaration",
+                "this one would deliver to a target the pipeline no longer names; nothing was delivered",
+            )
         )
     if row is not None and started:
         found = changes(SinkDeclaration.from_json(row[0]), SinkDeclaration.from_json(declaration))

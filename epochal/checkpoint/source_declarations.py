@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint import queries as q
-from epochal.checkpoint.definitions import recorded_after
+from epochal.checkpoint.definitions import recorded_after, stale_files_message
 from epochal.checkpoint.records import InjectionBlocked
 from epochal.connectors.registry import connector_spec
 from epochal.errors import EpochalError
@@ -247,10 +247,9 @@ def check_step(recorded: tuple[str, float | None] | None, name: str, declaration
 
 
 def stale_message(names: list[str]) -> str:
-    return (
-        f"the declaration of source(s) {', '.join(names)} changed after this process read its SQL files (a "
-        "newer process recorded it): this one holds the old declaration and must not read or inject with it. "
-        "The next run reads the files afresh; a long-lived process (a code server) needs reloading"
+    return stale_files_message(
+        f"the declaration of source(s) {', '.join(names)}",
+        "this one holds the old declaration and must not read or inject with it",
     )
 
 
