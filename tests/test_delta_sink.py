@@ -266,6 +266,18 @@ def test_an_existing_table_with_another_schema_is_refused(tmp_path):
     assert "never casts" in message
 
 
+def test_an_existing_table_spelling_a_column_in_another_case_is_refused(tmp_path):
+    """Matched ignoring case, the table took the batch, and every column of its rows read back NULL:
+    Delta readers match a file's columns by exact name."""
+    t = target(tmp_path)
+    write_deltalake(t.location, pa.table({"K": [0], "name": ["seed"], "Amount": [0.5]}))
+    with pytest.raises(SinkSchemaError) as caught:
+        t.prepare_target(SCHEMA)
+    message = str(caught.value)
+    assert "column k is spelled K in the table" in message and "(amount AS Amount)" in message
+    assert "name is spelled" not in message
+
+
 def test_an_existing_table_with_the_same_columns_is_used(tmp_path):
     t = target(tmp_path)
     # another tool made it, columns in another order: Delta reads by name

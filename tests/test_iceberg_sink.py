@@ -269,6 +269,19 @@ def test_an_existing_table_with_another_schema_is_refused(tmp_path, targets):
     assert "extra column extra boolean" in message
 
 
+def test_an_existing_table_spelling_a_column_in_another_case_is_refused(tmp_path, targets):
+    """Matched ignoring case, the table passed the check and refused the batch at its commit, after
+    PENDING ("PyArrow table contains more columns"), every later run again."""
+    t = make(targets, tmp_path)
+    catalog = SqlCatalog(t.catalog_name, uri=t.catalog_uri, warehouse=t.warehouse)
+    catalog.create_namespace("sales")
+    catalog.create_table("sales.orders", schema=pa.schema([("K", pa.int64()), ("name", pa.string()),
+                                                           ("amount", pa.float64())]))
+    catalog.close()
+    with pytest.raises(SinkSchemaError, match=r"column k is spelled K in the table.*\(k AS K\)"):
+        t.prepare_target(SCHEMA)
+
+
 def test_an_executor_built_before_prepare_target_finds_the_table_in_the_catalog(tmp_path, targets):
     t = make(targets, tmp_path)
     t.prepare_target(SCHEMA)

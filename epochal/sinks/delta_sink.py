@@ -51,6 +51,7 @@ from epochal.sinks.lake_files import (
     rows_matching,
     sink_prefix,
     sink_schema,
+    spelled_otherwise,
     write_keys,
     write_task_rows,
 )
@@ -532,7 +533,8 @@ def _may_hold(info: Mapping[str, Any], ranges: Mapping[str, tuple[Any, Any, bool
 
 def schema_differences(table: DeltaTable, want: Any, upsert: bool) -> list[str]:
     """Why an existing Delta table cannot take the sink's rows as they are (empty when it can).
-    Columns match by name (Delta reads by name); types and NOT NULL must match exactly."""
+    Columns match by name (Delta reads by name), spelled the same; types and NOT NULL must match
+    exactly."""
     have_fields = json.loads(table.schema().to_json())["fields"]
     want_fields = json.loads(want.to_json())["fields"]
     have = {f["name"].lower(): f for f in have_fields}
@@ -541,6 +543,8 @@ def schema_differences(table: DeltaTable, want: Any, upsert: bool) -> list[str]:
     for name, f in wanted.items():
         if name not in have:
             problems.append(f"missing column {f['name']} {_type_name(f['type'])}")
+        elif have[name]["name"] != f["name"]:
+            problems.append(spelled_otherwise(f["name"], have[name]["name"]))
         elif have[name]["type"] != f["type"]:
             problems.append(
                 f"column {f['name']} is {_type_name(have[name]['type'])}, the sink writes {_type_name(f['type'])}"

@@ -42,6 +42,7 @@ from epochal.sinks.lake_files import (
     rows_matching,
     sink_prefix,
     sink_schema,
+    spelled_otherwise,
     write_keys,
     write_task_rows,
 )
@@ -476,6 +477,8 @@ def iceberg_schema_differences(table: Table, want: pa.Schema) -> list[str]:
     for name, f in wanted.items():
         if name not in have:
             problems.append(f"missing column {f.name} {f.field_type}")
+        elif have[name].name != f.name:
+            problems.append(spelled_otherwise(f.name, have[name].name))
         elif not _same_type(have[name].field_type, f.field_type):
             problems.append(f"column {f.name} is {have[name].field_type}, the sink writes {f.field_type}")
         elif have[name].required and not f.required:

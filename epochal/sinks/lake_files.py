@@ -83,6 +83,16 @@ def sink_schema(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
     return utc_schema(pa.schema([schema.field(c) for c in columns]))
 
 
+def spelled_otherwise(column: str, in_table: str) -> str:
+    """The schema problem of a table column spelled in other letter case than the sink's: Delta's and
+    Iceberg's readers match a data file's columns by exact name (Delta's rows read back NULL,
+    measured with delta-rs 1.6; pyiceberg refuses the files at the commit)."""
+    return (
+        f"column {column} is spelled {in_table} in the table, and its readers match a file's columns by exact "
+        f"name: alias the view's column as the table spells it ({column} AS {in_table})"
+    )
+
+
 def _relabel(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``batch`` in ``schema``, which differs at most by :func:`utc_schema`'s relabelling."""
     import pyarrow as pa
