@@ -36,15 +36,23 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ
 # ... with this interpreter's packages (deltalake), not whatever `python3` is first on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+#: seconds of each delivery's check of the table's row rules (``target.check_rows``), in order
+CHECKS: list[float] = []
+
+
 def deliver(spark, files, schema, target, batch, writers: int) -> tuple[float, float, int]:
     """The coordinator's own path (epochal.sinks.spark_writers.run_writers over the batch's change
-    files, then the target's commit): seconds for the writers' Spark job, for the commit, files."""
+    files, the check of the table's row rules, then the target's commit): seconds for the writers'
+    Spark job, for the check and the commit, files."""
     from epochal.sinks.spark_writers import run_writers
 
     start = time.perf_counter()
     results = run_writers(spark, target, batch, files, schema, writers)
     written = time.perf_counter()
     metadata = [r.metadata for r in results]
+    target.check_rows(batch, metadata)
+    checked = time.perf_counter()
+    CHECKS.append(checked - written)
     target.commit(batch, metadata)
     return written - start, time.perf_counter() - written, sum(len(m["files"]) for m in metadata)
 
@@ -64,6 +72,8 @@ def main() -> int:
     parser.add_argument("--arrow-batch", type=int, default=10_000,
                         help="spark.sql.execution.arrow.maxRecordsPerBatch: rows per batch mapInArrow hands a writer")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    parser.add_argument("--rules", action="store_true",
+                        help="give the table a CHECK constraint (amount >= 0), which each delivery checks")
     args = parser.parse_args()
 
     import pyarrow as pa
@@ -94,6 +104,8 @@ def main() -> int:
         schema = pa.schema([("k", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
         target = DeltaTarget("bench_out", {"location": str(root / "delta")}, columns, root, None)
         target.prepare_target(schema)
+        if args.rules:
+            DeltaTable(target.location).alter.add_constraint({"amount_not_negative": "amount >= 0"})
 
         epoch = 0
         sink_times, base_times, ratios, commits = [], [], [], []
@@ -127,6 +139,8 @@ def main() -> int:
         print(f"Delta sink          {sink_median:.2f}s  {args.rows / sink_median:,.0f} rows/s "
               f"(commit {statistics.median(commits) * 1000:.0f} ms)")
         print(f"df.write.parquet    {base_median:.2f}s  {args.rows / base_median:,.0f} rows/s")
+        print(f"row rules check     {statistics.median(CHECKS[1:]) * 1000:.0f} ms of the sink's time "
+              f"({'one CHECK constraint' if args.rules else 'a table without rules: opening it to find none'})")
         print(f"ratio               {ratio:.2f}x of the plain write (target >= 0.7x)  "
               f"[pairs: {', '.join(f'{r:.2f}' for r in ratios)}]")
 

@@ -215,6 +215,40 @@ def test_a_pending_batch_the_table_refuses_waits_for_the_table_with_its_error_sh
     assert h.states() == [(1, 1, "COMMITTED")] and h.coordinator.lag_of("s")["last_error"] is None
 
 
+def test_a_reader_holding_the_file_open_is_named_with_the_fix(
+    tmp_path: Path,
+    spark,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DuckDB shell left open on the sink's file keeps the sink out even read-only; the error said
+    the meta store was locked and to use a PostgreSQL meta store."""
+    import subprocess
+    import sys
+
+    import epochal.meta.backend
+
+    h = Harness(tmp_path, spark)
+    h.change(1, [(1, "a", 1)])
+    h.deliver()
+    hold = "import duckdb, sys, time; c = duckdb.connect(sys.argv[1], read_only=True); print('open', flush=True); "
+    reader = subprocess.Popen([sys.executable, "-c", hold + "time.sleep(60)", str(h.target.database)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        monkeypatch.setattr(epochal.meta.backend, "LOCK_WAIT_SECONDS", 1.0)
+        h.change(2, [(2, "b", 1)])
+        with pytest.raises(SinkError) as caught:
+            h.deliver()
+    finally:
+        reader.kill()
+        reader.wait()
+    message = str(caught.value)
+    assert message.startswith("sink s, epoch 2:") and "sink s's DuckDB database" in message, message
+    assert "a DuckDB shell or notebook reading the sink's table" in message and "meta store" not in message
+    monkeypatch.setattr(epochal.meta.backend, "LOCK_WAIT_SECONDS", 120.0)
+    assert h.deliver().epochs == 1 and h.rows() == [(1, "a"), (2, "b")]  # closed: the epoch waited, delivered
+
+
 def test_writers_that_miss_vnodes_are_aborted_and_tried_again(tmp_path: Path, spark) -> None:  # noqa: ANN001
     h = Harness(tmp_path, spark)
     h.change(1, [(i, "x", 1) for i in range(20)])

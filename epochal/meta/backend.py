@@ -66,10 +66,17 @@ class DuckDBBackend:
     #: The pid check drops a host inherited through fork, which must not be shared with the parent.
     _host: "tuple[int, Any] | None" = None
 
-    def __init__(self, path: Path):
+    #: what the file holds and what to do when another process keeps it locked, for the errors
+    META_STORE_LOCKED = (
+        "meta store",
+        "stop it, or use a PostgreSQL meta store (EPOCHAL_META_URL=postgresql://...) for many concurrent writers",
+    )
+
+    def __init__(self, path: Path, locked: tuple[str, str] = META_STORE_LOCKED):
         self.path = Path(path)
         self.url = f"duckdb:///{self.path}"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.what, self.locked_fix = locked
 
     @classmethod
     def _host_connection(cls) -> Any:
@@ -140,9 +147,8 @@ class DuckDBBackend:
                 cap=BACKOFF_CAP_S,
                 deadline=deadline,
                 give_up=lambda exc, attempts: EpochalError(
-                    f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s; another process "
-                    "holds it: stop it, or use a PostgreSQL meta store (EPOCHAL_META_URL=postgresql://...) "
-                    "for many concurrent writers"
+                    f"{self.what} {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s; another process "
+                    f"holds it: {self.locked_fix}"
                 ),
             )(fcntl.flock, handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
@@ -160,9 +166,8 @@ class DuckDBBackend:
             cap=BACKOFF_CAP_S,
             deadline=deadline,
             give_up=lambda exc, attempts: EpochalError(
-                f"meta store {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s ({exc}); "
-                "another process holds it open: stop it, or use a PostgreSQL meta store "
-                "(EPOCHAL_META_URL=postgresql://...) for many concurrent writers"
+                f"{self.what} {self.path} stayed locked for {LOCK_WAIT_SECONDS:.0f}s ({exc}); "
+                f"another process holds it open: {self.locked_fix}"
             ),
         )(self._attempt, fn, deadline)
 

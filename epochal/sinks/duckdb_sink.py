@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 __all__ = ["DuckDBTarget", "SinkSchemaError"]
 
 PROGRESS_TABLE = "_epochal_sink_progress"
+#: A DuckDB file has one writer, and a reader that holds it open (even read-only) keeps the sink out.
+HELD_OPEN_FIX = (
+    "a DuckDB shell or notebook reading the sink's table holds the file even read-only, so the sink cannot "
+    "write: close it (the delivery is retried, and the epochs wait, nothing is lost), and look at the table "
+    "with a connection opened for each query (duckdb -readonly FILE -c 'SELECT ...'); readers that stay "
+    "connected need a PostgreSQL, Delta Lake or Iceberg sink"
+)
 
 
 class _RolledBack(Exception):
@@ -61,7 +68,7 @@ class DuckDBTarget(SinkTarget):
     @property
     def _backend(self) -> DuckDBBackend:
         # opened where it is used: the target is pickled to executors, which never open the file
-        return DuckDBBackend(self.database)
+        return DuckDBBackend(self.database, locked=(f"sink {self.name}'s DuckDB database", HELD_OPEN_FIX))
 
     def describe(self) -> str:
         return f"duckdb:{self.database}:{self.table}"
