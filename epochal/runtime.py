@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from epochal import table_layout
 from epochal.backfill.state import BackfillPhase
+from epochal.checkpoint.definitions import StaleStatements
 from epochal.checkpoint.records import (
     Collected,
     EpochAborted,
@@ -27,7 +28,7 @@ from epochal.checkpoint.records import (
     RecoveryReport,
     StepStart,
 )
-from epochal.checkpoint.source_declarations import Declaration
+from epochal.checkpoint.source_declarations import Declaration, StaleDeclarations
 from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.connectors.registry import connector_spec
 from epochal.controller import CheckpointController
@@ -293,11 +294,22 @@ class EpochRuntime:
 
     def _guard(self, epoch: int, step: Callable[[], StepReport]) -> StepReport:
         """Run a step under the epoch's lease (renewed while it runs, so a slow step is not taken
-        for a dead one); a failure marks the epoch failed so the next run recovers."""
+        for a dead one); a failure marks the epoch failed so the next run recovers, except that a
+        process holding stale SQL gives the epoch back to the next run instead."""
         try:
             with self.controller.epoch_log.lease(epoch):
                 return step()
         except EpochAborted:
+            raise
+        except (StaleStatements, StaleDeclarations):
+            # This process read its SQL files before a newer one recorded other statements: the
+            # process is out of date, not the epoch. It gives the epoch back to a run that reads
+            # the files afresh (take_waiting), as take_epochs does when its own check finds it
+            # stale; failing the epoch would start a recovery aborting every epoch in flight.
+            try:
+                self.controller.epoch_log.release(epoch)
+            except Exception:  # the meta store itself may be what failed: the epoch timeout recovers it
+                log.exception("could not give epoch %s back", epoch)
             raise
         except Exception as exc:
             aborted = False

@@ -216,8 +216,14 @@ def test_columns_added_mid_stream_are_null_before_and_a_changed_type_is_refused(
     epoch = back.start_epoch(None, None)[0].epoch
     with pytest.raises(sd.StaleDeclarations):
         before.run_source(epoch, "orders")
-    # The refused step failed the epoch; recovery takes it back, and the next epoch has its records.
-    later = run_epoch(h.runtime(spark))
+    # The refused step gave the epoch back, unfailed (the process is out of date, not the epoch):
+    # the next run takes it (take_waiting) and reads its records with the new declaration.
+    fresh = h.runtime(spark)
+    assert fresh.controller.epoch_log.recovery_reason() is None
+    assert fresh.controller.epoch_log.take_waiting("next-run") == [epoch]
+    run_epoch(fresh, epoch)
+    later = run_epoch(fresh)
+    assert back.controller.epoch_log.epoch(epoch).state is EpochState.COMMITTED
     assert back.controller.epoch_log.epoch(later).state is EpochState.COMMITTED
     assert_views_match_batch(back, VIEWS_EDITED)
 
