@@ -253,13 +253,19 @@ def test_a_commit_whose_files_are_gone_raises_precommit_lost_and_changes_nothing
     assert table_rows(t) == [{"k": 1, "name": "a", "amount": 1.0}]
 
 
+def existing_table(t: IcebergTarget, schema: pa.Schema) -> None:
+    """The sink's table as another tool made it first, with ``schema``."""
+    catalog = SqlCatalog(t.catalog_name, uri=t.catalog_uri, warehouse=t.warehouse)
+    try:
+        catalog.create_namespace("sales")
+        catalog.create_table("sales.orders", schema=schema)
+    finally:
+        catalog.close()
+
+
 def test_an_existing_table_with_another_schema_is_refused(tmp_path, targets):
     t = make(targets, tmp_path)
-    catalog = SqlCatalog(t.catalog_name, uri=t.catalog_uri, warehouse=t.warehouse)
-    catalog.create_namespace("sales")
-    catalog.create_table("sales.orders", schema=pa.schema([("k", pa.int32()), ("name", pa.string()),
-                                                           ("extra", pa.bool_())]))
-    catalog.close()
+    existing_table(t, pa.schema([("k", pa.int32()), ("name", pa.string()), ("extra", pa.bool_())]))
     with pytest.raises(SinkSchemaError) as caught:
         t.prepare_target(SCHEMA)
     message = str(caught.value)
@@ -273,11 +279,7 @@ def test_an_existing_table_spelling_a_column_in_another_case_is_refused(tmp_path
     """Matched ignoring case, the table passed the check and refused the batch at its commit, after
     PENDING ("PyArrow table contains more columns"), every later run again."""
     t = make(targets, tmp_path)
-    catalog = SqlCatalog(t.catalog_name, uri=t.catalog_uri, warehouse=t.warehouse)
-    catalog.create_namespace("sales")
-    catalog.create_table("sales.orders", schema=pa.schema([("K", pa.int64()), ("name", pa.string()),
-                                                           ("amount", pa.float64())]))
-    catalog.close()
+    existing_table(t, pa.schema([("K", pa.int64()), ("name", pa.string()), ("amount", pa.float64())]))
     with pytest.raises(SinkSchemaError, match=r"column k is spelled K in the table.*\(k AS K\)"):
         t.prepare_target(SCHEMA)
 
