@@ -227,6 +227,7 @@ def install_probes() -> None:
 
     import epochal.spark_session as spark_session
     import resources.spark as spark_resource
+    from epochal.epoch_taking import EpochTaking
     from epochal.meta.backend import DuckDBBackend
     from epochal.runtime import EpochRuntime
     from epochal.storage.warehouse import Warehouse
@@ -237,7 +238,8 @@ def install_probes() -> None:
     # resources.spark imported build_spark_session by name: patch the name it calls.
     p.wrap(spark_resource, "build_spark_session", "  SparkSession getOrCreate (lazy: first Spark op)")
     p.wrap(EpochRuntime, "__init__", "runtime init (load pipeline, meta schema txn)")
-    p.wrap(EpochRuntime, "start_epoch", "op barrier: recover/inject (start_epoch)")
+    # The class that runs it: epoch_job's take_epochs calls it there, not through the runtime.
+    p.wrap(EpochTaking, "start_epoch", "op barrier: recover/inject (start_epoch)")
     p.wrap(EpochRuntime, "run_source", "op source: run_source")
     p.wrap(EpochRuntime, "run_view", "op view: run_view")
     p.wrap(EpochRuntime, "commit", "op commit: commit")

@@ -10,8 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,7 @@ from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.connectors.registry import connector_spec
 from epochal.controller import CheckpointController
 from epochal.epoch import epoch_physical_ms
+from epochal.epoch_taking import EpochTaking, RunEpochs
 from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.pipeline.model import Pipeline, SourceDef
@@ -66,16 +66,6 @@ _UNREAD = object()
 # that this run's sinks deliver its epoch. Past it the step ends without error: the epoch is
 # collected by every table, and the run that commits the older epochs commits it with them.
 COMMIT_WAIT_S = 120.0
-
-
-@dataclass(frozen=True)
-class RunEpochs:
-    """What a run of epoch_job takes: its epochs (oldest first) and the recovery it ran, if any."""
-
-    epochs: list[int]
-    recovery: RecoveryReport | None = None
-    #: how long the run stood by for a working run before it took its epochs
-    stood_by_s: float = 0.0
 
 
 def _lag_seconds(epoch: int | None) -> float | None:
@@ -147,8 +137,7 @@ class EpochRuntime:
         # for itself (``recording_for_backfill``) is per thread, and lazy set-up happens once.
         self._per_thread = threading.local()
         self._lock = threading.RLock()
-        #: the run-long lease on the epochs ``take_epochs`` took; ended by ``close``
-        self._held = ExitStack()
+        self.taking = EpochTaking(self)
 
     @property
     def _record_backfill(self) -> Callable[[Collected], None] | None:
@@ -176,7 +165,7 @@ class EpochRuntime:
     def close(self) -> None:
         """Release what this runtime holds: the lease on the epochs its run took, and its cached
         snapshots in the Spark session."""
-        self._held.close()
+        self.taking.close()
         if "spark" in self.__dict__:  # never start Spark just to close it
             self.state_cache.clear()
 
@@ -212,77 +201,19 @@ class EpochRuntime:
             sweep=lambda keep, upto: self.warehouse.sweep(tables, keep, upto),
         )
 
-    def start_epoch(self, run_id: str | None, partition: str | None) -> tuple[EpochRecord, RecoveryReport | None]:
-        """The epoch a run works on: the one its partition names, or a newly injected one.
-
-        Without a partition this is the barrier worker's loop body: recover if anything needs it,
-        then inject the next epoch, claimed by this process so its death is noticed."""
-        if partition is not None:
-            try:
-                epoch = int(partition)
-            except ValueError:
-                raise EpochalError(f"partition key {partition!r} is not an epoch number") from None
-            record = self.controller.epoch_log.begin_step(epoch, run_id).record
-            if record.state is EpochState.ABORTED:
-                raise EpochAborted(
-                    f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
-                    "by a later epoch. Run epoch_job without a partition to go on"
-                )
-            self.check_plans()
-            return record, None
-        self.check_plans()  # before injecting: a plan Spark refuses is an error, never a failed epoch
-        report = None
-        reason = self.controller.epoch_log.recovery_reason()
-        if reason:
-            report = self.recover(reason)
-        self.apply_pipeline_changes()
-        return self.controller.epoch_log.inject(self.plan, run_id=run_id, claim=True), report
-
     def apply_pipeline_changes(self) -> None:
         """What every injection does first (a run's or the barrier sensor's): tables and sinks that
         left the SQL files are retired, and the files of views rebuilt after a change are deleted."""
         self.changes.retire_removed()
         self.changes.delete_dropped()
 
+    def start_epoch(self, run_id: str | None, partition: str | None) -> tuple[EpochRecord, RecoveryReport | None]:
+        """The epoch a run works on (:meth:`EpochTaking.start_epoch`)."""
+        return self.taking.start_epoch(run_id, partition)
+
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
-        """The epochs a run of epoch_job works on, oldest first.
-
-        ``waiting`` (the barrier sensor's runs): every epoch injected and held by no process, the
-        partition's own among them if nobody took it first. A run that starts late thus takes the
-        epochs queued behind it and processes them in order, and the runs requested for those find
-        nothing left and end at once. Without ``waiting``, a partition is run (or re-run) alone,
-        and a run without one recovers if needed, injects an epoch and takes the waiting ones too
-        (which its own epoch's steps would otherwise wait for). The run's ``hold`` keeps every
-        epoch it took alive while it works through them."""
-        if partition is not None and not waiting:
-            record, recovery = self.start_epoch(run_id, partition)
-            return RunEpochs([record.epoch], recovery)
-        epoch_log = self.controller.epoch_log
-        recovery = None
-        own: list[int] = []
-        stood_by = 0.0
-        if partition is None:
-            record, recovery = self.start_epoch(run_id, None)
-            own = [record.epoch]
-        elif self.settings.standby_run:
-            stood_by = epoch_log.stand_by(self.settings.max_epoch_runs, on_wait=self._warm_up)
-        taken = sorted({*own, *epoch_log.take_waiting(run_id)})
-        if not taken:
-            return RunEpochs([], recovery, stood_by)  # without the plans' check: a run with nothing to do ends now
-        try:
-            self.check_plans()  # before any step: a plan Spark refuses is an error, never a failed epoch
-        except BaseException:
-            epoch_log.release_all(taken)  # waiting again (for a run with a fixed pipeline), not dead
-            raise
-        self._held.enter_context(epoch_log.hold(taken))
-        return RunEpochs(taken, recovery, stood_by)
-
-    def _warm_up(self, working: list[str]) -> None:
-        """While standing by for ``working``: do what the run's first step would, so the run starts
-        warm when it takes its epochs (a refused plan fails it here, before it takes any)."""
-        log.info("standing by while %s work(s) on epochs: warming up", ", ".join(working))
-        self.check_plans()
-        self.spark  # noqa: B018 (attaching to Spark is the point)
+        """The epochs a run of epoch_job works on, oldest first (:meth:`EpochTaking.take_epochs`)."""
+        return self.taking.take_epochs(run_id, partition, waiting)
 
     def begin_step(self, epoch: int, run_id: str | None, **which: str) -> StepStart:
         """Begin a step (EpochAborted for an aborted epoch), then check the plans: a step of an
