@@ -64,6 +64,14 @@ NONDETERMINISTIC_FUNCTIONS = frozenset(
         "shuffle", "spark_partition_id", "try_reflect", "uniform", "unix_timestamp", "uuid",
     }
 )
+#: Aggregates whose value depends on the order rows arrive in, which Spark itself declares
+#: non-deterministic: an epoch's recompute over the touched groups and a batch over all rows pick
+#: different rows. As window functions over an ORDER BY they are deterministic and stay allowed.
+ORDER_DEPENDENT_AGGREGATES = frozenset({"any_value", "first", "first_value", "last", "last_value"})
+ORDER_DEPENDENT_FIX = (
+    "pick the row by a value instead: min(x) or max(x), or max_by(x, <a column that orders the rows>) "
+    "for the latest"
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,8 @@ class Finding:
     anchor: str = ""
     #: which occurrence of ``anchor`` (0-based), when it is not the first
     occurrence: int = 0
+    #: the rewrite to suggest, when there is a better one than removing the construct
+    fix: str = ""
 
     @property
     def needs_state(self) -> bool:
@@ -83,10 +93,8 @@ class Finding:
 
     @property
     def message(self) -> str:
-        return (
-            f"{self.label} {REFUSED[self.construct]}: remove it, or compute the value before it reaches "
-            "Epochal (in the producer of the source)"
-        )
+        fix = self.fix or "remove it, or compute the value before it reaches Epochal (in the producer of the source)"
+        return f"{self.label} {REFUSED[self.construct]}: {fix}"
 
 
 def _key(node: exp.Func) -> str:
@@ -210,7 +218,11 @@ def _function(node: exp.Func):
     if is_window_call(node):
         return  # reported as the window function
     key = _key(node)
-    if key in WINDOW_FUNCTIONS:
+    if key in ORDER_DEPENDENT_AGGREGATES:
+        name = spark_name(node)
+        label = f"aggregate function {name}()"
+        yield Finding("non-deterministic function", label, node, name.upper(), fix=ORDER_DEPENDENT_FIX)
+    elif key in WINDOW_FUNCTIONS:
         name = spark_name(node)
         yield Finding("window function", f"window function {name}()", node, name.upper())
     elif key in AGGREGATE_FUNCTIONS or isinstance(node, exp.AggFunc):
