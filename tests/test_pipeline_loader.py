@@ -689,7 +689,7 @@ def test_stateless_constructs_are_allowed(tmp_path: Path) -> None:
             "SELECT auction FROM bid b WHERE\nEXISTS (SELECT 1 FROM bid c WHERE c.price > 5 AND c.bidder = b.bidder)",
             "keyed",
         ),
-        ("SELECT auction FROM bid\nLIMIT 10", "keyed"),
+        ("SELECT auction FROM bid\nORDER BY auction LIMIT 10", "keyed"),
         ("SELECT auction FROM (SELECT auction FROM bid\nGROUP BY auction) AS g", "keyed"),
         ("SELECT auction FROM bid\nGROUP BY auction HAVING auction > 1", "keyed"),
         ("SELECT auction,\nevery(price > 1) AS e FROM bid GROUP BY auction", "keyed"),
@@ -845,6 +845,77 @@ def test_first_value_over_an_ordered_window_stays_allowed(tmp_path: Path) -> Non
     query = "SELECT auction, first_value(bidder) OVER (PARTITION BY auction ORDER BY price, bidder) AS b FROM bid"
     pipeline = load(tmp_path, {"a.sql": BID_SOURCE + f"CREATE MATERIALIZED VIEW v AS {query};"})
     assert pipeline.views["v"].upstreams == ("bid",)
+
+
+COLLECT = "aggregate function collect_list()/array_agg()"
+
+
+@pytest.mark.parametrize(
+    ("query", "refused"),
+    [
+        ("SELECT auction,\ncollect_list(bidder) AS b FROM bid GROUP BY auction", f"{COLLECT} without an order"),
+        ("SELECT auction,\narray_agg(bidder) AS b FROM bid GROUP BY auction", f"{COLLECT} without an order"),
+        ("SELECT auction,\nconcat_ws(',', collect_list(channel)) AS b FROM bid GROUP BY auction", COLLECT),
+        ("SELECT auction,\nstring_agg(channel, ',') AS b FROM bid GROUP BY auction", "aggregate function string_agg()"),
+        (
+            "SELECT auction,\nfirst_value(bidder) OVER (PARTITION BY auction) AS b FROM bid",
+            "window function first_value() OVER (...) without ORDER BY",
+        ),
+        (
+            "SELECT auction,\ncollect_list(bidder) OVER w AS b FROM bid WINDOW w AS (PARTITION BY auction)",
+            "window function collect_list()/array_agg() OVER",
+        ),
+        ("SELECT auction, array_sort(collect_list(bidder)) AS b, size(collect_list(url)) AS n FROM bid GROUP BY 1",
+         None),
+        ("SELECT auction, listagg(channel, ',') WITHIN GROUP (ORDER BY channel) AS b FROM bid GROUP BY auction", None),
+        ("SELECT auction, sort_array(array_distinct(collect_list(bidder))) AS b FROM bid GROUP BY auction", None),
+        (
+            "SELECT auction, collect_list(bidder) OVER w AS b FROM bid "
+            "WINDOW w AS (PARTITION BY auction ORDER BY date_time, bidder)",
+            None,
+        ),
+    ],
+)
+def test_collecting_values_in_arrival_order_is_refused_with_a_sorted_rewrite(
+    tmp_path: Path, query: str, refused: str | None
+) -> None:
+    # Found by a user-style probe: collect_list(), array_agg(), string_agg() and concat_ws() of a
+    # collect_list() gave the touched groups' values in another order than a batch did.
+    files = {"a.sql": BID_SOURCE + "CREATE MATERIALIZED VIEW v AS\n" + query + ";"}
+    if refused is None:
+        assert load(tmp_path, files).views["v"].upstreams == ("bid",)
+        return
+    issue = only_issue(tmp_path, files)
+    assert at(issue) == ("a.sql", 6), issue
+    assert issue.message.startswith(f"view v: {refused}"), issue
+    assert "is non-deterministic" in issue.message
+    assert "array_sort(collect_list(x))" in issue.message or "OVER (PARTITION BY k ORDER BY ts, id)" in issue.message
+
+
+@pytest.mark.parametrize(
+    ("query", "word"),
+    [
+        ("SELECT auction, price FROM bid\nLIMIT 3", "LIMIT"),
+        ("SELECT auction FROM bid UNION ALL SELECT bidder AS auction FROM bid\nLIMIT 3", "LIMIT"),
+        ("SELECT auction, price FROM bid\nOFFSET 2", "OFFSET"),
+        ("SELECT auction, price FROM bid ORDER BY price LIMIT 3 OFFSET 1", None),
+        # the order of a subquery is not the LIMIT's: Spark may drop it
+        ("SELECT auction, price FROM (SELECT auction, price FROM bid ORDER BY price)\nLIMIT 3", "LIMIT"),
+    ],
+)
+def test_a_limit_without_order_by_in_its_select_is_refused_as_non_deterministic(
+    tmp_path: Path, query: str, word: str | None
+) -> None:
+    # Found by a user-style probe: which rows LIMIT keeps is up to the order they arrive in, so the
+    # view kept other rows than a batch over the same sources did.
+    files = {"a.sql": BID_SOURCE + "CREATE MATERIALIZED VIEW v AS\n" + query + ";"}
+    if word is None:
+        assert load(tmp_path, files).views["v"].upstreams == ("bid",)
+        return
+    issue = only_issue(tmp_path, files)
+    assert at(issue) == ("a.sql", 6), issue
+    assert issue.message.startswith(f"view v: {word} without ORDER BY is non-deterministic"), issue
+    assert "ORDER BY price DESC, id LIMIT 10" in issue.message
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,26 @@ ORDER_DEPENDENT_FIX = (
     "for the latest"
 )
 
+#: Aggregates that collect values in the order rows arrive (sqlglot's names: collect_list and
+#: array_agg are array_agg, string_agg and listagg group_concat): the same rows in another order
+#: give another array or string, so a touched group's recompute and a batch disagree.
+COLLECTING_AGGREGATES = frozenset({"array_agg", "group_concat"})
+#: Functions whose value does not depend on the order of an array's elements: a collecting
+#: aggregate under one of them is deterministic (array_distinct keeps the order, so its caller decides).
+ORDER_FREE_OF_ARRAY = frozenset({"array_sort", "array_size", "cardinality", "array_max", "array_min", "array_contains"})
+ORDER_KEEPING_OF_ARRAY = frozenset({"array_distinct"})
+UNORDERED_COLLECT_FIX = (
+    "sort what it collects, array_sort(collect_list(x)), or give string_agg/listagg an order: "
+    "listagg(x, ',') WITHIN GROUP (ORDER BY x)"
+)
+UNORDERED_WINDOW_FIX = (
+    "order the window, ending with columns that identify a row: OVER (PARTITION BY k ORDER BY ts, id)"
+)
+UNORDERED_LIMIT_FIX = (
+    "order the rows it keeps in the same SELECT, ending with columns that identify a row "
+    "(ORDER BY price DESC, id LIMIT 10)"
+)
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -162,6 +182,11 @@ def _detect(tree: exp.Expression):
             yield Finding("ORDER BY", "ORDER BY", node, "ORDER")
         elif isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)):
             word = type(node).__name__.upper()
+            if node.parent is not None and not node.parent.args.get("order"):
+                # which rows it keeps is up to the order they arrive in (an epoch's recompute and a
+                # batch over all rows keep others)
+                label = f"{word} without ORDER BY"
+                yield Finding("non-deterministic function", label, node, word, fix=UNORDERED_LIMIT_FIX)
             yield Finding("LIMIT", word, node, word)
         elif isinstance(node, exp.TableSample):
             yield Finding("non-deterministic function", "TABLESAMPLE", node, "TABLESAMPLE")
@@ -214,14 +239,38 @@ def is_window_call(node: exp.Expression) -> bool:
     return isinstance(parent, exp.Window) and parent.this is node
 
 
+def _window_of(node: exp.Expression) -> exp.Window:
+    parent = node.parent
+    while isinstance(parent, CALL_WRAPPERS) and parent.this is node:
+        node, parent = parent, parent.parent
+    return parent
+
+
+def _collecting_label(node: exp.Func) -> str:
+    # sqlglot reads collect_list and array_agg as one function, string_agg and listagg as another
+    return "collect_list()/array_agg()" if _key(node) == "array_agg" else "string_agg()/listagg()"
+
+
 def _function(node: exp.Func):
-    if is_window_call(node):
-        return  # reported as the window function
     key = _key(node)
+    if is_window_call(node):
+        # reported as the window function, unless its value is up to the order rows arrive in: a
+        # window without ORDER BY gives every row the whole partition, in no order
+        order_dependent = key in ORDER_DEPENDENT_AGGREGATES or key == "nth_value"
+        window = _window_of(node)
+        collecting = key in COLLECTING_AGGREGATES and not _collected_in_order(node, window)
+        if (order_dependent or collecting) and not _window_ordered(window):
+            name = _collecting_label(node) if key in COLLECTING_AGGREGATES else f"{spark_name(node)}()"
+            label = f"window function {name} OVER (...) without ORDER BY"
+            yield Finding("non-deterministic function", label, node, "OVER", fix=UNORDERED_WINDOW_FIX)
+        return
     if key in ORDER_DEPENDENT_AGGREGATES:
         name = spark_name(node)
         label = f"aggregate function {name}()"
         yield Finding("non-deterministic function", label, node, name.upper(), fix=ORDER_DEPENDENT_FIX)
+    elif key in COLLECTING_AGGREGATES and not _collected_in_order(node):
+        label = f"aggregate function {_collecting_label(node)} without an order"
+        yield Finding("non-deterministic function", label, node, spark_name(node).upper(), fix=UNORDERED_COLLECT_FIX)
     elif key in WINDOW_FUNCTIONS:
         name = spark_name(node)
         yield Finding("window function", f"window function {name}()", node, name.upper())
@@ -235,3 +284,28 @@ def _function(node: exp.Func):
         if isinstance(node.parent, exp.Func) and spark_name(node.parent) == "unix_timestamp":
             name = "unix_timestamp"  # sqlglot reads unix_timestamp() as unix_timestamp(current_timestamp())
         yield Finding("non-deterministic function", f"{name}()", node, name.upper())
+
+
+def _window_ordered(window: exp.Window) -> bool:
+    """Whether the window orders its rows, itself or through the named window it refers to
+    (``OVER w ... WINDOW w AS (PARTITION BY g ORDER BY ts)``)."""
+    if window.args.get("order"):
+        return True
+    name = window.args.get("alias")
+    select = window.find_ancestor(exp.Select)
+    named = select.args.get("windows") if select is not None and name is not None else None
+    return any(w.this == name and _window_ordered(w) for w in named or [] if isinstance(w, exp.Window))
+
+
+def _collected_in_order(node: exp.Func, call: exp.Expression | None = None) -> bool:
+    """Whether a collecting aggregate's value is independent of the rows' order: it orders them
+    itself (``listagg(x) WITHIN GROUP (ORDER BY x)``), or what reads it (``call``: the aggregate,
+    or its window) ignores the order (``array_sort(collect_list(x))``, ``size(...)``)."""
+    if isinstance(node.this, exp.Order):
+        return True
+    parent = (call or node).parent
+    while isinstance(parent, (*CALL_WRAPPERS, exp.Paren)):
+        parent = parent.parent
+    while isinstance(parent, exp.Func) and _key(parent) in ORDER_KEEPING_OF_ARRAY:
+        parent = parent.parent
+    return isinstance(parent, exp.Func) and _key(parent) in ORDER_FREE_OF_ARRAY
