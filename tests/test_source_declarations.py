@@ -149,6 +149,14 @@ def test_an_identity_option_written_another_way_is_the_same_stream(tmp_path: Pat
         )
     with pytest.raises(sd.DeclarationChanged, match="its path was './data//raw/' and is now 'data/raw2'"):
         backend.transaction(lambda cur: sd.check_declarations(cur, {"raw": log("data/raw2", None)}, later + 1))
+    # The relative path written out absolute, as the connector resolves it against the home: the
+    # same directory. Another home's directory of that name is not.
+    home = tmp_path / "home"
+    absolute = {"raw": log(str(home / "data" / "raw"), None)}
+    assert backend.transaction(lambda cur: sd.check_declarations(cur, absolute, later + 2, home)) == []
+    elsewhere = {"raw": log(str(tmp_path / "other" / "data" / "raw"), None)}
+    with pytest.raises(sd.DeclarationChanged, match="its path was"):
+        backend.transaction(lambda cur: sd.check_declarations(cur, elsewhere, later + 3, home))
 
 
 def test_columns_added_mid_stream_are_null_before_and_a_changed_type_is_refused(spark, tmp_path: Path) -> None:
@@ -204,6 +212,10 @@ def test_columns_added_mid_stream_are_null_before_and_a_changed_type_is_refused(
     (h.pipeline_dir / "sources.sql").write_text(SOURCES_EDITED.replace("data/regions", "data/regions_eu"))
     with pytest.raises(sd.DeclarationChanged, match="source regions: its path was 'data/regions' and is now"):
         h.runtime(spark).start_epoch(None, None)
+    # The same directory written out absolute is the same log: an epoch runs, and so does the next
+    # with the path relative again.
+    (h.pipeline_dir / "sources.sql").write_text(SOURCES_EDITED.replace("'data/regions'", f"'{data / 'regions'}'"))
+    run_epoch(h.runtime(spark))
     (h.pipeline_dir / "sources.sql").write_text(SOURCES_EDITED)
     back = h.runtime(spark)
     run_epoch(back)

@@ -212,7 +212,7 @@ class EpochLog(EpochClaims):
             cur, fingerprints, self.readers, self.sink_inputs, self.append_only_sinks, self.view_columns, self.loaded_at
         )
         declared = {s: d for s, d in self.declarations.items() if s not in retired}
-        for change in source_declarations.check_declarations(cur, declared, self.loaded_at):
+        for change in source_declarations.check_declarations(cur, declared, self.loaded_at, self.settings.home):
             log.warning("%s", change)
         known = {*self.sources, *self.upstreams} - retired
         backfill_log.register_new(cur, [t for t in self.tables if t in known], self.upstreams, committed)

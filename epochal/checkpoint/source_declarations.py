@@ -37,6 +37,8 @@ from epochal.connectors.registry import connector_spec
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from epochal.meta.backend import Cursor
     from epochal.pipeline.model import SourceDef
 
@@ -105,8 +107,9 @@ def normal_type(declared: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\s*([(),<>:])\s*", r"\1", declared.strip()))
 
 
-def refusals(old: Declaration, new: Declaration) -> list[str]:
-    """What ``new`` changes of ``old`` that the stored rows cannot follow, one phrase each."""
+def refusals(old: Declaration, new: Declaration, home: Path | None = None) -> list[str]:
+    """What ``new`` changes of ``old`` that the stored rows cannot follow, one phrase each;
+    ``home`` resolves relative paths of the origin (``ConnectorSpec.identity_value``)."""
     found = []
     if old.kind != new.kind:
         found.append(f"it was declared {old.kind.upper()} and is now {new.kind.upper()}")
@@ -115,7 +118,7 @@ def refusals(old: Declaration, new: Declaration) -> list[str]:
         now = f"PRIMARY KEY ({', '.join(new.primary_key)})" if new.primary_key else "none"
         found.append(f"its key was {was} and is now {now}")
     was = dict(old.origin)
-    acted = _acted_value(dict(new.origin).get("connector"))
+    acted = _acted_value(dict(new.origin).get("connector"), home)
     for option, value in new.origin:
         if option in was and acted(option, was[option]) != acted(option, value):
             found.append(f"its {option} was {_shown(was[option])} and is now {_shown(value)}")
@@ -138,13 +141,13 @@ def respelled(old: Declaration, new: Declaration) -> list[tuple[str, str, str]]:
     return [(c, was[c], field) for c, field in new.fields if c in was and was[c] != field]
 
 
-def _acted_value(connector: str | None) -> Callable[[str, str | None], str | None]:
+def _acted_value(connector: str | None, home: Path | None) -> Callable[[str, str | None], str | None]:
     """How ``connector`` reads an identity option as written: a default written out, or a number
     or path spelled another way, is the same stream (``ConnectorSpec.identity_value``)."""
     spec = connector_spec(connector) if connector else None
     if spec is None:
         return lambda option, value: value
-    return spec.identity_value
+    return lambda option, value: spec.identity_value(option, value, home)
 
 
 def _shown(value: str | None) -> str:
@@ -156,7 +159,9 @@ def added_and_removed(old: Declaration, new: Declaration) -> tuple[list[str], li
     return [c for c in after if c not in before], [c for c in before if c not in after]
 
 
-def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: float | None) -> list[str]:
+def check_declarations(
+    cur: Cursor, declarations: Mapping[str, str], loaded_at: float | None, home: Path | None = None
+) -> list[str]:
     """Record each source's declaration (JSON of :class:`Declaration`) or check it against the one
     recorded (module docstring); returns a line per source whose columns changed, for the log.
     Raises :class:`StaleDeclarations` for a process holding older declarations, and
@@ -182,7 +187,7 @@ def check_declarations(cur: Cursor, declarations: Mapping[str, str], loaded_at: 
         if stored[name][0] == text:
             continue
         old, new = Declaration.from_json(stored[name][0]), Declaration.from_json(text)
-        found = refusals(old, new)
+        found = refusals(old, new, home)
         if found and committed:
             refused.append(f"source {name}: {'; '.join(found)}")
             before = dict(old.columns)

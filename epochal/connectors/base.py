@@ -84,10 +84,12 @@ class ConnectorSpec(Protocol):
     #: a log's JSON keys are case-sensitive), so that respelling a column reads another field
     fields_by_spelling: bool
 
-    def identity_value(self, option: str, value: str | None) -> str | None:
+    def identity_value(self, option: str, value: str | None, home: Path | None = None) -> str | None:
         """The value identity ``option`` acts with when written as ``value`` (None: not given): its
-        default filled in, a number or name in one spelling. Declarations compare these, so writing
-        out a default, or '04' for '4', is no change; a value that does not parse stays as written."""
+        default filled in, a number or name in one spelling, a relative path resolved against
+        ``home`` (the pipeline's EPOCHAL_HOME) when given. Declarations compare these, so writing
+        out a default, '04' for '4', or the absolute path of a relative one is no change; a value
+        that does not parse stays as written."""
 
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:
         """Problems with the declared columns/options, each a full sentence naming the fix.

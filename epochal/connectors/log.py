@@ -108,11 +108,14 @@ class LogConnectorSpec:
     identity_options = ("path", "format")
     fields_by_spelling = True
 
-    def identity_value(self, option: str, value: str | None) -> str | None:
+    def identity_value(self, option: str, value: str | None, home: Path | None = None) -> str | None:
         if option == "format":
             return (value or "json").strip().lower()
         if option == "path" and value is not None and value.strip():
-            return os.path.normpath(os.path.expanduser(value.strip()))
+            path = os.path.expanduser(value.strip())
+            if home is not None and not os.path.isabs(path):
+                path = os.path.join(os.path.abspath(home), path)  # as the connector resolves it
+            return os.path.normpath(path)
         return value
 
     def validate(self, columns: "tuple[Column, ...]", options: Mapping[str, str]) -> list[str]:

@@ -195,7 +195,7 @@ class NexmarkConnectorSpec:
         "nexmark.base.time": DEFAULT_BASE_TIME_MS,
     }
 
-    def identity_value(self, option: str, value: str | None) -> str | None:
+    def identity_value(self, option: str, value: str | None, home: Path | None = None) -> str | None:
         if option == "nexmark.table.type":
             return value.strip().lower() if value is not None else None
         if option not in self._defaults:
