@@ -643,7 +643,11 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
                    "ON an equality"),
     "not_in_subquery": ("SELECT id FROM auction WHERE id NOT IN (SELECT auction FROM bid)", "NOT IN", "NOT EXISTS"),
     "scalar_subquery": ("SELECT auction, price FROM bid WHERE price > (SELECT avg(price) FROM bid)",
-                        "subquery inside an expression", "join with the subquery in FROM"),
+                        "subquery inside an expression", "ON x = s.m"),
+    # (both were told to join with the subquery in FROM: without an equality that is a CROSS JOIN,
+    # refused again; with one, a correlated subquery joins grouped by what it correlates on)
+    "correlated_scalar_subquery": ("SELECT a.id, (SELECT max(b.price) FROM bid b WHERE b.auction = a.id) AS top "
+                                   "FROM auction a", "correlated scalar subquery", "GROUP BY k) AS s ON s.k"),
     "in_subquery_under_or": ("SELECT id FROM person WHERE id IN (SELECT seller FROM auction) OR state = 'or'",
                              "IN/EXISTS (subquery)", "top level of WHERE"),
     "uncorrelated_exists": ("SELECT id FROM person WHERE EXISTS (SELECT 1 FROM auction WHERE category = 10)",

@@ -428,6 +428,12 @@ UNEVEN_BRANCHES = {
     "counts_seen": "SELECT count(*) AS n FROM orders GROUP BY cust UNION SELECT max(tier) FROM customers",
     # an IN subquery grouped by another key than the IN tests (its stage had no alias: the load crashed)
     "latest_orders": "SELECT id, cust FROM orders WHERE id IN (SELECT max(id) FROM orders GROUP BY cust)",
+    # filtered by a semi join, then grouped, deduplicated or counted by another key (refused before,
+    # told to join in a subquery first: the planner makes the filtered input that subquery's stage)
+    "eu_items": "SELECT item, count(*) AS n FROM orders WHERE cust IN (SELECT id FROM customers WHERE region = 'eu') "
+    "GROUP BY item",
+    "tiered_items": "SELECT o.item, sum(o.qty) AS q, max(o.price) AS hi FROM orders o WHERE EXISTS "
+    "(SELECT 1 FROM customers c WHERE c.id = o.cust AND c.tier > 1) AND o.qty > 0 GROUP BY o.item",
 }
 
 

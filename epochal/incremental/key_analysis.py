@@ -213,12 +213,7 @@ class KeyAnalyzer:
             if node.parent_select is select and not isinstance(
                 node.parent, (exp.From, exp.Join, exp.In, exp.Exists, exp.Any, exp.All)
             ):
-                raise Unmaintainable(
-                    "a subquery inside an expression",
-                    "a scalar subquery reads a whole table for every row",
-                    "join with the subquery in FROM instead",
-                    node,
-                )
+                raise _scalar_subquery(node)
 
         # What must partition by the key, besides the joins.
         required: list[tuple[str, list[exp.Expression]]] = []
@@ -544,4 +539,30 @@ def is_stateful_outside_where(select: exp.Select) -> bool:
     """EXISTS subqueries may filter; anything else stateful in them is not maintained."""
     return any(select.args.get(arg) for arg in ("group", "distinct", "having", "limit", "order", "qualify")) or any(
         isinstance(n, exp.Window) for n in select.find_all(exp.Window)
+    )
+
+
+def _correlated(subquery: exp.Subquery) -> bool:
+    """Whether ``subquery`` (of a qualified query) reads a column of the query around it."""
+    own = {t.alias_or_name for t in subquery.find_all(exp.Table)}
+    own |= {s.alias for s in subquery.find_all(exp.Subquery) if s.alias}
+    own |= {c.alias for c in subquery.find_all(exp.CTE)}
+    return any(c.table and c.table not in own for c in subquery.find_all(exp.Column))
+
+
+def _scalar_subquery(node: exp.Subquery) -> Unmaintainable:
+    if _correlated(node):
+        return Unmaintainable(
+            "a subquery inside an expression",
+            "a correlated scalar subquery reads a table again for every row",
+            "join with it in FROM, grouped by the columns it matches the outer row on: LEFT JOIN "
+            "(SELECT k, max(x) AS m FROM t GROUP BY k) AS s ON s.k = outer.k",
+            node,
+        )
+    return Unmaintainable(
+        "a subquery inside an expression",
+        "its one value is read by every row, so a change to it changes every row and no key partitions the view",
+        "where a column is compared with it by equality (x = (SELECT max(x) FROM t)), join with it in FROM "
+        "on that equality instead: JOIN (SELECT max(x) AS m FROM t) AS s ON x = s.m",
+        node,
     )

@@ -265,12 +265,21 @@ def _split_joins(view: str, select: exp.Select, schema: dict[str, Sequence[str]]
     ``FROM a JOIN b ON a.id = b.a_id JOIN c ON c.id = b.c_id`` becomes a stage joining a and b
     (keyed by a.id) that the rest joins with c (keyed by c.id). When all of the joins fit, WHERE
     goes into the stage too, and what is left groups, deduplicates or ranks the stage's rows by a
-    key of its own. Columns keep their meaning across the cut: ``b.x`` becomes ``stage.b__x``."""
+    key of its own. Columns keep their meaning across the cut: ``b.x`` becomes ``stage.b__x``. A
+    single input filtered by IN/EXISTS (subquery) is cut the same way, its WHERE in the stage."""
     joins = list(select.args.get("joins") or [])
-    if not joins:
+    where = select.args.get("where")
+    # IN/EXISTS (subquery) in WHERE is a semi join: one input filtered by it is a stage of its own
+    # too, which the rest groups by another key (``WHERE cust IN (SELECT id ...) GROUP BY item``)
+    semi = where is not None and any(
+        node.parent_select is select and (isinstance(node, exp.Exists) or node.args.get("query"))
+        for node in where.find_all(exp.In, exp.Exists)
+    )
+    if not joins and not semi:
         return False
     items = [select.args["from_"].this, *(j.this for j in joins)]
-    for size in range(len(items), 1, -1):
+    # (a prefix of one input only without joins: a stage copying one table would key nothing new)
+    for size in range(len(items), 0 if not joins else 1, -1):
         aliases = {item.alias_or_name for item in items[:size]}
         with_where = size == len(items)
         outside: list[exp.Expression] = [*select.expressions, *joins[size - 1 :]]
