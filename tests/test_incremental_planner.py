@@ -495,8 +495,12 @@ def test_a_join_on_expressions_is_keyed_by_each_sides_expression() -> None:
     assert planned.plan.rule == "delta join"
     assert sorted(leaf.key for leaf in planned.plan.leaves) == [("LOWER(channel)",), ("LOWER(extra)",)]
     # an expression over both inputs partitions neither: still refused
-    with pytest.raises(Unmaintainable, match="not all joined on one key"):
+    with pytest.raises(Unmaintainable, match="joining a equates no expression of it alone with one of the inputs"):
         plan("SELECT b.auction FROM bid b JOIN auction a ON b.price + a.reserve = 10")
+    # (a range join, told to join on an equality or to compute the range with CASE)
+    with pytest.raises(Unmaintainable, match="joining r equates no .* can be a CASE expression instead"):
+        plan("SELECT b.auction, r.label FROM bid b JOIN (VALUES (0, 10, 'low')) AS r(lo, hi, label) "
+             "ON b.price >= r.lo AND b.price < r.hi")
 
 
 # ---------------------------------------------------------------------------------------- Spark SQL as users write it

@@ -341,6 +341,17 @@ class KeyAnalyzer:
                     "and the other in the query that reads it",
                     select,
                 )
+            unlinked = _join_without_equality(select)
+            if unlinked is not None:
+                # (named by its alias alone: the inputs before it may be a stage the planner made)
+                return Unmaintainable(
+                    "JOIN",
+                    f"the condition joining {unlinked.this.alias_or_name} equates no expression of it alone with "
+                    "one of the inputs before it, so a row may meet rows of any key on the other side",
+                    "add an equality to ON (a.key = b.key AND ...); a range looked up in constant rows "
+                    "(VALUES) can be a CASE expression instead: CASE WHEN price < 10 THEN 'low' ELSE 'high' END",
+                    unlinked,
+                )
             return Unmaintainable(
                 "JOIN",
                 "its inputs are not all joined on one key (every join must share an equality with the others)",
@@ -566,3 +577,27 @@ def _scalar_subquery(node: exp.Subquery) -> Unmaintainable:
         "on that equality instead: JOIN (SELECT max(x) AS m FROM t) AS s ON x = s.m",
         node,
     )
+
+
+def _join_without_equality(select: exp.Select) -> exp.Join | None:
+    """The first join of ``select`` that no equality, in its ON or in WHERE, links to an input
+    before it (``ON o.price < b.hi``): no key can partition it, whatever the other joins do."""
+    where = list(conjuncts(select.args.get("where")))
+    before = {select.args["from_"].this.alias_or_name}
+    for join in select.args.get("joins") or []:
+        if join.args.get("using"):
+            before.add(join.this.alias_or_name)
+            continue
+        alias = join.this.alias_or_name
+        linked = False
+        for conjunct in [*conjuncts(join.args.get("on")), *where]:
+            if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+                continue
+            sides = [{c.table for c in side.find_all(exp.Column)} for side in (conjunct.this, conjunct.expression)]
+            if any(s == {alias} for s in sides) and any(s and s <= before for s in sides):
+                linked = True
+                break
+        if not linked:
+            return join
+        before.add(alias)
+    return None
