@@ -653,7 +653,7 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
     "correlated_scalar_subquery": ("SELECT a.id, (SELECT max(b.price) FROM bid b WHERE b.auction = a.id) AS top "
                                    "FROM auction a", "correlated scalar subquery", "GROUP BY k) AS s ON s.k"),
     "in_subquery_under_or": ("SELECT id FROM person WHERE id IN (SELECT seller FROM auction) OR state = 'or'",
-                             "IN/EXISTS (subquery)", "top level of WHERE"),
+                             "IN/EXISTS (subquery)", "LEFT JOIN (SELECT DISTINCT cust FROM orders) m"),
     "uncorrelated_exists": ("SELECT id FROM person WHERE EXISTS (SELECT 1 FROM auction WHERE category = 10)",
                             "EXISTS", "correlate it"),
     "any_subquery": ("SELECT auction FROM bid WHERE price > ANY (SELECT reserve FROM auction)", "ANY/SOME/ALL",

@@ -198,7 +198,9 @@ class KeyAnalyzer:
                 raise Unmaintainable(
                     "IN/EXISTS (subquery)",
                     "a subquery test is only maintained as a condition of WHERE joined to the others by AND",
-                    "move it to the top level of WHERE, or turn it into a JOIN",
+                    "move it to the top level of WHERE, or left join the subquery's distinct keys and test them: "
+                    "LEFT JOIN (SELECT DISTINCT cust FROM orders) m ON m.cust = c.id WHERE c.tier > 2 OR m.cust IS "
+                    "NOT NULL",
                     node,
                 )
         for node in select.find_all(exp.Any, exp.All):
