@@ -49,7 +49,8 @@ class QuerySchemas:
         if remembered in self._statements:
             return self._statements[remembered]
         pipeline, spark = self.runtime.pipeline, self.runtime.spark
-        known = [*pipeline.sources, *pipeline.views]
+        # (an old statement's stage reads the old version of the stage before it, by that name)
+        known = [*pipeline.sources, *pipeline.views, *self.old_versions]
         inputs = {t: spark.createDataFrame([], self.query_schema(t)) for t in tables_read(view.query, known)}
         schema = sql_over(spark, view.query, inputs).toDF(*view.columns).schema
         self._statements[remembered] = schema

@@ -688,6 +688,10 @@ def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_s
         "order_bids": NEW_VIEWS["order_bids"],
         "cheap_bids": NEW_VIEWS["cheap_bids"],
         "per_bidder": "SELECT bidder, count(*) AS n, max(price) AS top FROM bid GROUP BY bidder",
+        # a join grouped by another key: two stages, the second reading the first (its old version
+        # was typed over the new statement's tables, found no first stage and froze)
+        "per_customer": "SELECT o.customer, count(*) AS n, max(b.price) AS top FROM orders o "
+        "JOIN (SELECT auction % 7 AS k, price FROM bid) b ON o.id = b.k GROUP BY o.customer",
     }
     h = make_harness(tmp_path)
     instance = dg.DagsterInstance.ephemeral()
@@ -702,6 +706,7 @@ def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_s
         "order_bids": NEW_VIEWS["order_bids"] + " WHERE b.price > 300",
         "cheap_bids": "SELECT id AS auction, 0 AS bidder, CAST(amount AS BIGINT) AS price FROM orders",
         "per_bidder": "SELECT bidder, count(*) AS n, max(price) AS top FROM bid WHERE price > 200 GROUP BY bidder",
+        "per_customer": before["per_customer"].replace("GROUP BY", "WHERE b.price > 300 GROUP BY"),
     }
     (h.pipeline_dir / "new.sql").write_text(_views_file(after))
     # Every epoch compacts: the maintained old stage gets snapshots too, and is read through them.
@@ -710,18 +715,19 @@ def test_changed_views_keep_their_old_statement_maintained_or_frozen_until_the_s
     for i in range(2):
         h.produce([order(500 + i, "c1", 30.0 + i)])
         result = _run(h, instance)
-        for view in ("order_bids", "per_bidder"):
+        for view in ("order_bids", "per_bidder", "per_customer"):
             step = _metadata(result, view)
             assert step["serving"] == "old statement, maintained", step
         assert _metadata(result, "epoch_compaction")["failures"] == "none"
         frozen = _metadata(result, "cheap_bids")
         assert frozen["serving"] == "old statement, frozen", frozen
         runtime = h.runtime(spark)
-        assert_views_match_batch(runtime, {v: before[v] for v in ("order_bids", "per_bidder")})
+        assert_views_match_batch(runtime, {v: before[v] for v in ("order_bids", "per_bidder", "per_customer")})
         assert multiset(runtime.state("cheap_bids").collect()) == frozen_rows, "frozen at the change"
     rebuilds_now = runtime.controller.status()["backfills"]
     assert rebuilds_now["order_bids"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["order_bids"]
     assert rebuilds_now["per_bidder"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["per_bidder"]
+    assert rebuilds_now["per_customer"]["rebuild"]["old_rows"] == "maintained", rebuilds_now["per_customer"]
     assert rebuilds_now["cheap_bids"]["rebuild"]["old_rows"] == "frozen", rebuilds_now["cheap_bids"]
     old_stage = "per_bidder__rebuild_old__stage1"
     newest = max(snap.epoch for snap in runtime.controller.catalog.snapshots(old_stage))
