@@ -294,7 +294,12 @@ def _window_ordered(window: exp.Window) -> bool:
     name = window.args.get("alias")
     select = window.find_ancestor(exp.Select)
     named = select.args.get("windows") if select is not None and name is not None else None
-    return any(w.this == name and _window_ordered(w) for w in named or [] if isinstance(w, exp.Window))
+    # (names match as Spark matches them, without case)
+    return any(
+        isinstance(w, exp.Window) and w.this is not window.this and w.name.lower() == name.name.lower()
+        and _window_ordered(w)
+        for w in named or []
+    )
 
 
 def _collected_in_order(node: exp.Func, call: exp.Expression | None = None) -> bool:
