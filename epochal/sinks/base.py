@@ -53,6 +53,19 @@ class SinkDataError(SinkError):
     break): the same rows fail the same way however often they are sent, so it is not retried."""
 
 
+def null_key_refused(what: str, keys: Sequence[str], table: str, count: int | None = None) -> SinkDataError:
+    """An upsert sink given rows with a NULL in its key, which the target's PRIMARY KEY cannot hold
+    (a view grouped by a nullable column has a NULL group): the same rows fail the same way every
+    time. ``what`` names the batch or writer (``BatchId.describe``)."""
+    rows = "some row(s)" if count is None else f"{count} row(s)"
+    return SinkDataError(
+        f"{what}: {rows} have a NULL in the key ({', '.join(keys)}), which table {table}'s PRIMARY KEY cannot "
+        "hold. Nothing of the batch was committed: drop those rows in the view (WHERE ... IS NOT NULL) or "
+        "coalesce the key, then give the sink a new name, which starts from the view's rows (the epochs "
+        "committed before keep theirs)"
+    )
+
+
 def deletes_refused(what: str, negative: int | None = None) -> SinkDataError:
     """An append-only sink given a change that deletes or updates rows (``negative`` of them, when
     counted): the same batch fails the same way however often it is sent, so it is a data error,

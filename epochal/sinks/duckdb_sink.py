@@ -29,6 +29,7 @@ from epochal.sinks.base import (
     SinkTarget,
     WriterTask,
     deletes_refused,
+    null_key_refused,
 )
 from epochal.sinks.spec import primary_key_columns
 from epochal.sql import DUCKDB, duckdb_parquet, quote
@@ -243,12 +244,7 @@ class DuckDBTarget(SinkTarget):
             f"SELECT count(*) FROM {duckdb_parquet(files)} WHERE {WEIGHT} > 0 AND ({null_key})"
         ).fetchone()[0]
         if count:
-            raise SinkDataError(
-                f"{batch.describe()}: {count} row(s) have a NULL in the key ({', '.join(self.primary_key)}), which "
-                f"table {self.table}'s PRIMARY KEY cannot hold. Nothing of the batch was committed: drop those rows in "
-                "the view (WHERE ... IS NOT NULL) or coalesce the key, then give the sink a new name, which starts "
-                "from the view's rows (the epochs committed before keep theirs)"
-            )
+            raise null_key_refused(batch.describe(), self.primary_key, self.table, count)
 
     def _refused(self, batch: BatchId, exc: Exception, pending: bool) -> SinkDataError:
         """DuckDB's refusal of the batch's rows, with what happens to the batch and the fix."""

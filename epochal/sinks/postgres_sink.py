@@ -45,6 +45,7 @@ from epochal.sinks.base import (
     SinkTarget,
     WriterTask,
     deletes_refused,
+    null_key_refused,
 )
 from epochal.sinks.postgres_schema import check_existing, copy_csv, existing_columns, postgres_type
 from epochal.sinks.spec import primary_key_columns, writer_count
@@ -342,6 +343,10 @@ class PostgresTarget(SinkTarget):
                 f"{where}: {message}: the target table or {PROGRESS_TABLE} is missing; prepare_target creates "
                 "them before the writers run"
             )
+        keys = {k.lower() for k in self.primary_key}
+        if isinstance(exc, psycopg.errors.NotNullViolation) and (diag.column_name or "").lower() in keys:
+            # (named as the DuckDB sink names it: PostgreSQL names the writer's staging table)
+            return null_key_refused(where, self.primary_key, f"{self.schema}.{self.table}")
         state = exc.sqlstate or ""
         if state.startswith(("22", "23")):  # data exception, integrity constraint violation
             fix = "fix the table's constraint or the view's rows, then the next run delivers the batch again"
