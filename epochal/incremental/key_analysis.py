@@ -15,11 +15,13 @@ from epochal.incremental.query_shapes import (
     KeyClasses,
     column_path,
     conjuncts,
+    has_semi_join,
     is_aggregate_call,
     is_row_function,
     is_stateful,
     padded_items,
 )
+from epochal.incremental.refusals import join_without_equality, scalar_subquery
 from epochal.pipeline.dialect import DIALECT
 from epochal.sql import quote, unquote
 
@@ -215,7 +217,7 @@ class KeyAnalyzer:
             if node.parent_select is select and not isinstance(
                 node.parent, (exp.From, exp.Join, exp.In, exp.Exists, exp.Any, exp.All)
             ):
-                raise _scalar_subquery(node)
+                raise scalar_subquery(node)
 
         # What must partition by the key, besides the joins.
         required: list[tuple[str, list[exp.Expression]]] = []
@@ -328,13 +330,7 @@ class KeyAnalyzer:
                     join,
                 )
         if len(items) > 1 and not any(nodes for _, nodes in required):
-            where = select.args.get("where")
-            # IN/EXISTS (subquery) in this level's WHERE is a semi join with the subquery's table
-            semi = where is not None and any(
-                node.parent_select is select and (isinstance(node, exp.Exists) or node.args.get("query"))
-                for node in where.find_all(exp.In, exp.Exists)
-            )
-            if semi:
+            if has_semi_join(select):
                 return Unmaintainable(
                     "JOIN or IN/EXISTS (subquery)" if select.args.get("joins") else "IN/EXISTS (subquery)",
                     "each subquery in WHERE joins its table with the query's, and they are not all joined on one "
@@ -343,7 +339,7 @@ class KeyAnalyzer:
                     "and the other in the query that reads it",
                     select,
                 )
-            unlinked = _join_without_equality(select)
+            unlinked = join_without_equality(select)
             if unlinked is not None:
                 # (named by its alias alone: the inputs before it may be a stage the planner made)
                 return Unmaintainable(
@@ -554,52 +550,3 @@ def is_stateful_outside_where(select: exp.Select) -> bool:
         isinstance(n, exp.Window) for n in select.find_all(exp.Window)
     )
 
-
-def _correlated(subquery: exp.Subquery) -> bool:
-    """Whether ``subquery`` (of a qualified query) reads a column of the query around it."""
-    own = {t.alias_or_name for t in subquery.find_all(exp.Table)}
-    own |= {s.alias for s in subquery.find_all(exp.Subquery) if s.alias}
-    own |= {c.alias for c in subquery.find_all(exp.CTE)}
-    return any(c.table and c.table not in own for c in subquery.find_all(exp.Column))
-
-
-def _scalar_subquery(node: exp.Subquery) -> Unmaintainable:
-    if _correlated(node):
-        return Unmaintainable(
-            "a subquery inside an expression",
-            "a correlated scalar subquery reads a table again for every row",
-            "join with it in FROM, grouped by the columns it matches the outer row on: LEFT JOIN "
-            "(SELECT k, max(x) AS m FROM t GROUP BY k) AS s ON s.k = outer.k",
-            node,
-        )
-    return Unmaintainable(
-        "a subquery inside an expression",
-        "its one value is read by every row, so a change to it changes every row and no key partitions the view",
-        "where a column is compared with it by equality (x = (SELECT max(x) FROM t)), join with it in FROM "
-        "on that equality instead: JOIN (SELECT max(x) AS m FROM t) AS s ON x = s.m",
-        node,
-    )
-
-
-def _join_without_equality(select: exp.Select) -> exp.Join | None:
-    """The first join of ``select`` that no equality, in its ON or in WHERE, links to an input
-    before it (``ON o.price < b.hi``): no key can partition it, whatever the other joins do."""
-    where = list(conjuncts(select.args.get("where")))
-    before = {select.args["from_"].this.alias_or_name}
-    for join in select.args.get("joins") or []:
-        if join.args.get("using"):
-            before.add(join.this.alias_or_name)
-            continue
-        alias = join.this.alias_or_name
-        linked = False
-        for conjunct in [*conjuncts(join.args.get("on")), *where]:
-            if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
-                continue
-            sides = [{c.table for c in side.find_all(exp.Column)} for side in (conjunct.this, conjunct.expression)]
-            if any(s == {alias} for s in sides) and any(s and s <= before for s in sides):
-                linked = True
-                break
-        if not linked:
-            return join
-        before.add(alias)
-    return None

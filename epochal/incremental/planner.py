@@ -56,7 +56,7 @@ from epochal.incremental.plan import (
     Stage,
     Unmaintainable,
 )
-from epochal.incremental.query_shapes import is_stateful, padded_items
+from epochal.incremental.query_shapes import has_semi_join, is_stateful, padded_items
 from epochal.incremental.rewrites import from_less_as_values, split_groupings, wrap_lateral_views
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
@@ -268,14 +268,9 @@ def _split_joins(view: str, select: exp.Select, schema: dict[str, Sequence[str]]
     key of its own. Columns keep their meaning across the cut: ``b.x`` becomes ``stage.b__x``. A
     single input filtered by IN/EXISTS (subquery) is cut the same way, its WHERE in the stage."""
     joins = list(select.args.get("joins") or [])
-    where = select.args.get("where")
     # IN/EXISTS (subquery) in WHERE is a semi join: one input filtered by it is a stage of its own
     # too, which the rest groups by another key (``WHERE cust IN (SELECT id ...) GROUP BY item``)
-    semi = where is not None and any(
-        node.parent_select is select and (isinstance(node, exp.Exists) or node.args.get("query"))
-        for node in where.find_all(exp.In, exp.Exists)
-    )
-    if not joins and not semi:
+    if not joins and not has_semi_join(select):
         return False
     items = [select.args["from_"].this, *(j.this for j in joins)]
     # (a prefix of one input only without joins: a stage copying one table would key nothing new)

@@ -108,3 +108,13 @@ def padded_items(select: exp.Select) -> list[bool]:
         if side in ("RIGHT", "FULL"):
             padded[:index] = [True] * index
     return padded
+
+
+def has_semi_join(select: exp.Select) -> bool:
+    """Whether ``select``'s own WHERE holds IN/EXISTS (subquery): a semi (or anti) join with the
+    subquery's table."""
+    where = select.args.get("where")
+    return where is not None and any(
+        node.parent_select is select and (isinstance(node, exp.Exists) or node.args.get("query"))
+        for node in where.find_all(exp.In, exp.Exists)
+    )

@@ -230,20 +230,19 @@ def _is_expression_subquery(node: exp.Subquery) -> bool:
 CALL_WRAPPERS = (exp.Filter, exp.IgnoreNulls, exp.RespectNulls, exp.WithinGroup)
 
 
+def _call_and_caller(node: exp.Expression) -> tuple[exp.Expression, exp.Expression | None]:
+    """``node`` with the wrappers it stands under (``CALL_WRAPPERS``), and what reads that."""
+    parent = node.parent
+    while isinstance(parent, CALL_WRAPPERS) and parent.this is node:
+        node, parent = parent, parent.parent
+    return node, parent
+
+
 def is_window_call(node: exp.Expression) -> bool:
     """``node`` is what a window computes (``sum(x)`` of ``sum(x) OVER (...)``), possibly under
     IGNORE/RESPECT NULLS or FILTER, so not an aggregate of its SELECT."""
-    parent = node.parent
-    while isinstance(parent, CALL_WRAPPERS) and parent.this is node:
-        node, parent = parent, parent.parent
-    return isinstance(parent, exp.Window) and parent.this is node
-
-
-def _window_of(node: exp.Expression) -> exp.Window:
-    parent = node.parent
-    while isinstance(parent, CALL_WRAPPERS) and parent.this is node:
-        node, parent = parent, parent.parent
-    return parent
+    call, caller = _call_and_caller(node)
+    return isinstance(caller, exp.Window) and caller.this is call
 
 
 def _collecting_label(node: exp.Func) -> str:
@@ -257,7 +256,7 @@ def _function(node: exp.Func):
         # reported as the window function, unless its value is up to the order rows arrive in: a
         # window without ORDER BY gives every row the whole partition, in no order
         order_dependent = key in ORDER_DEPENDENT_AGGREGATES or key == "nth_value"
-        window = _window_of(node)
+        _, window = _call_and_caller(node)
         collecting = key in COLLECTING_AGGREGATES and not _collected_in_order(node, window)
         if (order_dependent or collecting) and not _window_ordered(window):
             name = _collecting_label(node) if key in COLLECTING_AGGREGATES else f"{spark_name(node)}()"
