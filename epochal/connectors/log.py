@@ -208,13 +208,8 @@ class LogSource:
     def read(self, spark: "SparkSession", ranges: list[SplitRange]) -> SourceBatch:
         from pyspark.sql import functions as F
 
-        pieces = []
-        for r in ranges:
-            if r.count > 0:
-                path = split_path(self.config.directory, r.split)
-                pieces.extend((str(path), piece) for piece in self._pieces(path, r))
         # only the ranges' bytes are read, never the rest of the file (see log_lines)
-        lines = read_lines(spark, pieces).select(
+        lines = read_lines(spark, self.line_pieces(ranges)).select(
             "split", "offset", F.regexp_replace("raw", "\r$", "").alias("raw")  # tolerate CRLF producers
         )
         # blank lines keep their offset but are not records (what append_records skips, too)
@@ -233,6 +228,16 @@ class LogSource:
             return rejected.select("split", "offset", "raw", _reason(F.col("raw"), columns).alias("reason"))
 
         return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain)
+
+    def line_pieces(self, ranges: list[SplitRange]) -> list[tuple[str, LinePiece]]:
+        """``(path, piece)`` for the lines of ``ranges``: what ``read`` reads (and the driver path,
+        ``log_driver``, too)."""
+        pieces = []
+        for r in ranges:
+            if r.count > 0:
+                path = split_path(self.config.directory, r.split)
+                pieces.extend((str(path), piece) for piece in self._pieces(path, r))
+        return pieces
 
     def _pieces(self, path: Path, r: SplitRange) -> list[LinePiece]:
         """Where ``r``'s lines are in the file, found from the split's line index. A file that no
