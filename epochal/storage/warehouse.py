@@ -115,6 +115,10 @@ class Warehouse:
     def _path(self, location: str) -> str:
         return _filesystem(location)[1]
 
+    def file_path(self, location: str) -> str:
+        """``location`` as a path of ``fs`` (the scheme dropped), for reads and writes through pyarrow."""
+        return self._path(location)
+
     # ------------------------------------------------------------------ writing & reading with Spark
 
     def write(self, df: DataFrame, location: str) -> int:
