@@ -31,6 +31,9 @@ from epochal.checkpoint.source_declarations import Declaration, StaleDeclaration
 from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.connectors.registry import connector_spec
 from epochal.controller import CheckpointController
+from epochal.driver.sources import DriverSources
+from epochal.driver.spark_conf import departures
+from epochal.driver.views import DriverViews
 from epochal.epoch import epoch_physical_ms
 from epochal.epoch_taking import EpochTaking, RunEpochs
 from epochal.errors import EpochalError
@@ -122,6 +125,15 @@ class EpochRuntime:
             DriverLookup(settings.driver_lookup_rows),
             lambda table: self.query_schema(table) if table in self.pipeline.sources else None,
         )
+        #: small epochs' source and view steps computed on the driver (epochal/driver/)
+        catalog = self.controller.catalog
+        driver_rows = settings.driver_rows
+        departed = departures(settings.spark_conf)
+        if driver_rows and departed:
+            log.warning("every step runs on Spark: the driver computes as Spark does only without %s", departed)
+            driver_rows = 0
+        self.driver_views = DriverViews(self.warehouse, catalog, self.query_schema, driver_rows)
+        self.driver_sources = DriverSources(self.warehouse, catalog, self.query_schema, driver_rows)
         self._connectors: dict[str, SourceConnector] = {}
         self.schemas = QuerySchemas(self)
         #: old statements maintained while their views rebuild (:mod:`epochal.rebuild_steps`), by

@@ -250,6 +250,15 @@ class Settings:
         "whole snapshot for them). `0`: always Spark.",
         minimum=0,
     )
+    driver_rows: int = setting(
+        "EPOCHAL_DRIVER_ROWS",
+        "100000",
+        "A step whose inputs changed by at most this many rows is computed on the driver by DuckDB, with no Spark "
+        "job, when the driver computes it exactly as Spark would (a log source's records, a linear view, a grouped "
+        "aggregate, an inner join; state on the driver's filesystem); any other step runs on Spark. `0`: always "
+        "Spark.",
+        minimum=0,
+    )
     sink_driver_rows: int = setting(
         "EPOCHAL_SINK_DRIVER_ROWS",
         "100000",

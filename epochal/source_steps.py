@@ -16,6 +16,7 @@ from epochal.storage.state_reader import quoted
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from epochal.runtime import EpochRuntime
@@ -47,7 +48,11 @@ class SourceSteps:
         ranges = self.runtime.begin_step(epoch, run_id, source=name).offsets
         if not any(r.count > 0 for r in ranges):
             return self._idle_source(epoch, name, ranges, started, run_id, release)
-        batch = self.runtime.connector(name).read(self.runtime.spark, ranges)
+        connector = self.runtime.connector(name)
+        driven = self.runtime.driver_sources.change(epoch, self.runtime.pipeline.sources[name], connector, ranges)
+        if driven is not None:
+            return self._on_driver(epoch, name, ranges, driven, started, run_id, release)
+        batch = connector.read(self.runtime.spark, ranges)
         location = self.runtime.warehouse.new_location(name, epoch)
         written: list[str] = [location]
         change = self._source_change(epoch, name, batch.rows)
@@ -69,7 +74,37 @@ class SourceSteps:
             self.runtime.warehouse.delete(written)
             raise
         fault_point("source-written")
-        return self._source_report(epoch, ranges, collected, started, recorded)
+        report = self._source_report(epoch, ranges, collected, started, recorded)
+        report.metadata["engine"] = "spark"
+        return report
+
+    def _on_driver(
+        self,
+        epoch: int,
+        name: str,
+        ranges: list[SplitRange],
+        change: pa.Table,
+        started: float,
+        run_id: str | None,
+        release: bool,
+    ) -> StepReport:
+        """Write and collect a change computed on the driver (:mod:`epochal.driver.sources`): every
+        record parsed, so there is no dead letter."""
+        from epochal.driver.tables import write_change
+
+        location = self.runtime.warehouse.new_location(name, epoch)
+        try:
+            rows = write_change(self.runtime.warehouse, change, self.runtime.query_schema(name), location)
+            records = sum(r.count for r in ranges)
+            collected = Collected(name, location, records, rows, 0, None, time.time() - started, run_id)
+            recorded = self.runtime.collect(epoch, collected, [location], release)
+        except EpochAborted:
+            self.runtime.warehouse.delete([location])
+            raise
+        fault_point("source-written")
+        report = self._source_report(epoch, ranges, collected, started, recorded)
+        report.metadata["engine"] = "driver (DuckDB)"
+        return report
 
     def _idle_source(
         self, epoch: int, name: str, ranges: list[SplitRange], started: float, run_id: str | None, release: bool
@@ -79,7 +114,9 @@ class SourceSteps:
         A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
         empty, recorded = self.runtime.record_idle(epoch, name, started, run_id, release, dead_letters=0)
         fault_point("source-written")
-        return self._source_report(epoch, ranges, empty, started, recorded)
+        report = self._source_report(epoch, ranges, empty, started, recorded)
+        report.metadata["engine"] = "none (idle)"
+        return report
 
     @staticmethod
     def _source_report(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
 from epochal.data_errors import ViewDataError, data_failure, user_view
+from epochal.driver.views import DriverChange
 from epochal.errors import EpochalError
 from epochal.incremental.binding import sql_over
 from epochal.step_report import StepReport
@@ -75,6 +76,9 @@ class ViewSteps:
         rows_in = self._rows_in(epoch, view, collected)
         if rows_in == 0 and not first:
             return self._idle_view(epoch, name, started, run_id, release)
+        driven = self._on_driver(epoch, view, collected, rows_in, started, run_id, release)
+        if driven is not None:
+            return driven
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
 
         def read(table: str, inclusive: bool, restrict):
@@ -120,6 +124,7 @@ class ViewSteps:
             {
                 "epoch": epoch,
                 "mode": "incremental",
+                "engine": "spark",
                 "plan": f"{view.plan.rule} keyed by {', '.join(view.plan.key_classes) or 'nothing (one partition)'}",
                 "rows_in": rows_in,
                 "rows_changed": rows,
@@ -168,6 +173,7 @@ class ViewSteps:
             {
                 "epoch": epoch,
                 "mode": "full",
+                "engine": "spark",
                 "state_rows_read": rows_read,
                 "rows_changed": rows,
                 "seconds": round(time.time() - started, 3),
@@ -200,6 +206,7 @@ class ViewSteps:
             {
                 "epoch": epoch,
                 "mode": "incremental",
+                "engine": "none (idle)",
                 "rows_in": 0,
                 "rows_changed": 0,
                 "state_rows_read": 0,
@@ -246,6 +253,9 @@ class ViewSteps:
         rows_in = self._rows_in(epoch, view, begun.collected)
         if rows_in == 0 and begun.written_before:
             return self._idle_view(epoch, name, started, run_id, release)
+        driven = self._on_driver(epoch, view, begun.collected, rows_in, started, run_id, release)
+        if driven is not None:
+            return driven
         deltas = {u: self._upstream_delta(epoch, name, u, begun.collected) for u in view.upstreams}
         # The view's operators are linear (filter, project, UNION ALL), so the change of the output
         # is the query over the inserted rows minus the query over the deleted rows. When the planner
@@ -265,8 +275,43 @@ class ViewSteps:
             {
                 "epoch": epoch,
                 "mode": "incremental",
+                "engine": "spark",
                 "rows_in": rows_in,
                 "rows_out": rows,
+                "seconds": round(time.time() - started, 3),
+                "recorded": recorded,
+            },
+        )
+
+    def _on_driver(
+        self,
+        epoch: int,
+        view: ViewDef,
+        collected: Mapping[str, Collected],
+        rows_in: int,
+        started: float,
+        run_id: str | None,
+        release: bool,
+    ) -> StepReport | None:
+        """The step computed on the driver by DuckDB (:mod:`epochal.driver.views`) when the epoch's
+        change is small and the view's plan is one the driver computes exactly; None: Spark's."""
+        driver = self.runtime.driver_views
+        if not driver.takes(view, rows_in):
+            return None
+        change = driver.change(epoch, view, self.runtime.view_schema(view), collected)
+        if change is None:
+            return None
+        rows, recorded = self.publish_change(epoch, view.name, change, rows_in, started, run_id, release)
+        return StepReport(
+            view.name,
+            epoch,
+            {
+                "epoch": epoch,
+                "mode": "incremental",
+                "engine": "driver (DuckDB)",
+                "rows_in": rows_in,
+                "rows_changed": rows,
+                "state_rows_read": change.state_rows_read,
                 "seconds": round(time.time() - started, 3),
                 "recorded": recorded,
             },
@@ -276,7 +321,7 @@ class ViewSteps:
         self,
         epoch: int,
         name: str,
-        change: "DataFrame",
+        change: "DataFrame | DriverChange",
         rows_in: int,
         started: float,
         run_id: str | None,
@@ -289,7 +334,10 @@ class ViewSteps:
             # recovery sweeps up to the committed epoch (it would take the file before it is recorded).
             location = f"{self.runtime.backfill_root}/{location[len(self.runtime.warehouse.table_root(name)) + 1 :]}"
         try:
-            rows = self.runtime.warehouse.write(change, location)
+            if isinstance(change, DriverChange):
+                rows = change.write(location)
+            else:
+                rows = self.runtime.warehouse.write(change, location)
             recorded = self.runtime.collect(
                 epoch,
                 Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
