@@ -5,6 +5,7 @@ maintained (:mod:`epochal.rebuild_steps`)."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from epochal.incremental.binding import sql_over, tables_read
@@ -24,6 +25,20 @@ class QuerySchemas:
         self._statements: dict[tuple[str, str, tuple[str, ...]], StructType] = {}
         #: old statements maintained while their views rebuild, and their stages, by name
         self.old_versions: dict[str, ViewDef] = {}
+        self._analysed: dict[str, StructType] | None = None
+
+    def _recorded(self) -> dict[str, StructType]:
+        """The schemas the load-time analysis recorded for this very pipeline in the home
+        (``analysis.analysed_schemas``): typing a table then starts no Spark, which a run whose
+        steps all run on the driver never needs otherwise."""
+        if self._analysed is None:
+            from pyspark.sql.types import StructType
+
+            from epochal.incremental.analysis import analysed_schemas, fingerprint
+
+            recorded = analysed_schemas(self.runtime.settings.home, fingerprint(self.runtime.pipeline)) or {}
+            self._analysed = {t: StructType.fromJson(json.loads(text)) for t, text in recorded.items()}
+        return self._analysed
 
     def query_schema(self, table: str) -> StructType:
         """``table``'s columns and types as its query, as written, gives them."""
@@ -32,6 +47,10 @@ class QuerySchemas:
             return self.view_schema(old)
         if table in self._tables:
             return self._tables[table]
+        recorded = self._recorded().get(table)
+        if recorded is not None:
+            self._tables[table] = recorded
+            return recorded
         pipeline = self.runtime.pipeline
         if table in pipeline.sources:
             ddl = ", ".join(f"{quote(c.name)} {c.type}" for c in pipeline.sources[table].columns)
@@ -48,6 +67,8 @@ class QuerySchemas:
         remembered = (view.name, view.query, view.columns)
         if remembered in self._statements:
             return self._statements[remembered]
+        if self.runtime.pipeline.views.get(view.name) is view and view.name in self._recorded():
+            return self._recorded()[view.name]
         pipeline, spark = self.runtime.pipeline, self.runtime.spark
         # (an old statement's stage reads the old version of the stage before it, by that name)
         known = [*pipeline.sources, *pipeline.views, *self.old_versions]

@@ -23,6 +23,7 @@ that finds the same fingerprint skips the analysis without starting Spark for it
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -48,6 +49,8 @@ log = logging.getLogger("epochal.analysis")
 
 #: File in EPOCHAL_HOME holding the fingerprint of the last pipeline whose plans all analysed.
 FINGERPRINT_FILE = "analysed_plans"
+#: the schemas of the analysed pipeline's tables, beside its fingerprint
+SCHEMAS_FILE = "analysed_schemas.json"
 
 QuerySchema = Callable[[str], "StructType"]
 
@@ -91,18 +94,36 @@ def check_pipeline(
     it remembers); by default they are analysed here."""
     marker = home / FINGERPRINT_FILE if home is not None else None
     print_ = fingerprint(pipeline)
-    if marker is not None and _read(marker) == print_:
+    if marker is not None and _read(marker) == print_ and home is not None and analysed_schemas(home, print_):
         return None
     started = time.perf_counter()
     session = spark()
-    failures = analyse_pipeline(session, pipeline, query_schema or written_schemas(session, pipeline))
+    schema_of = query_schema or written_schemas(session, pipeline)
+    failures = analyse_pipeline(session, pipeline, schema_of)
     if failures:
         raise PipelineError([failure.issue(pipeline) for failure in failures])
     seconds = time.perf_counter() - started
     log.info("Spark analysed the plans of %d view(s) in %.2fs", len(pipeline.views), seconds)
-    if marker is not None:
+    if marker is not None and home is not None:
+        tables = {t: schema_of(t).json() for t in [*pipeline.sources, *pipeline.view_order()]}
+        _write(home / SCHEMAS_FILE, json.dumps({"fingerprint": print_, "tables": tables}))
         _write(marker, print_)
     return seconds
+
+
+def analysed_schemas(home: Path, print_: str) -> dict[str, str] | None:
+    """The tables' schemas (Spark's JSON) the analysis of the pipeline with fingerprint ``print_``
+    recorded in ``home``; None when it recorded none, or those of another pipeline. A run whose
+    steps all run on the driver then types its tables without starting Spark."""
+    text = _read(home / SCHEMAS_FILE)
+    try:
+        recorded = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(recorded, dict) or recorded.get("fingerprint") != print_:
+        return None
+    tables = recorded.get("tables")
+    return tables if isinstance(tables, dict) else None
 
 
 def analyse_pipeline(spark: SparkSession, pipeline: Pipeline, query_schema: QuerySchema) -> list[PlanFailure]:
