@@ -242,9 +242,10 @@ class EpochalPipeline:
         pipeline_dir.mkdir(parents=True)
         for name, text in pipeline_files(view, mode, data).items():
             (pipeline_dir / name).write_text(text)
-        settings = Settings.from_env(
-            {"EPOCHAL_HOME": str(self.root / "home"), "EPOCHAL_PIPELINE": str(pipeline_dir)}
-        )
+        env = {"EPOCHAL_HOME": str(self.root / "home"), "EPOCHAL_PIPELINE": str(pipeline_dir)}
+        if mode == "spark":  # incremental, every step on Spark: the driver path off (issue 17)
+            env["EPOCHAL_DRIVER_ROWS"] = "0"
+        settings = Settings.from_env(env)
         self.runtime = EpochRuntime(settings, load_pipeline(pipeline_dir), lambda: spark)
 
     def epoch(self, initial: bool = False) -> dict[str, Any]:
@@ -992,9 +993,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma list of t sizes (e.g. 1000000,5000000,20000000): part 1 (agg, join) again at each, "
                    "its own data, the same change; prints epoch and recompute against the size and the crossover")
     p.add_argument("--only", default="agg,join,sdp,ss", help="comma list of agg, join, sdp, ss")
-    p.add_argument("--mode", choices=["incremental", "full", "both"], default="incremental",
-                   help="how Epochal maintains the views (default incremental; falls back to full, labelled, "
-                   "when the loader refuses)")
+    p.add_argument("--mode", default="incremental",
+                   help="comma list of how Epochal maintains the views: incremental (small epochs on the driver, "
+                   "the default), spark (incremental with every step on Spark: EPOCHAL_DRIVER_ROWS=0), full; "
+                   "'both' is incremental,full. Incremental falls back to full, labelled, when the loader refuses")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--driver-memory", default="6g", help="spark.driver.memory of every Spark here (default 6g)")
     p.add_argument("--json", help="result file (default benchmarks/results/bench_views-<time>.json)")
@@ -1072,7 +1074,10 @@ def main(argv: list[str] | None = None) -> int:
             need_epochal = bool(views) or "ss" in args.only
             if "ss" in args.only and "agg" not in views:
                 views = ["agg", *views]  # Structured Streaming is compared with Epochal's agg epochs
-            modes = ["incremental", "full"] if args.mode == "both" else [args.mode]
+            modes = ["incremental", "full"] if args.mode == "both" else args.mode.split(",")
+            unknown = sorted(set(modes) - {"incremental", "spark", "full"})
+            if unknown:
+                raise SystemExit(f"--mode {','.join(unknown)}: use incremental, spark or full (comma list)")
             refusal = incremental_refusal(root, data) if "incremental" in modes else None
             result["incremental_refused"] = refusal
             if refusal:

@@ -302,6 +302,13 @@ class ViewSteps:
         if change is None:
             return None
         rows, recorded = self.publish_change(epoch, view.name, change, rows_in, started, run_id, release)
+        # the keys the Spark step of the same plan reports, so the UI's plots go on across engines
+        if view.plan is not None and view.plan.kind == "keyed":
+            keyed = ", ".join(view.plan.key_classes) or "nothing (one partition)"
+            counts = {"plan": f"{view.plan.rule} keyed by {keyed}", "rows_in": rows_in, "rows_changed": rows}
+            counts["state_rows_read"] = change.state_rows_read
+        else:
+            counts = {"rows_in": rows_in, "rows_out": rows}
         return StepReport(
             view.name,
             epoch,
@@ -309,9 +316,7 @@ class ViewSteps:
                 "epoch": epoch,
                 "mode": "incremental",
                 "engine": "driver (DuckDB)",
-                "rows_in": rows_in,
-                "rows_changed": rows,
-                "state_rows_read": change.state_rows_read,
+                **counts,
                 "seconds": round(time.time() - started, 3),
                 "recorded": recorded,
             },

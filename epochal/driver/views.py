@@ -187,7 +187,7 @@ class DriverViews:
         rows = pa.concat_tables(signed, promote_options="permissive")
         for group in spec.groups:
             if pa.types.is_floating(rows.schema.field(group).type):
-                # Spark groups NaN with NaN and -0.0 with 0.0; Python's dict does not
+                # Spark stores such a key normalized (-0.0 as 0.0, one NaN): not reproduced here
                 raise NotOnDriver("a floating-point group key is grouped by Spark")
 
         def read_groups(columns, keys):
