@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import Collected, EpochAborted
-from epochal.connectors.base import SplitRange
+from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.faults import fault_point
 from epochal.step_report import StepReport
 from epochal.storage.state_reader import quoted
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from epochal.runtime import EpochRuntime
@@ -49,20 +49,52 @@ class SourceSteps:
         if not any(r.count > 0 for r in ranges):
             return self._idle_source(epoch, name, ranges, started, run_id, release)
         connector = self.runtime.connector(name)
+        warehouse = self.runtime.warehouse
         driven = self.runtime.driver_sources.change(epoch, self.runtime.pipeline.sources[name], connector, ranges)
-        if driven is not None:
-            return self._on_driver(epoch, name, ranges, driven, started, run_id, release)
+        if driven is not None:  # every record parsed: no dead letter (epochal/driver/sources.py)
+            from epochal.driver.tables import write_change
+
+            schema = self.runtime.query_schema(name)
+            return self._publish(
+                epoch,
+                name,
+                ranges,
+                lambda at: write_change(warehouse, driven, schema, at),
+                None,
+                started,
+                run_id,
+                release,
+                "driver (DuckDB)",
+            )
         batch = connector.read(self.runtime.spark, ranges)
+        change = self._source_change(epoch, name, batch.rows)
+        return self._publish(
+            epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
+        )
+
+    def _publish(
+        self,
+        epoch: int,
+        name: str,
+        ranges: list[SplitRange],
+        write: Callable[[str], int],
+        batch: SourceBatch | None,
+        started: float,
+        run_id: str | None,
+        release: bool,
+        engine: str,
+    ) -> StepReport:
+        """Write the epoch's change (``write`` at a fresh location) and its dead letters, if
+        ``batch`` has any, then collect them."""
         location = self.runtime.warehouse.new_location(name, epoch)
         written: list[str] = [location]
-        change = self._source_change(epoch, name, batch.rows)
         try:
-            rows = self.runtime.warehouse.write(change, location)
+            rows = write(location)
             dead = 0
             dlq_location = None
             # Almost every epoch has no dead letters: asking first (a job over the epoch's lines that
             # writes nothing) is cheaper than writing an empty Parquet dataset and deleting it again.
-            if batch.rejected is not None and not batch.rejected.isEmpty():
+            if batch is not None and batch.rejected is not None and not batch.rejected.isEmpty():
                 dlq_location = self.runtime.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
                 dead = self.runtime.warehouse.write(batch.dead_letters, dlq_location)
@@ -74,37 +106,7 @@ class SourceSteps:
             self.runtime.warehouse.delete(written)
             raise
         fault_point("source-written")
-        report = self._source_report(epoch, ranges, collected, started, recorded)
-        report.metadata["engine"] = "spark"
-        return report
-
-    def _on_driver(
-        self,
-        epoch: int,
-        name: str,
-        ranges: list[SplitRange],
-        change: pa.Table,
-        started: float,
-        run_id: str | None,
-        release: bool,
-    ) -> StepReport:
-        """Write and collect a change computed on the driver (:mod:`epochal.driver.sources`): every
-        record parsed, so there is no dead letter."""
-        from epochal.driver.tables import write_change
-
-        location = self.runtime.warehouse.new_location(name, epoch)
-        try:
-            rows = write_change(self.runtime.warehouse, change, self.runtime.query_schema(name), location)
-            records = sum(r.count for r in ranges)
-            collected = Collected(name, location, records, rows, 0, None, time.time() - started, run_id)
-            recorded = self.runtime.collect(epoch, collected, [location], release)
-        except EpochAborted:
-            self.runtime.warehouse.delete([location])
-            raise
-        fault_point("source-written")
-        report = self._source_report(epoch, ranges, collected, started, recorded)
-        report.metadata["engine"] = "driver (DuckDB)"
-        return report
+        return self._source_report(epoch, ranges, collected, started, recorded, engine)
 
     def _idle_source(
         self, epoch: int, name: str, ranges: list[SplitRange], started: float, run_id: str | None, release: bool
@@ -114,20 +116,19 @@ class SourceSteps:
         A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
         empty, recorded = self.runtime.record_idle(epoch, name, started, run_id, release, dead_letters=0)
         fault_point("source-written")
-        report = self._source_report(epoch, ranges, empty, started, recorded)
-        report.metadata["engine"] = "none (idle)"
-        return report
+        return self._source_report(epoch, ranges, empty, started, recorded, "none (idle)")
 
     @staticmethod
     def _source_report(
-        epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool
+        epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool, engine: str
     ) -> StepReport:
-        """A source step's metadata, from what it collected."""
+        """A source step's metadata, from what it collected, and the engine that read it."""
         return StepReport(
             collected.asset,
             epoch,
             {
                 "epoch": epoch,
+                "engine": engine,
                 "records_read": collected.rows_in,
                 "rows_out": collected.rows_out,
                 "dead_letters": collected.dead_letters,
