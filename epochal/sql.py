@@ -62,6 +62,11 @@ def unquote(expr: str, dialect: str = SPARK) -> str:
     return node.name if isinstance(node, exp.Column) and not node.table else expr
 
 
+def string_literal(value: str, dialect: str = DUCKDB) -> str:
+    """``value`` as a string literal of ``dialect``, e.g. ``'it''s.duckdb'``."""
+    return exp.Literal.string(value).sql(dialect=dialect)
+
+
 def string_list(values: Iterable[str], dialect: str = DUCKDB) -> str:
     """``values`` as a list literal of ``dialect``, e.g. ``['a.parquet', 'it''s.parquet']``."""
     return exp.Array(expressions=[exp.Literal.string(v) for v in values]).sql(dialect=dialect)

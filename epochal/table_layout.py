@@ -59,6 +59,8 @@ def compact(
         lambda table: [name for name, sink in pipeline.sinks.items() if sink.from_table == table],
         frozenset(sources_storing_nothing(pipeline)),
         settings.snapshot_directory_rows,
+        # (the driver reads them; with the driver path off nothing would)
+        mirrors=runtime.driver_views.max_rows > 0,
     )
     report = compact_tables(
         runtime.reader,

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from epochal.connectors.log import append_records
+from epochal.storage import mirror
 from tests.consistency import assert_source_exact, assert_views_match_batch
 from tests.epochal_harness import make_harness
 
@@ -76,7 +77,9 @@ def _epoch(runtime, orders: list[str], customers: list[str], home: Path) -> dict
     return engines
 
 
-def test_small_epochs_run_on_the_driver_and_equal_the_batch(spark, tmp_path: Path) -> None:
+def test_small_epochs_run_on_the_driver_and_equal_the_batch(spark, tmp_path: Path, monkeypatch) -> None:
+    # every snapshot is mirrored into DuckDB at compaction (by default only those of 1M rows or more)
+    monkeypatch.setattr(mirror, "MIN_MIRROR_ROWS", 1)
     files = {
         "sources.sql": SOURCES,
         "views.sql": "\n".join(
@@ -118,7 +121,9 @@ def test_small_epochs_run_on_the_driver_and_equal_the_batch(spark, tmp_path: Pat
         on_spark = sorted(n for n in ON_DRIVER if engines[n] not in ("driver (DuckDB)", "none (idle)"))
         assert not on_spark, (number, on_spark)
         if number == 1:
-            runtime.compact()  # snapshots written by Spark, read by the driver from now on
+            runtime.compact(every=1)  # snapshots written by Spark, read by the driver from its mirror from now on
+            snapshot = runtime.controller.catalog.state_parts("orders", 2**62, True).snapshot
+            assert mirror.existing_mirror(runtime.warehouse.file_path(snapshot.location)), snapshot
     for source in runtime.pipeline.sources:
         assert_source_exact(runtime, source)
     assert runtime.driver_views.answered >= 4 * len(ON_DRIVER) and runtime.driver_sources.answered >= 6

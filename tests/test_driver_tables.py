@@ -14,6 +14,7 @@ import pytest
 
 from epochal.checkpoint.records import Snapshot, StateParts
 from epochal.driver.tables import NotOnDriver, arrow_type, read_change, state_at, write_change
+from epochal.storage import mirror
 from epochal.storage.warehouse import WEIGHT, Warehouse
 
 SCHEMA = (
@@ -99,7 +100,8 @@ def test_spark_s_own_change_files_read_on_the_driver_as_spark_reads_them(spark, 
     assert rows == sorted(((*row, 1) for row in ROWS), key=repr)
 
 
-def test_state_at_keys_nets_the_snapshot_and_the_changes_after_it(spark, tmp_path) -> None:
+@pytest.mark.parametrize("mirrored", [False, True], ids=["parquet", "mirror"])
+def test_state_at_keys_nets_the_snapshot_and_the_changes_after_it(spark, tmp_path, monkeypatch, mirrored) -> None:
     warehouse = Warehouse(str(tmp_path))
     schema = spark.createDataFrame([], "k BIGINT, v STRING, kept ARRAY<BIGINT>").schema
     snapshot_location = warehouse.new_snapshot_location("t", 1)
@@ -114,6 +116,10 @@ def test_state_at_keys_nets_the_snapshot_and_the_changes_after_it(spark, tmp_pat
     write_change(warehouse, pa_change, schema, second)
     snapshot = Snapshot("t", 1, snapshot_location, ("k",), schema.json(), 4, 1)
     parts = StateParts(snapshot, [(2, first), (3, second)])
+    if mirrored:  # the snapshot's rows copied into DuckDB (as compaction does for a large one)
+        monkeypatch.setattr(mirror, "MIN_MIRROR_ROWS", 1)
+        files = warehouse.all_snapshot_files(snapshot_location)
+        assert mirror.build_mirror(warehouse.file_path(snapshot_location), files, 4)
     with duckdb.connect() as con:
         keys = pa.table({"k": pa.array([1, 2, 3, 4, None], pa.int64())})
         rows, read = state_at(con, warehouse, parts, schema, (["k"], keys))
@@ -124,6 +130,8 @@ def test_state_at_keys_nets_the_snapshot_and_the_changes_after_it(spark, tmp_pat
         only = pa.table({"k": pa.array([3], pa.int64())})
         rows, _ = state_at(con, warehouse, parts, schema, (["k"], only))
         assert rows.num_rows == 2  # a row held twice comes back twice
+        attached = [r[0] for r in con.sql("SELECT database_name FROM duckdb_databases()").fetchall()]
+        assert any(name.startswith("_mirror_") for name in attached) == mirrored, attached
 
 
 def test_types_the_driver_leaves_to_spark_are_named(spark) -> None:

@@ -18,15 +18,20 @@ Spark reads as TIMESTAMP.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from epochal.checkpoint.records import StateParts
-from epochal.sql import DUCKDB, quote, string_list
+from epochal.sql import DUCKDB, quote, string_list, string_literal
+from epochal.storage.mirror import MIRROR_TABLE, existing_mirror
 from epochal.storage.warehouse import SPARK_SCHEMA_KEY, WEIGHT, Warehouse
 
 if TYPE_CHECKING:
@@ -38,15 +43,32 @@ class NotOnDriver(Exception):
     """This step cannot be computed on the driver with Spark's exact result: Spark computes it."""
 
 
-def connect() -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection for one step: one thread (the change is small), time zone UTC, so that
-    a TIMESTAMP read from Spark's INT96 (a naive UTC time) compares with an instant as the instant
-    it is, and instants come out labelled UTC."""
+_connections = threading.local()
+_MIRROR_ALIAS = "_mirror_"
+
+
+@contextmanager
+def connect() -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection for one step, this thread's (opening one costs about 15 ms, a good part
+    of a small step): every core for a scan of a large state; time zone UTC, so that a TIMESTAMP
+    read from Spark's INT96 (a naive UTC time) compares with an instant as the instant it is, and
+    instants come out labelled UTC. What a step registers is gone when it ends."""
     import duckdb
 
-    con = duckdb.connect(config={"threads": 1})
-    con.execute("SET TimeZone = 'UTC'")
-    return con
+    con = getattr(_connections, "con", None)
+    if con is None:
+        con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+        con.execute("SET TimeZone = 'UTC'")
+        _connections.con = con
+    try:
+        yield con
+    finally:
+        for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall():
+            con.unregister(name)
+        # a snapshot's mirror is let go with the step: retention may delete the snapshot later
+        for (name,) in con.execute("SELECT database_name FROM duckdb_databases() WHERE NOT internal").fetchall():
+            if name.startswith(_MIRROR_ALIAS):
+                con.execute(f"DETACH {name}")
 
 
 def arrow_type(data_type: DataType) -> pa.DataType:
@@ -218,25 +240,31 @@ def state_at(
 ) -> tuple[pa.Table, int]:
     """A table's net rows made of ``parts`` (its snapshot and the change files after it), as
     ``schema``, keeping only the rows whose ``restrict`` columns equal (null-safe) a row of the keys
-    when given; and the stored rows read. DuckDB scans the files with the keys as a semi-join."""
-    files: list[str] = []
+    when given; and the stored rows read. DuckDB scans the files with the keys as a semi-join, a
+    large snapshot from its DuckDB mirror (``storage.mirror``) when it has one."""
+    scans: list[tuple[str, str]] = []  # (a relation of the rows, the weight of each of its rows)
     rows_read = 0
     if parts.snapshot is not None and parts.snapshot.rows:
-        files += warehouse.all_snapshot_files(parts.snapshot.location)
         rows_read += parts.snapshot.rows
+        mirror = existing_mirror(warehouse.file_path(parts.snapshot.location))
+        if mirror is not None:
+            alias = f"{_MIRROR_ALIAS}{hashlib.sha1(mirror.encode()).hexdigest()[:12]}"
+            con.execute(f"ATTACH IF NOT EXISTS {string_literal(mirror)} AS {alias} (READ_ONLY)")
+            scans.append((f"{alias}.{MIRROR_TABLE}", "1::BIGINT"))
+        else:
+            scans.append((_parquet(warehouse.all_snapshot_files(parts.snapshot.location)), "1::BIGINT"))
     changes = [f for _, location in parts.changes for f in warehouse.parquet_files(location)]
-    rows_read += warehouse.files_row_count(changes) if changes else 0
-    if not files and not changes:
+    if changes:
+        rows_read += warehouse.files_row_count(changes)
+        scans.append((_parquet(changes), quote(WEIGHT, DUCKDB)))
+    if not scans:
         return arrow_schema(schema).empty_table(), 0
     names = [f.name for f in schema.fields]
-    scans = []
-    if files:
-        selected = ", ".join(_column_or_null(con, files, schema))
-        scans.append(f"SELECT {selected}, 1::BIGINT AS {quote(WEIGHT, DUCKDB)} FROM {_parquet(files)}")
-    if changes:
-        selected = ", ".join(_column_or_null(con, changes, schema))
-        scans.append(f"SELECT {selected}, {quote(WEIGHT, DUCKDB)} FROM {_parquet(changes)}")
-    rows = " UNION ALL ".join(scans)
+    rows = " UNION ALL ".join(
+        f"SELECT {', '.join(_column_or_null(con, relation, schema))}, {weight} AS {quote(WEIGHT, DUCKDB)} "
+        f"FROM {relation}"
+        for relation, weight in scans
+    )
     where = ""
     if restrict is not None:
         columns, keys = restrict
@@ -253,10 +281,10 @@ def state_at(
     return conformed(found, schema), rows_read
 
 
-def _column_or_null(con: duckdb.DuckDBPyConnection, files: list[str], schema: StructType) -> Iterable[str]:
-    """Each of ``schema``'s columns as the files hold it, or NULL when none of them has it (a
-    partial aggregate's kept values written before it kept any, a source column declared later)."""
-    present = {row[0].lower() for row in con.sql(f"DESCRIBE SELECT * FROM {_parquet(files)}").fetchall()}
+def _column_or_null(con: duckdb.DuckDBPyConnection, relation: str, schema: StructType) -> Iterable[str]:
+    """Each of ``schema``'s columns as ``relation`` holds it, or NULL when it has none (a partial
+    aggregate's kept values written before it kept any, a source column declared later)."""
+    present = {row[0].lower() for row in con.sql(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
     for field in schema.fields:
         name = quote(field.name, DUCKDB)
         yield name if field.name.lower() in present else f"NULL AS {name}"

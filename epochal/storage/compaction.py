@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from epochal.storage.mirror import build_mirror
 from epochal.storage.state_reader import StateReader
 from epochal.storage.vnode import DEFAULT_DIRECTORY_ROWS, vnodes_per_directory, write_laid_out
 
@@ -113,6 +114,8 @@ class Layout:
     store_nothing: frozenset[str] = frozenset()
     #: rows a snapshot directory holds before vnodes get one each (epochal/storage/vnode.py)
     directory_rows: int = DEFAULT_DIRECTORY_ROWS
+    #: copy a large snapshot into a DuckDB file beside it for the driver's key lookups (mirror.py)
+    mirrors: bool = False
 
 
 def plan(reader: StateReader, every: int, tables: list[str], spread: bool = False) -> list[tuple[str, int]]:
@@ -169,6 +172,8 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
             write_laid_out(state, key, vnodes_per_directory(rows_read, layout.directory_rows), location)
         files = warehouse.snapshot_files(location)
         rows = warehouse.files_row_count(files)
+        if layout.mirrors and warehouse.is_local:  # before it is published: readers find it whole
+            build_mirror(warehouse.file_path(location), [warehouse.file_path(f) for f in files], rows)
         result = catalog.publish_snapshot(location, rows, len(files), layout.sinks_of(table), KEEP_SNAPSHOTS)
     except BaseException:
         warehouse.delete([location], prune_parents=True)
