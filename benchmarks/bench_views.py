@@ -955,6 +955,9 @@ def render_sweep(result: dict[str, Any], sweep: dict[str, list[SweepPoint]]) -> 
                      "rows: median seconds (median input records of its stages: Parquet rows, or cached column "
                      "batches of 10,000 rows each); driver time without a job: "
                      + ", ".join(f"{p.rows:,}: {time_cells(p.epochs)[1]}" for p in points))
+        if not grown:  # every step on the driver (issue 17): no Spark job to rank
+            lines.append("  (no Spark job at any size)")
+            continue
         lines.append(table(["step", "job", *(f"{p.rows:,}" for p in points)],
                            [[step, site, *(f"{fmt_s(v[p.rows][0])} ({v[p.rows][1]:,.0f})" if p.rows in v else "-"
                                            for p in points)]
