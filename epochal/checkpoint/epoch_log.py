@@ -35,6 +35,9 @@ from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
 
+#: split rows an injection's INSERT carries at most (bound parameters: 5 each)
+_ROWS_PER_INSERT = 200
+
 log = logging.getLogger("epochal.controller")
 
 #: Polling while a step waits for an earlier epoch: starts short (the earlier step is often about
@@ -167,23 +170,27 @@ class EpochLog(EpochClaims):
                     [epoch, prev, kind.value, now, Owner.host if claim else None, os.getpid() if claim else None]
                     + [run_id, now],
                 )
-                for source, ranges in planned.items():
-                    for r in ranges:
-                        start = seen.get(source, {}).get(r.split)
-                        if start is not None and r.start != start:
-                            raise InvariantViolation(
-                                f"the {source} connector planned split {r.split} from offset {r.start}, "
-                                f"but it was asked to start at {start}: records would be skipped or read twice"
-                            )
-                        cur.execute(
-                            "INSERT INTO epoch_offsets VALUES (?, ?, ?, ?, ?)", [epoch, source, r.split, r.start, r.end]
+                ranges = [(source, r) for source, rs in planned.items() for r in rs]
+                for source, r in ranges:
+                    start = seen.get(source, {}).get(r.split)
+                    if start is not None and r.start != start:
+                        raise InvariantViolation(
+                            f"the {source} connector planned split {r.split} from offset {r.start}, "
+                            f"but it was asked to start at {start}: records would be skipped or read twice"
                         )
-                        cur.execute(
-                            "INSERT INTO split_frontier (source, split, reserved_end, first_offset) "
-                            "VALUES (?, ?, ?, ?) ON CONFLICT (source, split) "
-                            "DO UPDATE SET reserved_end = excluded.reserved_end",
-                            [source, r.split, r.end, r.start],
-                        )
+                # One statement for all splits, not two per split: a log of 80 split files took
+                # 160 statements (0.18 s) to inject an epoch, a cost that grew with the splits.
+                for chunk in (ranges[i : i + _ROWS_PER_INSERT] for i in range(0, len(ranges), _ROWS_PER_INSERT)):
+                    cur.execute(
+                        "INSERT INTO epoch_offsets VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk)),
+                        [v for source, r in chunk for v in (epoch, source, r.split, r.start, r.end)],
+                    )
+                    cur.execute(
+                        "INSERT INTO split_frontier (source, split, reserved_end, first_offset) VALUES "
+                        + ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+                        + " ON CONFLICT (source, split) DO UPDATE SET reserved_end = excluded.reserved_end",
+                        [v for source, r in chunk for v in (source, r.split, r.end, r.start)],
+                    )
                 q.set_flag(cur, "barrier_seq", str(seq + 1))
                 return EpochRecord(epoch, prev, kind, EpochState.INJECTED, now)
 
