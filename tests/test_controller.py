@@ -150,6 +150,29 @@ def test_recovery_aborts_in_flight_and_rereads_their_offsets(tmp_path: Path, met
     assert ctl.epoch_log.offsets(e3.epoch, "src") == ctl.epoch_log.offsets(e2, "src")
 
 
+def test_many_splits_inject_commit_and_recover_at_each_splits_own_offset(tmp_path: Path, meta_url: str) -> None:
+    """A log of hundreds of split files, each at its own offset, some idle: injection writes the
+    ranges in batched statements and a commit moves every split's committed frontier at once, so a
+    recovery sends each split back to exactly where its committed epoch ended."""
+    splits = [f"s{i:03d}" for i in range(250)]  # more than one injection statement's rows
+
+    def plan(source: str, starts: dict[str, int]) -> list[SplitRange]:
+        # split i takes i % 4 records an epoch: a quarter of them never move
+        return [SplitRange(s, starts.get(s, 0), starts.get(s, 0) + i % 4) for i, s in enumerate(splits)]
+
+    ctl = controller(tmp_path, meta_url)
+    start(ctl)
+    e1 = ctl.epoch_log.inject(plan).epoch
+    collect_all(ctl, e1)
+    e2 = ctl.epoch_log.inject(plan).epoch
+    assert collect_all(ctl, e2) == [e2]
+    e3 = ctl.epoch_log.inject(plan).epoch  # in flight, then aborted
+    assert ctl.epoch_log.offsets(e3, "src") == [SplitRange(s, 2 * (i % 4), 3 * (i % 4)) for i, s in enumerate(splits)]
+    ctl.recover("test", discard=lambda locations: None)
+    e4 = ctl.epoch_log.inject(plan).epoch
+    assert ctl.epoch_log.offsets(e4, "src") == ctl.epoch_log.offsets(e3, "src")
+
+
 def test_collect_after_commit_is_not_recorded(tmp_path: Path, meta_url: str) -> None:
     ctl = controller(tmp_path, meta_url)
     start(ctl)
