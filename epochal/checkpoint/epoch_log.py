@@ -445,8 +445,9 @@ class EpochLog(EpochClaims):
                 # A live step that began before its view was rebuilt (its statement changed): its output
                 # comes from the old definition, and recording it would let the view join with it. The
                 # backfill writes this epoch.
-                log.warning("epoch %s: %s is backfilling; a live step's output for it is discarded",
-                            epoch, collected.asset)
+                log.warning(
+                    "epoch %s: %s is backfilling; a live step's output for it is discarded", epoch, collected.asset
+                )
                 return False
             cur.execute("DELETE FROM collected WHERE epoch = ? AND asset = ?", [epoch, collected.asset])
             cur.execute(
