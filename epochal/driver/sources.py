@@ -14,44 +14,25 @@ leaves the step to Spark, which writes the dead letters too.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from epochal.connectors.base import SplitRange
-from epochal.driver.tables import NotOnDriver, arrow_schema, conformed, connect, state_at, with_weight
+from epochal.driver.engine import DriverEngine
+from epochal.driver.tables import NotOnDriver, arrow_schema, conformed, connect, with_weight
 from epochal.sql import DUCKDB, quote
-from epochal.storage.warehouse import WEIGHT, Warehouse
+from epochal.storage.warehouse import WEIGHT
 from epochal.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     import duckdb
     from pyspark.sql.types import StructType
 
-    from epochal.checkpoint.catalog import SnapshotCatalog
     from epochal.pipeline.model import SourceDef
 
-log = logging.getLogger("epochal.driver")
 
-
-class DriverSources:
-    def __init__(
-        self,
-        warehouse: Warehouse,
-        catalog: SnapshotCatalog,
-        query_schema: Callable[[str], StructType],
-        max_rows: int,
-    ):
-        self.warehouse = warehouse
-        self.catalog = catalog
-        self.query_schema = query_schema
-        #: the most records of an epoch a step takes here; 0: never
-        self.max_rows = max_rows
-        self.answered = 0
-        self.declined = 0
-
+class DriverSources(DriverEngine):
     def change(self, epoch: int, source: SourceDef, connector: object, ranges: list[SplitRange]) -> pa.Table | None:
         """The source's change for ``epoch`` (its columns and ``_weight``, unit rows), or None when
         Spark must read it."""
@@ -64,35 +45,21 @@ class DriverSources:
             or sum(r.count for r in ranges) > self.max_rows
         ):
             return None
-        import duckdb
-
         from epochal.connectors.log_driver import read_on_driver
 
         schema = self.query_schema(source.name)
-        try:
+
+        def compute() -> pa.Table:
             records = read_on_driver(connector, ranges)
             if records is None:
                 raise NotOnDriver("a record is not one the driver parses as Spark does")
             if not source.primary_key:
                 rows = conformed(records, schema)
-                change = rows.append_column(WEIGHT, pa.array([1] * rows.num_rows, pa.int64()))
-            else:
-                with connect() as con:
-                    change = self._upserts(con, epoch, source, schema, records)
-        except NotOnDriver as why:
-            self.declined += 1
-            log.debug("source %s epoch %s is read by Spark: %s", source.name, epoch, why)
-            return None
-        except duckdb.Error as error:
-            self.declined += 1
-            log.info("source %s epoch %s: DuckDB stopped (%s); Spark reads it", source.name, epoch, error)
-            return None
-        except Exception:  # a fault of the driver path's own: nothing was written, Spark reads the epoch
-            self.declined += 1
-            log.warning("source %s epoch %s: the driver path failed; Spark reads it", source.name, epoch, exc_info=True)
-            return None
-        self.answered += 1
-        return change
+                return rows.append_column(WEIGHT, pa.array([1] * rows.num_rows, pa.int64()))
+            with connect() as con:
+                return self._upserts(con, epoch, source, schema, records)
+
+        return self.attempt(f"source {source.name}", epoch, "reads it", compute)
 
     def _upserts(
         self, con: duckdb.DuckDBPyConnection, epoch: int, source: SourceDef, schema: StructType, records: pa.Table
@@ -112,9 +79,8 @@ class DriverSources:
             ).to_arrow_table()
         finally:
             con.unregister("_records")
-        parts = self.catalog.state_parts(source.name, epoch, inclusive=False)
         keys = conformed(last.select(key), _part(schema, key))
-        previous, _ = state_at(con, self.warehouse, parts, schema, (key, keys))
+        previous, _ = self.state_before(con, source.name, epoch, schema, (key, keys))
         con.register("_last", last)
         con.register("_previous", previous)
         try:

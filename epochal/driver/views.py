@@ -14,8 +14,7 @@ Such a step raises ``NotOnDriver`` inside this module and runs on Spark, as befo
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 
 from epochal.checkpoint.records import Collected
 from epochal.driver.duck_sql import duckdb_sql
+from epochal.driver.engine import DriverEngine
 from epochal.driver.joins import delta_join_on_driver
 from epochal.driver.partial import partial_change_on_driver
 from epochal.driver.tables import (
@@ -34,7 +34,6 @@ from epochal.driver.tables import (
     netted,
     read_change,
     semi_joined,
-    state_at,
     with_weight,
     write_change,
 )
@@ -45,10 +44,7 @@ if TYPE_CHECKING:
     import duckdb
     from pyspark.sql.types import StructType
 
-    from epochal.checkpoint.catalog import SnapshotCatalog
     from epochal.pipeline.model import ViewDef
-
-log = logging.getLogger("epochal.driver")
 
 
 @dataclass
@@ -64,23 +60,7 @@ class DriverChange:
         return write_change(self.warehouse, self.rows, self.schema, location)
 
 
-class DriverViews:
-    def __init__(
-        self,
-        warehouse: Warehouse,
-        catalog: SnapshotCatalog,
-        query_schema: Callable[[str], StructType],
-        max_rows: int,
-    ):
-        self.warehouse = warehouse
-        self.catalog = catalog
-        self.query_schema = query_schema
-        #: the most rows of change (the inputs' rows of the epoch) a step takes here; 0: never
-        self.max_rows = max_rows
-        #: steps computed here, and ones handed to Spark (shown by benchmarks and step reports)
-        self.answered = 0
-        self.declined = 0
-
+class DriverViews(DriverEngine):
     def takes(self, view: ViewDef, rows_in: int) -> bool:
         """Whether to try ``view``'s step here at all (cheap: no file is opened)."""
         if self.max_rows <= 0 or rows_in > self.max_rows or not self.warehouse.is_local:
@@ -94,31 +74,17 @@ class DriverViews:
     ) -> DriverChange | None:
         """``view``'s change for ``epoch`` (``stored``: its schema as written, the query's columns
         as the query types them), or None when Spark must compute it."""
-        import duckdb
 
-        try:
+        def compute() -> DriverChange:
             with connect() as con:
                 deltas = {u: self._delta(u, collected) for u in view.upstreams}
                 if view.plan is not None and view.plan.rule == "delta join":
-                    change = self._delta_join(con, epoch, view, view.plan, stored, deltas)
-                elif view.plan is not None and view.plan.kind == "keyed":
-                    change = self._partial(con, epoch, view, view.plan, stored, deltas)
-                else:
-                    change = self._linear(con, view, stored, deltas)
-        except NotOnDriver as why:
-            self.declined += 1
-            log.debug("view %s epoch %s is computed by Spark: %s", view.name, epoch, why)
-            return None
-        except duckdb.Error as error:  # Spark computes it, and raises its own error if it has one
-            self.declined += 1
-            log.info("view %s epoch %s: DuckDB stopped (%s); Spark computes the step", view.name, epoch, error)
-            return None
-        except Exception:  # a fault of the driver path's own: nothing was written, Spark computes it
-            self.declined += 1
-            log.warning("view %s epoch %s: the driver path failed; Spark computes it", view.name, epoch, exc_info=True)
-            return None
-        self.answered += 1
-        return change
+                    return self._delta_join(con, epoch, view, view.plan, stored, deltas)
+                if view.plan is not None and view.plan.kind == "keyed":
+                    return self._partial(con, epoch, view, view.plan, stored, deltas)
+                return self._linear(con, view, stored, deltas)
+
+        return self.attempt(f"view {view.name}", epoch, "computes it", compute)
 
     def _delta(self, upstream: str, collected: Mapping[str, Collected]) -> pa.Table:
         schema = self.query_schema(upstream)
@@ -191,8 +157,7 @@ class DriverViews:
                 raise NotOnDriver("a floating-point group key is grouped by Spark")
 
         def read_groups(columns, keys):
-            parts = self.catalog.state_parts(view.name, epoch, inclusive=False)
-            return state_at(con, self.warehouse, parts, table, None if keys is None else (columns, keys))
+            return self.state_before(con, view.name, epoch, table, None if keys is None else (columns, keys))
 
         def read_input(groups: pa.Table) -> tuple[pa.Table, int]:
             """The aggregate's input rows of ``groups`` after the epoch, read at their keys."""
@@ -204,8 +169,7 @@ class DriverViews:
                 restrict.setdefault(expr.strip("`"), groups[group])
             columns, keys = list(restrict), pa.table(restrict)
             schema = self.query_schema(leaf.table)
-            parts = self.catalog.state_parts(leaf.table, epoch, inclusive=False)
-            before, read = state_at(con, self.warehouse, parts, schema, (columns, keys))
+            before, read = self.state_before(con, leaf.table, epoch, schema, (columns, keys))
             after = netted(
                 con, before, semi_joined(con, conformed(deltas[leaf.table], with_weight(schema)), (columns, keys))
             )
@@ -225,8 +189,7 @@ class DriverViews:
         deltas: Mapping[str, pa.Table],
     ) -> DriverChange:
         def state_before(table, restrict):
-            parts = self.catalog.state_parts(table, epoch, inclusive=False)
-            return state_at(con, self.warehouse, parts, self.query_schema(table), restrict)
+            return self.state_before(con, table, epoch, self.query_schema(table), restrict)
 
         change, read = delta_join_on_driver(con, plan, view.columns, stored, deltas, self.query_schema, state_before)
         return DriverChange(change, stored, read, self.warehouse)

@@ -1,0 +1,76 @@
+"""What the driver's source and view steps share: where the state is, the tables' schemas, the
+largest change they take, a table's state before an epoch at a few keys, and the rule that a step
+the driver cannot finish goes to Spark with nothing written."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from epochal.driver.tables import NotOnDriver, state_at
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from epochal.checkpoint.catalog import SnapshotCatalog
+    from epochal.storage.warehouse import Warehouse
+
+log = logging.getLogger("epochal.driver")
+
+T = TypeVar("T")
+
+
+class DriverEngine:
+    def __init__(
+        self,
+        warehouse: Warehouse,
+        catalog: SnapshotCatalog,
+        query_schema: Callable[[str], StructType],
+        max_rows: int,
+    ):
+        self.warehouse = warehouse
+        self.catalog = catalog
+        self.query_schema = query_schema
+        #: the most rows of change (records of a source, input rows of a view) a step takes here; 0: never
+        self.max_rows = max_rows
+        #: steps computed here, and ones handed to Spark (shown by benchmarks and step reports)
+        self.answered = 0
+        self.declined = 0
+
+    def state_before(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        table: str,
+        epoch: int,
+        schema: StructType,
+        restrict: tuple[Sequence[str], pa.Table] | None,
+    ) -> tuple[pa.Table, int]:
+        """``table``'s rows before ``epoch`` (restricted to the keys of ``restrict``), and the
+        stored rows read for them."""
+        parts = self.catalog.state_parts(table, epoch, inclusive=False)
+        return state_at(con, self.warehouse, parts, schema, restrict)
+
+    def attempt(self, step: str, epoch: int, spark_does: str, compute: Callable[[], T]) -> T | None:
+        """``compute()``, or None when Spark must do the step (``spark_does``: "reads it",
+        "computes it"). Nothing is written before ``compute`` returns, so giving up is free."""
+        import duckdb
+
+        try:
+            result = compute()
+        except NotOnDriver as why:
+            self.declined += 1
+            log.debug("%s epoch %s: Spark %s: %s", step, epoch, spark_does, why)
+            return None
+        except duckdb.Error as error:  # Spark does it, and raises its own error if it has one
+            self.declined += 1
+            log.info("%s epoch %s: DuckDB stopped (%s); Spark %s", step, epoch, error, spark_does)
+            return None
+        except Exception:  # a fault of the driver path's own: nothing was written
+            self.declined += 1
+            log.warning("%s epoch %s: the driver path failed; Spark %s", step, epoch, spark_does, exc_info=True)
+            return None
+        self.answered += 1
+        return result
