@@ -129,7 +129,36 @@ def run_epochs(h, instance, spark, views: dict[str, str], epochs=EPOCHS):
     return runtime
 
 
-def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp_path: Path) -> None:
+#: The two engines of an incremental step: small epochs go to the driver by default, larger ones
+#: (and every epoch with EPOCHAL_DRIVER_ROWS=0) to Spark; both must give the batch's result.
+ENGINES = pytest.mark.parametrize("engine", ["driver", "spark"])
+
+
+def use_engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    if engine == "spark":
+        monkeypatch.setenv("EPOCHAL_DRIVER_ROWS", "0")
+    else:
+        monkeypatch.delenv("EPOCHAL_DRIVER_ROWS", raising=False)
+
+
+def assert_steps_ran_on(instance: dg.DagsterInstance, assets: list[str], engine: str) -> None:
+    """The latest materialization of each of ``assets`` names ``engine`` (an idle step names none):
+    a driver path that silently gave every step to Spark, or the reverse, would test one engine twice."""
+    ran = {}
+    for asset in assets:
+        records = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records
+        ran[asset] = records[0].asset_materialization.metadata["engine"].value if records else None
+    expected = "driver (DuckDB)" if engine == "driver" else "spark"
+    assert any(e == expected for e in ran.values()), ran
+    if engine == "spark":
+        assert not any(e == "driver (DuckDB)" for e in ran.values()), ran
+
+
+@ENGINES
+def test_stateful_views_match_batch_after_inserts_updates_and_deletes(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    use_engine(monkeypatch, engine)
     h = make_harness(tmp_path, files(VIEWS))
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
     pipeline = load_pipeline(h.pipeline_dir)
@@ -162,7 +191,7 @@ def test_stateful_views_match_batch_after_inserts_updates_and_deletes(spark, tmp
     metadata = records[0].asset_materialization.metadata
     assert metadata["mode"].value == "incremental"
     assert metadata["state_rows_read"].value > 0
-    assert runtime is not None
+    assert_steps_ran_on(instance, ["orders", "customers", *runtime.pipeline.views], engine)
 
 
 def test_a_table_without_change_files_reads_empty_and_leaves_the_callers_views_alone(spark, tmp_path: Path) -> None:
@@ -332,7 +361,11 @@ SPARK_FORMS = {
 }
 
 
-def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> None:
+@ENGINES
+def test_spark_sql_forms_are_maintained_incrementally(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    use_engine(monkeypatch, engine)
     h = make_harness(tmp_path, files(SPARK_FORMS))
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
     pipeline = load_pipeline(h.pipeline_dir)
@@ -354,7 +387,9 @@ def test_spark_sql_forms_are_maintained_incrementally(spark, tmp_path: Path) -> 
     assert read["open_orders"] == {"orders"} and read["by_region"] == {"orders", "customers"}
     # Three epochs: inserts, then deletes, updates and keys moving between groups (the fourth, MIN and
     # MAX running out of kept values, is the stateful views' test above)
-    runtime = run_epochs(h, dg.DagsterInstance.ephemeral(), spark, SPARK_FORMS, EPOCHS[:3])
+    instance = dg.DagsterInstance.ephemeral()
+    runtime = run_epochs(h, instance, spark, SPARK_FORMS, EPOCHS[:3])
+    assert_steps_ran_on(instance, ["orders", "customers", *runtime.pipeline.views], engine)
     # a struct's field names are data (to_json's keys, a sink's schema): kept as written
     assert runtime.state("top_orders").schema["top"].dataType.simpleString() == "struct<orderId:bigint,Price:double>"
     # names are case-insensitive; one no table has is said to be unknown, not late
