@@ -107,14 +107,24 @@ def test_every_kind_of_view_runs_on_spark_connect_and_matches_batch(spark, conne
     committed: list[int] = []
     # inserts; then updates and deletes of both sources; then only orders change (a MIN goes).
     # Each epoch is a fresh `dagster job execute` (about a minute here): three cover every path.
-    for epoch, (orders, customers) in enumerate([EPOCHS[0], EPOCHS[1], EPOCHS[3]], start=1):
+    # Those run every step on the server (EPOCHAL_DRIVER_ROWS=0: epochs this small would otherwise
+    # be computed on the driver); a fourth, with the default, computes its steps on the driver
+    # from the snapshots and changes the server wrote, and the server writes its snapshots.
+    runs = [(EPOCHS[0], "0"), (EPOCHS[1], "0"), (EPOCHS[3], "0"), (EPOCHS[2], None)]
+    for epoch, ((orders, customers), driver_rows) in enumerate(runs, start=1):
         append_records(h.home / "data" / "orders", orders)
         append_records(h.home / "data" / "customers", customers)
         # COMPACT_EVERY=1: every changed table is snapshotted on the server after each commit, so
         # the next epoch (and the checks below) read snapshots the server wrote, not only changes.
-        run = h.run_subprocess(env={"EPOCHAL_SPARK_REMOTE": connect_url, "EPOCHAL_COMPACT_EVERY": "1"}, timeout=600)
+        env = {"EPOCHAL_SPARK_REMOTE": connect_url, "EPOCHAL_COMPACT_EVERY": "1"}
+        if driver_rows is not None:
+            env["EPOCHAL_DRIVER_ROWS"] = driver_rows
+        run = h.run_subprocess(env=env, timeout=600)
         output = f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
         assert run.returncode == 0, f"epoch {epoch} on Spark Connect failed:\n{output}"
+        # each step's materialization names its engine, and the run's event log shows it
+        on_driver = "driver (DuckDB)" in run.stdout + run.stderr
+        assert on_driver == (driver_rows is None), f"epoch {epoch}: steps on the driver: {on_driver}\n{output}"
         runtime = h.runtime(spark)  # classic Spark reads what the Connect server wrote
         committed.append(runtime.controller.epoch_log.committed_epoch())
         assert committed[-1] is not None and committed == sorted(set(committed)), "each run commits a new epoch"
