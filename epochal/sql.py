@@ -72,11 +72,13 @@ def string_list(values: Iterable[str], dialect: str = DUCKDB) -> str:
     return exp.Array(expressions=[exp.Literal.string(v) for v in values]).sql(dialect=dialect)
 
 
-def duckdb_parquet(files: Iterable[str]) -> str:
+def duckdb_parquet(files: Iterable[str], union_by_name: bool = False) -> str:
     """DuckDB's read of Epochal's Parquet ``files``. Without hive partitioning: their paths hold
     layout directories (``epoch=E``, ``snapshot=S``, ``_vnode=V``, and whatever a home's path has),
-    which DuckDB would otherwise read as columns, over a table's own column of the same name."""
-    return f"read_parquet({string_list(files)}, hive_partitioning = false)"
+    which DuckDB would otherwise read as columns, over a table's own column of the same name.
+    ``union_by_name``: files written before a column existed lack it (NULL there)."""
+    by_name = ", union_by_name = true" if union_by_name else ""
+    return f"read_parquet({string_list(files)}, hive_partitioning = false{by_name})"
 
 
 @lru_cache(maxsize=1024)

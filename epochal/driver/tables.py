@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from epochal.checkpoint.records import StateParts
-from epochal.sql import DUCKDB, quote, string_list, string_literal
+from epochal.sql import DUCKDB, duckdb_parquet, quote, string_literal
 from epochal.storage.mirror import MIRROR_TABLE, existing_mirror
 from epochal.storage.warehouse import SPARK_SCHEMA_KEY, WEIGHT, Warehouse
 
@@ -252,11 +252,12 @@ def state_at(
             con.execute(f"ATTACH IF NOT EXISTS {string_literal(mirror)} AS {alias} (READ_ONLY)")
             scans.append((f"{alias}.{MIRROR_TABLE}", "1::BIGINT"))
         else:
-            scans.append((_parquet(warehouse.all_snapshot_files(parts.snapshot.location)), "1::BIGINT"))
+            files = warehouse.all_snapshot_files(parts.snapshot.location)
+            scans.append((duckdb_parquet(files, union_by_name=True), "1::BIGINT"))
     changes = [f for _, location in parts.changes for f in warehouse.parquet_files(location)]
     if changes:
         rows_read += warehouse.files_row_count(changes)
-        scans.append((_parquet(changes), quote(WEIGHT, DUCKDB)))
+        scans.append((duckdb_parquet(changes, union_by_name=True), quote(WEIGHT, DUCKDB)))
     if not scans:
         return arrow_schema(schema).empty_table(), 0
     names = [f.name for f in schema.fields]
@@ -288,11 +289,6 @@ def _column_or_null(con: duckdb.DuckDBPyConnection, relation: str, schema: Struc
     for field in schema.fields:
         name = quote(field.name, DUCKDB)
         yield name if field.name.lower() in present else f"NULL AS {name}"
-
-
-def _parquet(files: list[str]) -> str:
-    # union_by_name: change files written before a column existed lack it (NULL there)
-    return f"read_parquet({string_list(files)}, hive_partitioning = false, union_by_name = true)"
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, query: str, frames: Mapping[str, pa.Table]) -> pa.Table:
