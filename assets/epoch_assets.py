@@ -15,7 +15,7 @@ from dagster import (
 
 from assets.materialization import to_metadata
 from epochal.pipeline.model import Pipeline, ViewDef
-from epochal.runtime import StepReport
+from epochal.runtime.facade import StepReport
 from epochal.sinks.spec import shown_options
 from resources.checkpoint import EPOCHS_PARTITIONS, CheckpointControllerResource
 

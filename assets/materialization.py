@@ -7,7 +7,7 @@ from typing import Any
 from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
 
 from epochal.epoch import epoch_datetime
-from epochal.runtime import StepReport
+from epochal.runtime.facade import StepReport
 
 
 def to_metadata(report: StepReport) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def knobs_of(args: argparse.Namespace) -> dict[str, str]:
 
 def runtime_for(home: Path, pipeline: Path, spark, knobs: dict[str, str]):  # noqa: ANN001, ANN201
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
     from epochal.settings import Settings
 
     settings = Settings.from_env(
@@ -165,14 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     from epochal.backfill.runner import BackfillRunner
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     root = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
     home = root / "home"
     url = None
     if args.spark == "server":
         # Epochal's managed Spark Connect server, as `dagster dev` and the CLI use by default
-        from epochal.spark_server import ServerConfig, ensure
+        from epochal.spark.server import ServerConfig, ensure
 
         conf = {"spark.driver.memory": args.driver_memory}
         url = ensure(ServerConfig(home, 0, "local[*]", conf, 3600.0)).url
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         if url is not None:
-            from epochal.spark_server import stop
+            from epochal.spark.server import stop
 
             stop(home)
         shutil.rmtree(root, ignore_errors=True)

@@ -36,9 +36,9 @@ MARK = "=== epoch "
 def child(home: str, epochs: int, entries: str) -> None:
     """One run: the demo's epochs on a local Spark whose codegen cache holds ``entries`` classes."""
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
     from epochal.settings import Settings
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     spark = build_spark_session("local[2]", "bench-codegen", {"spark.sql.codegen.cache.maxEntries": entries})
     jvm = spark._jvm  # the compile log line is INFO: the only per-compile count Spark gives
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         child(args.child[0], int(args.child[1]), args.child[2])
         return 0
 
-    from epochal.spark_session import DEFAULT_CONF
+    from epochal.spark.session import DEFAULT_CONF
 
     settings = {"Spark's default (100)": "100", "Epochal's": DEFAULT_CONF["spark.sql.codegen.cache.maxEntries"]}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in settings}

@@ -104,7 +104,7 @@ class MemorySampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        from epochal import spark_server
+        from epochal.spark import server as spark_server
 
         while not self._done.wait(self.interval_s):
             current = spark_server.status(self.home)

@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench_backfill import epoch
 
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
     from epochal.settings import Settings
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     calls = [0]
     send = py4j.clientserver.ClientServerConnection.send_command

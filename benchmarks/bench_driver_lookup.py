@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         f"code {code_version()}; view {args.view}; {args.change_rows:,}-event changes; {args.pairs} pair(s) per size"
     )
     log(header)
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     results: dict[int, dict] = {}
     with stderr_to(root / "stderr.log", True):

@@ -225,11 +225,11 @@ TOP_LEVEL = [k for k, (indent, _) in LABELS.items() if indent == 0]
 def install_probes() -> None:
     from dagster import DagsterInstance
 
-    import epochal.spark_session as spark_session
+    import epochal.spark.session as spark_session
     import resources.spark as spark_resource
-    from epochal.epoch_taking import EpochTaking
     from epochal.meta.backend import DuckDBBackend
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.epoch_taking import EpochTaking
+    from epochal.runtime.facade import EpochRuntime
     from epochal.storage.warehouse import Warehouse
     from resources.checkpoint import CheckpointControllerResource
 
@@ -378,7 +378,7 @@ def bench_in_process(pipe: BenchPipeline, spark: Any, reps: int, title: str, bud
     import dagster as dg
 
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
 
     definitions_s = pipe.load()
     instance = dg.DagsterInstance.ephemeral()
@@ -488,7 +488,7 @@ def bench_meta_store(pipe: BenchPipeline, root: Path, reps: int) -> Comparison:
     connection for a run or a step would do, locking every other process out meanwhile)."""
     import duckdb
 
-    from epochal.controller import CheckpointController
+    from epochal.checkpoint.controller import CheckpointController
     from epochal.meta.backend import DuckDBBackend, _DuckCursor
 
     class KeptOpenBackend(DuckDBBackend):
@@ -545,7 +545,7 @@ BENCH_TABLES = dict(sources=["bid"], views=["big_bids"], sinks=["big_bids_out"])
 
 def transaction_mix(settings: Any, tables: dict[str, list[str]], epoch: int, backend: Any) -> float:
     """Seconds for 24 meta-store transactions, reads and writes mixed as in an epoch."""
-    from epochal.controller import CheckpointController
+    from epochal.checkpoint.controller import CheckpointController
 
     started = time.perf_counter()
     controller = CheckpointController(settings, backend=backend, **tables)  # schema check: 1 txn
@@ -571,9 +571,9 @@ def bench_postgres_meta_store(admin_url: str, root: Path, reps: int) -> Comparis
 
     import psycopg
 
+    from epochal.checkpoint.controller import CheckpointController
     from epochal.checkpoint.records import Collected
     from epochal.connectors.base import SplitRange
-    from epochal.controller import CheckpointController
     from epochal.meta.backend import PostgresBackend
     from epochal.settings import Settings
 

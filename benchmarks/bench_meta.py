@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from epochal.checkpoint.controller import CheckpointController  # noqa: E402
 from epochal.checkpoint.records import Collected  # noqa: E402
 from epochal.connectors.base import SplitRange  # noqa: E402
-from epochal.controller import CheckpointController  # noqa: E402
 from epochal.settings import Settings  # noqa: E402
 
 TABLES = ["src", "v1", "v2"]

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_backfill import log, runtime_for, write_rows  # (this script's directory is on sys.path)
 
     from epochal.incremental import keyed
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     spark = build_spark_session(
         "local[*]", "bench-retraction", {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}

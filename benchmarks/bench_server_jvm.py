@@ -7,7 +7,7 @@
 For each flag set, one after another on this machine (it is shared and noisy: read the ratios,
 measured in the same run, not the seconds): `epochal spark start --warm-up N` in a scratch home with
 ``spark.driver.extraJavaOptions`` set to the flags, then ``--epochs`` more epochs of the built-in demo
-against that server (``epochal.spark_warmup.warm_up``, a scratch home of its own), then stop. It
+against that server (``epochal.spark.warmup.warm_up``, a scratch home of its own), then stop. It
 reports, per epoch after the warm-up: the server's CPU, split by JVM thread (compiler threads, task
 threads, GC, gRPC; from /proc/<pid>/task), and the epoch's wall time. The first variant, ``jvm``
 (no flags: G1 and tiered C2, the JVM's defaults), is the baseline the ratios are against.
@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from epochal.spark_server import SERVER_JAVA_OPTIONS  # noqa: E402
-from epochal.spark_warmup import warm_up  # noqa: E402
+from epochal.spark.server import SERVER_JAVA_OPTIONS  # noqa: E402
+from epochal.spark.warmup import warm_up  # noqa: E402
 
 #: JVM thread names, digits folded, grouped into what they do
 GROUPS = (

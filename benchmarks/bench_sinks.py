@@ -182,7 +182,7 @@ def main() -> None:
     if not JDBC_JAR.exists():
         sys.exit(f"{JDBC_JAR} is missing: apt-get install -y libpostgresql-jdbc-java")
 
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     # The writers run in Spark's Python workers, which import epochal: the same interpreter and repo.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -81,7 +81,7 @@ def main() -> int:
 
     from epochal.sinks.base import BatchId
     from epochal.sinks.delta_sink import DeltaTarget
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     root = Path(tempfile.mkdtemp(prefix="epochal-bench-lake-"))
     spark = build_spark_session(master=f"local[{args.writers}]", app_name="bench-sinks-lake",

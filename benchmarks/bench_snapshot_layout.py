@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from epochal.incremental.partial import partial_inserts
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
     from epochal.settings import Settings
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
     from epochal.storage.vnode import VNODE, vnode_column, vnodes_per_directory, write_laid_out
 
     root = Path(tempfile.mkdtemp(prefix="bench_snapshot_layout-"))

@@ -49,7 +49,7 @@ def main() -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from epochal.spark_server import ServerConfig, start, stop
+    from epochal.spark.server import ServerConfig, start, stop
     from epochal.storage.state_cache import SnapshotPlan, StateCache
     from epochal.storage.state_reader import StateReader
 

@@ -233,7 +233,7 @@ class EpochalPipeline:
 
     def __init__(self, root: Path, view: str, mode: str, data: Data, spark: Any):
         from epochal.pipeline.loader import load_pipeline
-        from epochal.runtime import EpochRuntime
+        from epochal.runtime.facade import EpochRuntime
         from epochal.settings import Settings
 
         self.view, self.mode, self.spark = view, mode, spark
@@ -533,7 +533,7 @@ def part1_result(series: dict[str, ViewSeries], data: Data) -> dict[str, Any]:
 def run_sweep(args: Any, root: Path, views: list[str], result: dict[str, Any], save: Any) -> None:
     """Part 1 again at each --sweep size (its own data dir, one SparkSession for all sizes, smallest
     first so a size that does not fit leaves the smaller ones measured), into result["sweep"]."""
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     modes = result.get("modes", ["incremental"])
     spark = build_spark_session(
@@ -683,7 +683,7 @@ def ss_worker(config_path: str) -> int:
     """One streaming aggregation over the steps' files, one availableNow run (one batch) per step."""
     from pyspark.sql import functions as F
 
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     config = json.loads(Path(config_path).read_text())
     work = Path(config["work"])
@@ -1068,7 +1068,7 @@ def main(argv: list[str] | None = None) -> int:
         with stderr_to(stderr_log, not args.verbose):
             import pyspark
 
-            from epochal.spark_session import build_spark_session
+            from epochal.spark.session import build_spark_session
 
             data = Data(root, args.rows, args.groups, args.seed)
             info = data.initial()

@@ -679,7 +679,7 @@ def check(chaos: Chaos, runtime: Any) -> list[str]:
     oracle_views = CHANGED_ORACLE_VIEWS if changed else ORACLE_VIEWS
     sinks = CHANGED_SINKS if changed else SINKS
 
-    from epochal.query import committed_connection
+    from epochal.query.cut import committed_connection
 
     problems: list[str] = []
     con, epoch = committed_connection(runtime)
@@ -984,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"work dir {root}, meta store {args.meta}, chaos for {args.seconds:.0f} s")
 
     from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
     from epochal.settings import Settings
 
     def no_spark() -> Any:
@@ -1047,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # The runs attached to the managed Spark server (started on first use): it would otherwise
         # live on, idle, until its idle timeout, beside whatever runs next on the machine.
-        from epochal import spark_server
+        from epochal.spark import server as spark_server
 
         stopped = spark_server.stop(home)
         if stopped is not None:

@@ -23,8 +23,8 @@ from typing import Any
 from epochal.errors import ConfigError
 from epochal.faults import FAULT_POINTS
 from epochal.redaction import is_secret_name, redact_conf, redact_url
-from epochal.spark_idle import MIN_IDLE_STOP_S
-from epochal.spark_session import BACKFILL_POOL
+from epochal.spark.idle import MIN_IDLE_STOP_S
+from epochal.spark.session import BACKFILL_POOL
 
 DEMO_PIPELINE = Path(__file__).parent / "demo_pipeline"
 

@@ -10,8 +10,8 @@ from dagster import JobDefinition, OpExecutionContext, in_process_executor, job,
 from assets.epoch_assets import backfill_asset_name
 from assets.materialization import record_materialization
 from epochal.backfill.runner import BackfillRunner
-from epochal.checkpoint.rebuilds import rebuilt_view
-from epochal.runtime import StepReport
+from epochal.checkpoint.statements.rebuilds import rebuilt_view
+from epochal.runtime.facade import StepReport
 from resources.checkpoint import CheckpointControllerResource
 
 BACKFILL_JOB = "backfill_job"

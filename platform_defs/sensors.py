@@ -1,7 +1,7 @@
 """The barrier sensor: injects an epoch every barrier interval and requests its run.
 
 It is the barrier worker's timer. It recovers first when something failed, and injects on the
-barrier interval's grid (``epochal.barrier_schedule``) unless injection is paused or the in-flight
+barrier interval's grid (``platform_defs.barrier_schedule``) unless injection is paused or the in-flight
 limit is reached. Runs take every epoch waiting for a run when
 they start, so it requests a run only when none is queued: a run that starts late processes the
 epochs that queued up behind it, in order, in one process. One run more than EPOCHAL_MAX_EPOCH_RUNS
@@ -27,9 +27,9 @@ from dagster import (
 
 from assets.epoch_assets import EPOCHS
 from epochal.backfill.runner import BackfillRunner
-from epochal.barrier_schedule import BarrierSchedule, SensorCursor
-from epochal.data_errors import sensor_should_wait
+from epochal.runtime.data_errors import sensor_should_wait
 from epochal.settings import Settings
+from platform_defs.barrier_schedule import BarrierSchedule, SensorCursor
 from platform_defs.jobs import PARTITION_TAG, TAKE_WAITING_TAG
 from resources.checkpoint import CheckpointControllerResource
 

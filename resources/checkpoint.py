@@ -13,7 +13,7 @@ from pydantic import Field, PrivateAttr
 
 from epochal.pipeline.loader import load_pipeline
 from epochal.pipeline.model import Pipeline
-from epochal.runtime import EpochRuntime
+from epochal.runtime.facade import EpochRuntime
 from epochal.settings import Settings
 from resources.spark import EpochalSparkResource
 

@@ -4,7 +4,7 @@ modes and a clean stop.
 Modes, chosen by settings (EPOCHAL_SPARK_MODE / EPOCHAL_SPARK_MASTER / EPOCHAL_SPARK_REMOTE) or
 resource config:
 * ``EPOCHAL_SPARK_MODE=server`` (default): Spark Connect to the local server Epochal manages
-  (epochal/spark_server.py), started when a step first needs Spark if it is not running.
+  (epochal/spark/server.py), started when a step first needs Spark if it is not running.
 * ``EPOCHAL_SPARK_MODE=local`` with ``local[*]``: a JVM in the run's process; one run = one JVM.
 * a cluster master URL (``spark://host:7077``, ``yarn``, ``k8s://...``): the driver runs in the run's
   process, executors on the cluster.
@@ -23,7 +23,7 @@ from pydantic import Field, PrivateAttr
 from epochal.errors import ConfigError
 from epochal.redaction import redact_url, split_secret_conf
 from epochal.settings import Settings, parse_spark_conf
-from epochal.spark_session import build_slotted_session, build_spark_session
+from epochal.spark.session import build_slotted_session, build_spark_session
 
 #: Steps on threads (EPOCHAL_STEP_THREADS) may ask for the session at once: one of them builds it
 #: (else two would take two session slots). Module-level: Dagster copies resources.
@@ -70,7 +70,7 @@ class EpochalSparkResource(ConfigurableResource):
     session_slots: int = Field(
         default=0,
         description="Spark Connect sessions kept for runs to take, warm from earlier runs "
-        "(EPOCHAL_SPARK_SESSION_SLOTS, epochal/connect_slots.py); 0: a new session per run.",
+        "(EPOCHAL_SPARK_SESSION_SLOTS, epochal/spark/slots.py); 0: a new session per run.",
     )
     session_slots_dir: str = Field(default="", description="Where the session slots' ids and locks live.")
     secret_conf: str = Field(
@@ -124,7 +124,7 @@ class EpochalSparkResource(ConfigurableResource):
         conf = self.session_conf()
         remote = _resolved(self.remote) or None
         if remote is None and self.server_home:
-            from epochal.spark_server import ServerConfig, ensure
+            from epochal.spark.server import ServerConfig, ensure
 
             server = ServerConfig(
                 Path(self.server_home), self.server_port, self.master, conf, float(self.server_idle_stop_s)

@@ -27,7 +27,7 @@ TEST_SPARK_CONF = {"spark.sql.codegen.wholeStage": "false"}
 def spark():
     import json
 
-    from epochal.spark_session import build_spark_session
+    from epochal.spark.session import build_spark_session
 
     conf = {**TEST_SPARK_CONF, **json.loads(os.environ.get("TESTS_SPARK_CONF", "{}"))}
     session = build_spark_session(master="local[2]", app_name="epochal-tests", conf=conf)

@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo
 import duckdb
 
 from epochal.connectors.base import SplitRange
-from epochal.runtime import EpochRuntime
+from epochal.runtime.facade import EpochRuntime
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row

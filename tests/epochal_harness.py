@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from epochal.epoch_driver import run_epoch  # noqa: F401 (tests drive epochs with it from here)
+from epochal.runtime.one_epoch import run_epoch  # noqa: F401 (tests drive epochs with it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ class Harness:
     def runtime(self, spark, env: dict[str, str] | None = None):  # noqa: ANN001, ANN201
         """A runtime on the shared session; ``env`` adds settings for this runtime only."""
         from epochal.pipeline.loader import load_pipeline
-        from epochal.runtime import EpochRuntime
+        from epochal.runtime.facade import EpochRuntime
         from epochal.settings import Settings
 
         settings = Settings.from_env({**os.environ, **self.env, **(env or {})})

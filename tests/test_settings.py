@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from epochal.cli import main
+from epochal.cli.main import main
 from epochal.errors import ConfigError, JavaMissingError
 from epochal.settings import SETTINGS, Settings, parse_spark_conf, settings_markdown
-from epochal.spark_session import check_java
+from epochal.spark.session import check_java
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "reference.md"

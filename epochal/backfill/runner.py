@@ -1,5 +1,5 @@
 """The work of a backfill, with Spark: the snapshot phase, range by range of the key space, then
-the log-store phase, epoch by epoch, then the join (:mod:`epochal.checkpoint.backfill_log` holds
+the log-store phase, epoch by epoch, then the join (:mod:`epochal.checkpoint.backfills.log` holds
 the state; this module never changes it but through that log).
 
 **Snapshot phase** (:mod:`epochal.backfill.snapshot_phase`). The view's rows at the snapshot
@@ -24,18 +24,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import snapshot_phase
-from epochal.backfill.state import VNODES_TOTAL, Backfill, BackfillPhase
-from epochal.checkpoint import rebuilds
-from epochal.checkpoint.backfill_log import BackfillLog, BackfillLost
+from epochal.checkpoint.backfills.log import BackfillLog, BackfillLost
+from epochal.checkpoint.backfills.state import VNODES_TOTAL, Backfill, BackfillPhase
 from epochal.checkpoint.records import Collected
-from epochal.data_errors import ViewDataError, data_failure, user_view
+from epochal.checkpoint.statements import rebuilds
 from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
-from epochal.spark_session import scheduler_pool
+from epochal.runtime.data_errors import ViewDataError, data_failure, user_view
+from epochal.spark.session import scheduler_pool
 
 if TYPE_CHECKING:
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
 
 log = logging.getLogger("epochal.backfill")
 

@@ -1,5 +1,5 @@
 """The snapshot phase of a backfill, with Spark: the view's rows at the snapshot epoch S, written
-vnode range by vnode range (the state lives in :mod:`epochal.checkpoint.backfill_log`; this module
+vnode range by vnode range (the state lives in :mod:`epochal.checkpoint.backfills.log`; this module
 changes it only through that log, as :mod:`epochal.backfill.runner` does).
 
 The view's rows at S are its incremental plan run once over its inputs' state at S taken as
@@ -13,7 +13,7 @@ names of their own, and only then is the range recorded DONE: a runner killed mi
 names and writes the range again, and a killed backfill resumes at the first range not done.
 
 Range widths start at EPOCHAL_BACKFILL_RANGE_ROWS of input and then follow the measured cost of
-the ranges written (:func:`epochal.backfill.state.grown_width`).
+the ranges written (:func:`epochal.checkpoint.backfills.state.grown_width`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from epochal.backfill import source_splits
-from epochal.backfill.state import VNODES_TOTAL, Backfill, VnodeRange, evened, grown_width, next_range
-from epochal.checkpoint.backfill_log import BackfillLost
+from epochal.checkpoint.backfills.log import BackfillLost
+from epochal.checkpoint.backfills.state import VNODES_TOTAL, Backfill, VnodeRange, evened, grown_width, next_range
 from epochal.checkpoint.records import StateCompacted
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from epochal.backfill.runner import BackfillRunner, Progress
-    from epochal.runtime import EpochRuntime
+    from epochal.runtime.facade import EpochRuntime
 
 log = logging.getLogger("epochal.backfill")
 

@@ -1,6 +1,6 @@
 """The work of a source backfill, with Spark: a new view's SOURCE inputs read split by split from
 their connectors up to the offsets committed at the snapshot epoch (states and rules:
-:mod:`epochal.backfill.splits`; meta store: :mod:`epochal.checkpoint.backfill_splits`).
+:mod:`epochal.checkpoint.backfills.splits`; meta store: :mod:`epochal.checkpoint.backfills.split_rows`).
 
 Each chunk is one split's records ``[offset, offset + n)``, read through the connector exactly as
 an epoch reads its ranges (malformed lines are left out: the live epochs already sent them to the
@@ -16,8 +16,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from epochal.backfill.splits import next_chunk
-from epochal.checkpoint.backfill_log import BackfillLost
+from epochal.checkpoint.backfills.log import BackfillLost
+from epochal.checkpoint.backfills.splits import next_chunk
 from epochal.connectors.base import SourceConnector, SplitRange
 from epochal.errors import EpochalError, require
 from epochal.faults import fault_point
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from epochal.backfill.runner import BackfillRunner, Progress
-    from epochal.backfill.state import Backfill
+    from epochal.checkpoint.backfills.state import Backfill
 
 log = logging.getLogger("epochal.backfill")
 

@@ -7,5 +7,5 @@
 * ``sink_coordinator``: exactly-once delivery into sinks, with two-phase commit;
 * ``status``: one consistent read for `epochal status`.
 
-``epochal.controller.CheckpointController`` puts them together over one meta store.
+``epochal.checkpoint.controller.CheckpointController`` puts them together over one meta store.
 """

@@ -10,8 +10,9 @@ import os
 import time
 from collections.abc import Iterable
 
-from epochal.checkpoint import backfill_log, retired_files
 from epochal.checkpoint import queries as q
+from epochal.checkpoint import retired_files
+from epochal.checkpoint.backfills import log as backfill_log
 from epochal.checkpoint.records import (
     EpochOrderError,
     EpochState,
@@ -221,7 +222,7 @@ class SnapshotCatalog:
         it is dead. Announce before the first file exists: a recovery's sweep lists directories
         before it reads what to keep, so a directory it sees was announced before it looked.
         ``in_flight``: the snapshot of a view's new statement at the epoch it switches in
-        (:mod:`epochal.checkpoint.rebuilds`, which publishes it); compaction snapshots committed epochs.
+        (:mod:`epochal.checkpoint.statements.rebuilds`, which publishes it); compaction snapshots committed epochs.
         ``started_at``: when the writer chose the files it reads (default now): retired files it
         may read stay until it is done (``retired_files.reap``)."""
 

@@ -16,7 +16,7 @@ from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
 
-log = logging.getLogger("epochal.controller")
+log = logging.getLogger("epochal.checkpoint.controller")
 
 #: How often a standing-by run asks whether a working run is done: the gap it leaves between runs.
 STANDBY_POLL_S = 0.25

@@ -12,8 +12,9 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from epochal.checkpoint import backfill_log, backfill_rows, definitions, rebuilds, source_declarations
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.backfills import log as backfill_log
+from epochal.checkpoint.backfills import rows as backfill_rows
 from epochal.checkpoint.epoch_claims import EpochClaims
 from epochal.checkpoint.records import (
     Collected,
@@ -29,6 +30,9 @@ from epochal.checkpoint.records import (
     StepStart,
     UnknownEpoch,
 )
+from epochal.checkpoint.statements import rebuilds
+from epochal.checkpoint.statements import sources as source_declarations
+from epochal.checkpoint.statements import views as definitions
 from epochal.connectors.base import SplitRange
 from epochal.epoch import barrier_kind, next_epoch
 from epochal.errors import EpochalError
@@ -38,7 +42,7 @@ from epochal.settings import Settings
 #: split rows an injection's INSERT carries at most (bound parameters: 5 each)
 _ROWS_PER_INSERT = 200
 
-log = logging.getLogger("epochal.controller")
+log = logging.getLogger("epochal.checkpoint.controller")
 
 #: Polling while a step waits for an earlier epoch: starts short (the earlier step is often about
 #: to collect), backs off to a second (a long wait costs a transaction a second, not more).

@@ -8,15 +8,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from epochal.checkpoint import backfill_log, rebuilds, retired_files
 from epochal.checkpoint import queries as q
+from epochal.checkpoint import retired_files
+from epochal.checkpoint.backfills import log as backfill_log
 from epochal.checkpoint.catalog import SnapshotCatalog
 from epochal.checkpoint.records import CommitAlignmentError, EpochState, RecoveryReport
+from epochal.checkpoint.statements import rebuilds
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.retry import retrying
 
-log = logging.getLogger("epochal.controller")
+log = logging.getLogger("epochal.checkpoint.controller")
 
 # Recovery backoff as in the seed: 20 ms base, exponential, 5 s cap, with jitter.
 RECOVERY_BASE_S = 0.020

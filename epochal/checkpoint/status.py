@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from epochal.checkpoint import backfill_log, sink_status
 from epochal.checkpoint import queries as q
+from epochal.checkpoint.backfills import log as backfill_log
 from epochal.checkpoint.records import EpochState
+from epochal.checkpoint.sinks import status as sink_status
 from epochal.meta.backend import Backend, Cursor
 from epochal.redaction import redact_url
 

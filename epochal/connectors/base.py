@@ -42,7 +42,7 @@ DEAD_LETTER_SCHEMA = "split STRING, offset BIGINT, raw STRING, reason STRING"
 @dataclass
 class SourceBatch:
     #: rows with the source's declared columns, in declared order, with declared types; a source
-    #: with a PRIMARY KEY adds ``_op``, ``_split`` and ``_offset`` after them (see epochal/upsert.py)
+    #: with a PRIMARY KEY adds ``_op``, ``_split`` and ``_offset`` after them (see epochal/storage/upsert.py)
     rows: "DataFrame"
     #: the lines that could not be read, with whatever columns ``explain`` needs, or None when the
     #: connector cannot produce any. Ask it whether it is empty before asking for ``dead_letters``.
@@ -78,7 +78,7 @@ class ConnectorSpec(Protocol):
     name: str
     #: the options that say which records an offset points to (a log's path, Nexmark's event
     #: stream): changing one under a running source would read other records at the offsets it
-    #: committed, so it is refused (``epochal.checkpoint.source_declarations``). The others tune.
+    #: committed, so it is refused (``epochal.checkpoint.statements.sources``). The others tune.
     identity_options: tuple[str, ...]
     #: whether a record's field is looked up by the column's spelling in the DDL (``Column.key``:
     #: a log's JSON keys are case-sensitive), so that respelling a column reads another field

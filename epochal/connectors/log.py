@@ -7,7 +7,7 @@ line that is still being written is picked up by a later epoch, never half-read.
 
 A source with a PRIMARY KEY reads records instead of rows: ``"_op"`` says whether a record upserts
 (absent, "insert", "upsert", "update") or deletes ("delete") the row with its key, and ``read``
-hands them on with their operation and position for ``epochal.upsert.upsert_changes`` to net.
+hands them on with their operation and position for ``epochal.storage.upsert.upsert_changes`` to net.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
 from epochal.pipeline.model import Column
 from epochal.sql import quote
-from epochal.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
+from epochal.storage.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     from pyspark.sql import Column as SparkColumn
@@ -263,7 +263,7 @@ class LogSource:
     def _read_keyed(self, lines: "DataFrame") -> SourceBatch:
         """Records of a source with a primary key: the declared columns, then ``_op`` ('upsert' or
         'delete'), ``_split`` and ``_offset`` (which order the records of one key; see
-        ``epochal.upsert``). A delete needs only its key: its other fields are ignored, so they
+        ``epochal.storage.upsert``). A delete needs only its key: its other fields are ignored, so they
         cannot make it a dead letter, and come out NULL."""
         from pyspark.sql import functions as F
 

@@ -5,7 +5,7 @@ Arrow table: the declared columns by ``Column.name`` (then ``_op``, ``_split``, 
 keyed source), the same values, Spark's types. It does so only when it can be sure of that, and
 returns None otherwise: the caller then reads with Spark, which is always right and also writes the
 dead letters. So the driver path declines a read as soon as one line is anything but a record that
-both parsers take the same way (what Spark does is measured in tests/test_log_driver.py):
+both parsers take the same way (what Spark does is measured in tests/connectors/test_log_driver.py):
 
 * the read is larger than the budget (``log_lines.DRIVER_READ_BYTES``);
 * a column has a type other than BIGINT, INT, SMALLINT, TINYINT, DOUBLE, STRING, BOOLEAN, TIMESTAMP,
@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from epochal.connectors.log import _CORRUPT, OP_KEY, UPSERT_OPS
 from epochal.connectors.log_lines import DRIVER_READ_BYTES, piece_batches
-from epochal.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
+from epochal.storage.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,5 +1,5 @@
 """Arithmetic and casts for ``duck_sql``: Spark's ANSI results, errors and constant folds in DuckDB.
-Each rule was measured against Spark 4 (tests/test_driver_sql.py); anything else raises NotOnDriver.
+Each rule was measured against Spark 4 (tests/driver/test_driver_sql.py); anything else raises NotOnDriver.
 
 * Arithmetic + - * unary minus and abs() on integers and DOUBLE; ``/`` gives DOUBLE. Decimal
   arithmetic is refused (precision rules differ), and so is any on dates and timestamps (Spark adds

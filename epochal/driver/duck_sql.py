@@ -4,7 +4,7 @@ The contract: for every input, DuckDB running ``duckdb_sql(query, inputs)`` retu
 (ANSI mode, session time zone UTC: same rows, column order and names, equal values) or raises an
 error; then the caller runs the step on Spark, which is always right. It never returns another
 value. So this is a whitelist: each construct below was measured against Spark
-(tests/test_driver_sql.py); anything else raises NotOnDriver naming it. The DuckDB SQL is written
+(tests/driver/test_driver_sql.py); anything else raises NotOnDriver naming it. The DuckDB SQL is written
 here, node by node, with every type explicit: sqlglot's DuckDB generator keeps DuckDB's own
 coercions (and writes Spark's CAST as TRY_CAST). It assumes DuckDB's default (binary) collation;
 DuckDB's TimeZone setting changes no value (only the zone an instant is labelled with in Arrow).

@@ -1,6 +1,6 @@
 """Spark's types and values as DuckDB holds them, for ``duck_sql``: which types a query may read,
 how Spark compares and widens them, and the literals whose value is read here as Spark reads it.
-Every rule was measured against Spark 4 (ANSI, session time zone UTC; tests/test_driver_sql.py);
+Every rule was measured against Spark 4 (ANSI, session time zone UTC; tests/driver/test_driver_sql.py);
 anything else raises NotOnDriver naming it. Types are named as DuckDB names them ("TIMESTAMPTZ" is
 Spark's TIMESTAMP, "TIMESTAMP" Spark's TIMESTAMP_NTZ); messages name timestamps as Spark does.
 

@@ -1,7 +1,7 @@
 """A log source's epoch computed on the driver: its records parsed in Python
 (``epochal.connectors.log_driver``: Spark's rows or None), a keyed source's upserts and deletes
 resolved against its previous rows, read by DuckDB at the touched keys (``tables.state_at``), the
-change written as Spark writes it. The rules are ``epochal.upsert``'s:
+change written as Spark writes it. The rules are ``epochal.storage.upsert``'s:
 
 - per key only the last record of the epoch counts, in ``(_split, _offset)`` order;
 - each previous row of a touched key is retracted, and the last record's row added when it is an
@@ -22,8 +22,8 @@ from epochal.connectors.base import SplitRange
 from epochal.driver.engine import DriverEngine
 from epochal.driver.tables import NotOnDriver, arrow_schema, conformed, connect, with_weight
 from epochal.sql import DUCKDB, quote
+from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 from epochal.storage.warehouse import WEIGHT
-from epochal.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     import duckdb
@@ -101,7 +101,7 @@ def _q(name: str) -> str:
 
 
 def _upsert_sql(key: list[str], columns: list[str]) -> str:
-    """``epochal.upsert.upsert_changes`` in DuckDB: each previous row of a touched key retracted,
+    """``epochal.storage.upsert.upsert_changes`` in DuckDB: each previous row of a touched key retracted,
     the last record's row added when it upserts; an upsert of the row already there (equal as
     ``<=>`` has it: NaN to NaN, -0.0 to 0.0, which DuckDB's IS NOT DISTINCT FROM agrees with)
     changes nothing. A previous row held twice meets the record twice, as in Spark's join."""

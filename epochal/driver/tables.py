@@ -211,7 +211,7 @@ def write_change(warehouse: Warehouse, rows: pa.Table, schema: StructType, locat
     hidden = f"{directory}/.{name}.tmp"
     # No statistics or dictionary for floating point: Arrow leaves NaN out of a column's min/max, and
     # Spark's reader then skips a row group holding NaN for `d > x`; its dictionary filter drops
-    # -0.0 for `d = 0.0` (both measured, tests/test_driver_tables.py). Spark's own files are read right.
+    # -0.0 for `d = 0.0` (both measured, tests/driver/test_driver_tables.py). Spark's own files are read right.
     plain = [f.name for f in table.schema if not _holds_float(f.type)]
     pq.write_table(
         table,

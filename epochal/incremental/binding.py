@@ -20,7 +20,7 @@ import sqlglot
 from sqlglot import exp
 
 from epochal.errors import require
-from epochal.pipeline.query import DIALECT, cte_references
+from epochal.pipeline.query_checks import DIALECT, cte_references
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -71,7 +71,7 @@ def plan_query(
     internal: bool = False,
     min_max_cache: int = DEFAULT_MIN_MAX_CACHE,
 ) -> PlannedView:
-    """Plan ``tree``, a *qualified* query (see :func:`epochal.pipeline.query.qualify_query`).
+    """Plan ``tree``, a *qualified* query (see :func:`epochal.pipeline.query_checks.qualify_query`).
 
     ``internal``: ``view`` is a stage the planner split off, whose table may hold hidden columns
     (the kept values of its MIN/MAX, ``min_max_cache`` per group). A view people read never does:

@@ -13,7 +13,7 @@ the connector however many views read it), but keeps the rows only while somethi
 A SOURCE no view reads as state keeps its change files only until its sinks delivered them and
 no backfill reads them; its rows at an epoch, when something asks (``epochal query``, a new sink's
 snapshot, a view added later that reads it as state), are read back from its connector at the
-offsets the epochs fixed (:mod:`epochal.source_history`). Getting this wrong costs speed, never
+offsets the epochs fixed (:mod:`epochal.runtime.source_history`). Getting this wrong costs speed, never
 correctness: a state read of a SOURCE whose files are gone goes to its connector.
 """
 

@@ -64,7 +64,7 @@ DDL = (
         attempts INTEGER,
         error VARCHAR
     )""",
-    # One row per delivery attempt of a sink (epochal/checkpoint/sink_coordinator.py): a batch of
+    # One row per delivery attempt of a sink (epochal/checkpoint/sinks/coordinator.py): a batch of
     # consecutive committed epochs, PENDING with its writers' pre-commit metadata before anything
     # is committed downstream, then COMMITTED; or ABORTED, with ``cleaned`` once its pre-commit is
     # thrown away. ``nonce`` tells apart racing runs' attempts of the same epochs.
@@ -128,7 +128,7 @@ DDL = (
         committed_end BIGINT,
         PRIMARY KEY (source, split)
     )""",
-    # Where a sink starts, decided once at its first delivery (epochal/checkpoint/sink_coordinator.py)
+    # Where a sink starts, decided once at its first delivery (epochal/checkpoint/sinks/coordinator.py)
     # so that every later run and recovery agrees. ``history_upto``: the newest committed epoch before
     # the sink's first delivery step; the table's state at it is delivered as one snapshot batch
     # (``snapshot``) or never (not ``snapshot``). NULL: the sink was there from the first epoch.
@@ -142,8 +142,8 @@ DDL = (
     # recovery reaps a WRITING snapshot whose lease is older than the epoch timeout, not one whose
     # compaction is merely long.
     "ALTER TABLE snapshots ADD COLUMN IF NOT EXISTS heartbeat_at DOUBLE PRECISION",
-    # Backfills of views added to a running pipeline (epochal/checkpoint/backfill_log.py): one row
-    # per view, its phase (epochal/backfill/state.py), the snapshot epoch its rows start from, the
+    # Backfills of views added to a running pipeline (epochal/checkpoint/backfills/log.py): one row
+    # per view, its phase (epochal/checkpoint/backfills/state.py), the snapshot epoch its rows start from, the
     # newest epoch it has written, progress, and who works on it now (one runner at a time).
     """CREATE TABLE IF NOT EXISTS backfills (
         view_name VARCHAR PRIMARY KEY,
@@ -186,10 +186,10 @@ DDL = (
         table_name VARCHAR PRIMARY KEY,
         fingerprint VARCHAR NOT NULL
     )""",
-    # Views whose statement changed after they committed epochs (epochal/checkpoint/rebuilds.py):
+    # Views whose statement changed after they committed epochs (epochal/checkpoint/statements/rebuilds.py):
     # the old rows serve while the new statement backfills under a shadow name, until the switch.
     # The column names the stored rows have (JSON list): a changed view that a sink reads must
-    # keep them, since the sink's target was made with them (epochal/checkpoint/definitions.py).
+    # keep them, since the sink's target was made with them (epochal/checkpoint/statements/views.py).
     "ALTER TABLE table_definitions ADD COLUMN IF NOT EXISTS columns VARCHAR",
     """CREATE TABLE IF NOT EXISTS view_rebuilds (
         view_name VARCHAR PRIMARY KEY,
@@ -205,13 +205,13 @@ DDL = (
     # Why a rebuild cannot switch yet, shown by `epochal status` (e.g. its new statement changes the
     # type of a column that a sink or a view reads); NULL when nothing holds it.
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS held VARCHAR",
-    # Whether the old statement is maintained while the new one backfills (epochal/rebuild_steps.py):
+    # Whether the old statement is maintained while the new one backfills (epochal/runtime/rebuild_step.py):
     # PENDING until the first step decides, then MAINTAINED or FROZEN. NULL: a rebuild started
     # before the old rows could be maintained, frozen since.
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS old_rows VARCHAR",
     # When a definition's fingerprint was recorded, and when a rebuild's new statement was: a
     # process that read its SQL files before then holds an older statement, which must neither
-    # undo the change nor compute the view (epochal/checkpoint/definitions.py). NULL: before this.
+    # undo the change nor compute the view (epochal/checkpoint/statements/views.py). NULL: before this.
     "ALTER TABLE table_definitions ADD COLUMN IF NOT EXISTS recorded_at DOUBLE PRECISION",
     "ALTER TABLE view_rebuilds ADD COLUMN IF NOT EXISTS fingerprint_at DOUBLE PRECISION",
     # Every view statement a pipeline ran, by fingerprint (JSON: query, options, refresh): a
@@ -221,13 +221,13 @@ DDL = (
         statement VARCHAR NOT NULL,
         recorded_at DOUBLE PRECISION NOT NULL
     )""",
-    # Source backfill (epochal/checkpoint/backfill_splits.py): where each split's history starts
+    # Source backfill (epochal/checkpoint/backfills/split_rows.py): where each split's history starts
     # (the first offset the source ever planned for it: 0, or the end of the log under
     # scan.startup.mode = 'latest'), set when the split is first seen; NULL in older stores.
     "ALTER TABLE split_frontier ADD COLUMN IF NOT EXISTS first_offset BIGINT",
     # The SOURCE inputs a backfill reads from their splits (JSON list; NULL until decided).
     "ALTER TABLE backfills ADD COLUMN IF NOT EXISTS split_sources VARCHAR",
-    # Per split of those sources, its state (epochal/backfill/splits.py) and how far it is read.
+    # Per split of those sources, its state (epochal/checkpoint/backfills/splits.py) and how far it is read.
     """CREATE TABLE IF NOT EXISTS backfill_splits (
         view_name VARCHAR NOT NULL,
         source VARCHAR NOT NULL,
@@ -250,7 +250,7 @@ DDL = (
         location VARCHAR NOT NULL,
         PRIMARY KEY (view_name, location)
     )""",
-    # Files of a view's state dropped when its statement changed (epochal/checkpoint/definitions.py),
+    # Files of a view's state dropped when its statement changed (epochal/checkpoint/statements/views.py),
     # listed in the dropping transaction and deleted by the next run: a location, or the directory
     # of the backfill at ``backfill_epoch`` (its unpublished ranges and chunks are named by no row;
     # also listed when a backfill that had written nothing moves its snapshot epoch up).
@@ -262,7 +262,7 @@ DDL = (
     )""",
     # Tables (sources and views) that left the pipeline and were retired, with when: a run that
     # loaded the pipeline before then still names them, and must neither wait for them at a commit
-    # nor write them again (epochal/checkpoint/backfill_rows.py). A process that loaded the
+    # nor write them again (epochal/checkpoint/backfills/rows.py). A process that loaded the
     # pipeline after the retirement and names the table again brings it back.
     """CREATE TABLE IF NOT EXISTS retired_tables (
         table_name VARCHAR PRIMARY KEY,
@@ -280,14 +280,14 @@ DDL = (
     )""",
     # Each source's declaration (JSON: kind, primary key, columns and types) its stored rows and
     # the views over it were written with: a changed type or key is refused at injection, a column
-    # added or removed is recorded (epochal/checkpoint/source_declarations.py).
+    # added or removed is recorded (epochal/checkpoint/statements/sources.py).
     """CREATE TABLE IF NOT EXISTS source_declarations (
         source_name VARCHAR PRIMARY KEY,
         declaration VARCHAR NOT NULL,
         recorded_at DOUBLE PRECISION NOT NULL
     )""",
     # What each sink reads and where it writes, recorded at its first delivery: a sink whose target
-    # changed under the same name is refused (epochal/checkpoint/sink_declarations.py).
+    # changed under the same name is refused (epochal/checkpoint/statements/sinks.py).
     # ``refused``: why the last delivery step refused (shown by `epochal status`), until one is not.
     """CREATE TABLE IF NOT EXISTS sink_declarations (
         sink VARCHAR PRIMARY KEY,

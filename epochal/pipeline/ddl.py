@@ -1,7 +1,7 @@
 """Parsing the CREATE statements a pipeline is made of (RisingWave's DDL syntax).
 
 Only the DDL around the query is parsed here; a materialized view's query is kept as text and
-checked by :mod:`epochal.pipeline.query` (Spark SQL, via sqlglot). Problems come back with the
+checked by :mod:`epochal.pipeline.query_checks` (Spark SQL, via sqlglot). Problems come back with the
 line they are on, relative to the file: a syntax error stops parsing its statement, other
 problems (a bad type, a duplicate column) are all collected.
 """

@@ -29,7 +29,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from epochal.pipeline.query import DIALECT, qualify_query
+from epochal.pipeline.query_checks import DIALECT, qualify_query
 
 Key = frozenset[str]
 #: The proven keys of a table the query reads (a source's PRIMARY KEY, a view's proven keys).

@@ -32,7 +32,7 @@ from epochal.sinks.spec import primary_key_columns, validate_sink
 
 if TYPE_CHECKING:
     from epochal.connectors.base import ConnectorSpec
-    from epochal.pipeline.query import QueryAnalysis
+    from epochal.pipeline.query_checks import QueryAnalysis
 
 PIPELINE_ENV = "EPOCHAL_PIPELINE"
 #: WITH (...) keys a materialized view accepts.
@@ -41,7 +41,7 @@ VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache", "backfill_
 MIN_MAX_CACHE_RANGE = (1, 10_000)
 #: How a view is maintained: from its inputs' changes, or by recomputing and diffing every epoch.
 REFRESH_MODES = ("incremental", "full")
-#: Table PRIMARY KEYs (upsert tables, see epochal/upsert.py); False refuses them all.
+#: Table PRIMARY KEYs (upsert tables, see epochal/storage/upsert.py); False refuses them all.
 SOURCE_PRIMARY_KEY_SUPPORTED = True
 #: Connectors whose records can update and delete by key; the others only append.
 SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log"})
@@ -245,7 +245,7 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
 def _source_key_problems(parsed: ParsedSource, connector: str, lookup: ConnectorLookup) -> list[str]:
     """What is wrong with a table's PRIMARY KEY. A key column that is not declared is reported by
     the parser already (with the declared columns), so it is not repeated here."""
-    from epochal.upsert import OFFSET_COLUMN, SPLIT_COLUMN
+    from epochal.storage.upsert import OFFSET_COLUMN, SPLIT_COLUMN
 
     problems = []
     if connector and lookup(connector) is not None and connector not in SOURCE_PRIMARY_KEY_CONNECTORS:
@@ -266,7 +266,7 @@ def _source_key_problems(parsed: ParsedSource, connector: str, lookup: Connector
 
 def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues) -> dict[str, ViewDef]:
     # sqlglot is imported here so that importing the loader stays cheap
-    from epochal.pipeline.query import analyze_query, resolve_columns
+    from epochal.pipeline.query_checks import analyze_query, resolve_columns
 
     parsed_views = {name: d for name, d in named.items() if d.kind == "view" and isinstance(d.parsed, ParsedView)}
     analyses: dict[str, QueryAnalysis] = {}
@@ -363,7 +363,7 @@ def _planned_views(
 
     from epochal.incremental.plan import DEFAULT_MIN_MAX_CACHE, Unmaintainable
     from epochal.incremental.planner import plan_query
-    from epochal.pipeline.query import DIALECT, problem_at, qualify_query
+    from epochal.pipeline.query_checks import DIALECT, problem_at, qualify_query
 
     cache = _min_max_cache(view.options) or DEFAULT_MIN_MAX_CACHE  # a bad value is reported already
     try:

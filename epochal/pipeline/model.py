@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 #: Internal stage views the planner splits off a view are named ``{view}{STAGE_SEPARATOR}{n}``.
 STAGE_SEPARATOR = "__stage"
-#: a changed view's new statement backfills as ``view`` + this (:mod:`epochal.checkpoint.rebuilds`)
+#: a changed view's new statement backfills as ``view`` + this (:mod:`epochal.checkpoint.statements.rebuilds`)
 REBUILD_SEPARATOR = "__rebuild"
 #: while it does, the old statement's internal stages live on as ``view`` + this + ``__stage{n}``
 #: (reserved too: it contains REBUILD_SEPARATOR)

@@ -1,5 +1,5 @@
 """Planning one view statement again, outside a pipeline's files: the old statement of a view
-being rebuilt is kept in the meta store and maintained until the switch (:mod:`epochal.rebuild_steps`).
+being rebuilt is kept in the meta store and maintained until the switch (:mod:`epochal.runtime.rebuild_step`).
 The planning is the loader's own, statement by statement."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def plan_statement(
     :func:`load_pipeline` plans a statement: the view, after the internal stages the planner split
     off. A statement kept from an earlier version of the pipeline is planned again this way (the
     old rows of a rebuilt view are maintained with it). Raises :class:`PipelineError` with its problems."""
-    from epochal.pipeline.query import analyze_query, resolve_columns
+    from epochal.pipeline.query_checks import analyze_query, resolve_columns
 
     issues = _Issues()
     analysis = analyze_query(name, query, 1, full_refresh=refresh == "full")

@@ -1,5 +1,5 @@
 """What a sink connector implements to deliver exactly once through the sink coordinator
-(:mod:`epochal.checkpoint.sink_coordinator`), and the types both sides exchange.
+(:mod:`epochal.checkpoint.sinks.coordinator`), and the types both sides exchange.
 
 A delivery is a *batch*: the change of ``commit_checkpoint_interval`` consecutive committed epochs
 of the sink's upstream table. It goes in two phases, as in the seed's sink coordinator:

@@ -1,5 +1,5 @@
 """The PostgreSQL sink: delivers a sink's batches into a PostgreSQL table exactly once, with
-two-phase commit (``PREPARE TRANSACTION``) coordinated by :mod:`epochal.checkpoint.sink_coordinator`.
+two-phase commit (``PREPARE TRANSACTION``) coordinated by :mod:`epochal.checkpoint.sinks.coordinator`.
 
 Each writer task (a Spark task, on an executor) opens its own connection, loads its rows with
 ``COPY`` and ends its transaction with ``PREPARE TRANSACTION '<gid>'``: the rows are durable on the

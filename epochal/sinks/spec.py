@@ -49,7 +49,7 @@ class SinkSpec:
     #: extra load-time checks: (options, upstream columns) -> problems
     check: Callable[[Mapping[str, str], Sequence[str]], list[str]] | None = None
     #: the options that say which target the rows go to (a changed one is another target:
-    #: ``epochal.checkpoint.sink_declarations``), the defaults the target applies, and which are paths
+    #: ``epochal.checkpoint.statements.sinks``), the defaults the target applies, and which are paths
     identity: tuple[str, ...] = ()
     identity_defaults: tuple[tuple[str, str], ...] = ()
     paths: tuple[str, ...] = ()
@@ -116,7 +116,7 @@ def sink_spec(connector: str) -> SinkSpec | None:
 
 def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]) -> str:
     """What a sink reads and where it writes (``sink_declarations.SinkDeclaration``), as JSON."""
-    from epochal.checkpoint.sink_declarations import SinkDeclaration
+    from epochal.checkpoint.statements.sinks import SinkDeclaration
 
     spec = sink_spec(connector)
     identity, defaults, paths = (spec.identity, dict(spec.identity_defaults), spec.paths) if spec else ((), {}, ())

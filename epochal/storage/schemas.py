@@ -42,7 +42,7 @@ def aligned(rows: DataFrame, schema: StructType | None) -> DataFrame:
     a column declared after the rows were stored is NULL in them, as ALTER TABLE ADD COLUMN gives,
     and one no longer declared is left out. ``rows`` as they are when they already fit, or when
     ``schema`` is None (not a source). Same-named columns keep their stored type: a changed type is
-    refused before anything is stored (``epochal.checkpoint.source_declarations``)."""
+    refused before anything is stored (``epochal.checkpoint.statements.sources``)."""
     if schema is None:
         return rows
     names = [f.name for f in schema.fields]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class SourceRows(Protocol):
-    """A SOURCE's rows read back from its connector (``epochal.source_history.SourceHistory``)."""
+    """A SOURCE's rows read back from its connector (``epochal.runtime.source_history.SourceHistory``)."""
 
     def covers(self, table: str) -> bool: ...
 
@@ -58,7 +58,7 @@ class StateReader:
         self.cache = cache
         #: a table's columns and types, for a table that has no file yet
         self.schema_of = schema_of
-        #: where a SOURCE's rows come from once its change files are gone (epochal/source_history.py)
+        #: where a SOURCE's rows come from once its change files are gone (epochal/runtime/source_history.py)
         self.history = history
         #: a source's columns as declared now, which its stored rows may predate (``aligned``); None
         #: for a view

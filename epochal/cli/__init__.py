@@ -1,0 +1,5 @@
+"""The ``epochal`` command."""
+
+from epochal.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,7 @@
+"""``python -m epochal.cli``."""
+
+import sys
+
+from epochal.cli.main import main
+
+sys.exit(main())

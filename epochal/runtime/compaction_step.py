@@ -1,0 +1,77 @@
+"""How tables are laid out in snapshots, and the compaction step that writes them: which columns a
+table's vnodes hash (the key it is most often read by) and which tables an epoch's compaction
+snapshots. Split from the runtime, which delegates here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from epochal.runtime.report import StepReport
+from epochal.sql import unquote
+
+if TYPE_CHECKING:
+    from epochal.pipeline.model import Pipeline, ViewDef
+    from epochal.runtime.facade import EpochRuntime
+
+
+def distribution_key(pipeline: Pipeline, old_versions: Mapping[str, ViewDef], table: str) -> tuple[str, ...]:
+    """The columns whose hash places ``table``'s rows in snapshot vnodes. A read restricted by
+    exactly these columns opens only the restriction keys' vnodes (``read_state``), so they are
+    the columns the table is most often read by: a source's PRIMARY KEY (every epoch of a keyed
+    source looks up its previous rows by it), else the key the first incremental view that
+    reads the whole table restricts it by, else () meaning every column. ``old_versions``: the
+    old statements of views being rebuilt (``EpochRuntime.old_versions``)."""
+    source = pipeline.sources.get(table)
+    if source is not None and source.primary_key:
+        return tuple(source.primary_key)
+    # A changed view, and its old stages, hold the old statement's rows until the switch.
+    views = {**pipeline.views, **old_versions}
+    own = views[table].plan if table in views else None
+    if own is not None and own.aggregate is not None:
+        return own.aggregate.groups  # every epoch reads its own rows at the groups it touches
+    # (the new statements first: a table both read is laid out for the version that stays)
+    for view in [*(pipeline.views[n] for n in pipeline.view_order()), *old_versions.values()]:
+        plan = view.plan
+        for leaf in plan.leaves if plan is not None else ():
+            if leaf.table == table and leaf.key:
+                return tuple(unquote(k) for k in leaf.key)
+    return ()
+
+
+def compact(
+    runtime: EpochRuntime, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None
+) -> StepReport:
+    """Snapshot the tables that need it (``epochal/storage/compaction.py``); never raises for a
+    table's failure, which is logged and reported in the metadata: the epoch is committed."""
+    from epochal.incremental.state_needs import sources_storing_nothing
+    from epochal.storage.compaction import Layout, compact_tables
+
+    pipeline, settings = runtime.pipeline, runtime.settings
+    # A backfilling view's state is not at the committed epoch yet: it is snapshotted once it joins.
+    outside = runtime.controller.backfills.outside_alignment()
+    # The stages of an old statement maintained until its view switches are read every epoch
+    # too: without snapshots a long rebuild would make each epoch read more change files.
+    old_stages = [t for t in runtime.old_versions if t not in pipeline.tables]
+    layout = Layout(
+        [*(t for t in pipeline.tables if t not in outside), *old_stages],
+        runtime.distribution_key,
+        lambda table: [name for name, sink in pipeline.sinks.items() if sink.from_table == table],
+        frozenset(sources_storing_nothing(pipeline)),
+        settings.snapshot_directory_rows,
+        # (the driver reads them; with the driver path off nothing would)
+        mirrors=runtime.driver_views.max_rows > 0,
+    )
+    report = compact_tables(
+        runtime.reader,
+        layout,
+        every=settings.compact_every if every is None else every,
+        tables=tables,
+        prune=runtime.controller.prune_history,
+        grace_s=settings.retention_grace_s,
+        # the pass after each epoch spreads the tables over epochs; `epochal compact` does them all
+        spread=every is None and tables is None,
+    )
+    # Named as the shell's asset, like "epoch_commit": the report becomes its materialization.
+    at = epoch if epoch is not None else (report.committed_epoch or 0)
+    return StepReport("epoch_compaction", at, report.metadata)

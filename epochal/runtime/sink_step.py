@@ -1,0 +1,304 @@
+"""A sink's step of an epoch: build its target, and deliver the committed epochs it lacks through
+the sink coordinator (:mod:`epochal.checkpoint.sinks.coordinator`), its batches written by Spark
+writer tasks (:mod:`epochal.sinks.spark_writers`), or a small one from this process
+(:mod:`epochal.sinks.driver_writer`). Split from the runtime, which delegates here."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, StateCompacted
+from epochal.checkpoint.sinks.batches import DeliveryReport, SinkStart
+from epochal.errors import require
+from epochal.runtime.report import StepReport
+from epochal.sinks.base import BatchId, SinkTarget, WriterResult
+from epochal.sinks.driver_writer import DriverWriter
+from epochal.sinks.spec import (
+    commit_checkpoint_interval,
+    sink_declaration,
+    sink_spec,
+    snapshot_option,
+    writer_count,
+)
+
+if TYPE_CHECKING:
+    from epochal.runtime.facade import EpochRuntime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StateAt:
+    """The payload of a snapshot batch: the upstream table's state at ``epoch``, read through its
+    snapshot and the change files after it (so it works after compaction deleted older ones)."""
+
+    epoch: int
+
+
+#: what one epoch of a batch hands the writers: its change files' location (None: an idle epoch)
+Payload = str | None | StateAt
+
+
+class SinkSteps:
+    def __init__(self, runtime: EpochRuntime):
+        self.runtime = runtime
+        self._targets: dict[str, SinkTarget] = {}
+        #: targets whose table was created or checked by this process
+        self._prepared_targets: set[str] = set()
+        #: writes a small batch from this process rather than by Spark writer tasks (driver_writer.py)
+        self.driver_writer = DriverWriter(runtime.settings.sink_driver_rows)
+
+    def sink(self, name: str) -> SinkTarget:
+        """The target of sink ``name``, built from its options (``${ENV}`` values read now)."""
+        if name not in self._targets:
+            definition = self.runtime.pipeline.sinks[name]
+            spec = sink_spec(definition.connector)
+            if spec is None:
+                raise InvariantViolation(
+                    f"sink {name} has connector {definition.connector!r}, which the loader refuses"
+                )
+            upstream = definition.from_table
+            columns = list(
+                self.runtime.pipeline.views[upstream].columns
+                if upstream in self.runtime.pipeline.views
+                else self.runtime.pipeline.sources[upstream].column_names
+            )
+            self._targets[name] = spec.create(
+                name, definition.options, columns, self.runtime.settings.home, self.runtime.settings.meta_url
+            )
+        return self._targets[name]
+
+    def run_sink(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
+        """Deliver every committed epoch up to ``epoch`` that the sink has not delivered, exactly once,
+        through the sink coordinator (:mod:`epochal.checkpoint.sinks.coordinator`). A sink never
+        holds epochs back: it runs after the commit, and a target that is down makes this step retry
+        with backoff for EPOCHAL_SINK_RETRY_S, then fail; the sink lags, and the next run catches up."""
+        from epochal.retry import retrying
+        from epochal.sinks.base import SinkConfigError, SinkDataError, SinkError, SinkSchemaError
+
+        started = time.time()
+        record = self.runtime.controller.epoch_log.epoch(epoch)
+        if record.state is EpochState.ABORTED:
+            raise EpochAborted(f"epoch {epoch} was aborted by a recovery; sinks only deliver committed epochs")
+        definition = self.runtime.pipeline.sinks[name]
+        backfill = self.runtime.controller.backfills.get(definition.from_table)
+        if backfill is not None and backfill.phase.active:
+            # Its table is not at the committed epoch yet: delivering now would skip its history.
+            return StepReport(
+                name,
+                epoch,
+                {"epoch": epoch, "waiting_for_backfill": definition.from_table, "phase": backfill.phase.shown},
+            )
+        target = self.sink(name)
+        coordinator = self.runtime.controller.sink_coordinator
+        committed = self.runtime.controller.epoch_log.committed_epoch()
+        upto = min(epoch, committed) if committed is not None else None
+
+        # Where the sink starts is decided at its first delivery step and kept: a sink added to a
+        # table with history delivers the state at the newest committed epoch before this one as one
+        # snapshot batch (snapshot = 'true'), or skips that history; one there from the first epoch
+        # has none. This epoch and later ones are delivered as epochs.
+        start = coordinator.start(
+            name,
+            snapshot_option(definition.options),
+            epoch,
+            sink_declaration(definition.from_table, definition.connector, definition.options),
+            self.runtime.pipeline.loaded_at,
+        )
+
+        def deliver() -> DeliveryReport:
+            delivered = coordinator.delivered_epoch(name)
+            after, snapshot = delivered, None
+            if delivered is None and start.skipped_upto is not None:
+                after = start.skipped_upto
+            elif delivered is None and start.delivers_snapshot:
+                at = self._snapshot_epoch(name, start)
+                after, snapshot = at, (at, StateAt(at))
+            # Idle epochs (no change file) are delivered too, as nothing: the sink's progress then
+            # says it holds everything up to ``upto``. Retention keeps undelivered change files.
+            todo: list[tuple[int, Payload]] = (
+                []
+                if upto is None
+                else self.runtime.controller.catalog.committed_locations(
+                    definition.from_table, upto=upto, after=after, idle=True
+                )
+            )
+            return coordinator.deliver(
+                target,
+                todo,
+                commit_checkpoint_interval(definition.options),
+                lambda b, payloads: self._write_batch(target, b, payloads),
+                snapshot=snapshot,
+                after=after,
+            )
+
+        def transient(error: BaseException) -> bool:
+            permanent = SinkSchemaError | SinkConfigError | SinkDataError
+            return isinstance(error, SinkError) and not isinstance(error, permanent)
+
+        def retry_log(error: BaseException, attempt: int, sleep: float) -> None:
+            log.warning("sink %s: delivery attempt %d failed (%s); retrying in %.1fs", name, attempt, error, sleep)
+
+        try:
+            report = retrying(
+                retry_on=transient,
+                base=0.5,
+                cap=10.0,
+                deadline=time.monotonic() + self.runtime.settings.sink_retry_s,
+                on_retry=retry_log,
+            )(deliver)
+        except SinkError as error:
+            # Name the epochs that wait when the target failed before any batch did (at recovery).
+            message = str(error)
+            if message.startswith(f"sink {name}:") and upto is not None:
+                waiting = [
+                    e
+                    for e, _ in self.runtime.controller.catalog.committed_locations(
+                        definition.from_table, upto=upto, after=self._listed_after(name, start), idle=True
+                    )
+                ]
+                if waiting:
+                    span = f"epoch {waiting[0]}" if len(waiting) == 1 else f"epochs {waiting[0]}..{waiting[-1]}"
+                    message = f"sink {name}, {span} ({len(waiting)} waiting):{message[len(f'sink {name}:'):]}"
+                    raise type(error)(message) from error
+            raise
+        lag = coordinator.lag_of(name)
+        if report.epochs:
+            log.info(
+                "sink %s: delivered %d epoch(s) in %d batch(es), %d row(s), in %.1fs; %d epoch(s) behind",
+                name,
+                report.epochs,
+                report.batches,
+                report.rows,
+                report.seconds,
+                lag["lag_epochs"],
+            )
+        seconds = time.time() - started
+        return StepReport(
+            name,
+            epoch,
+            {
+                "epoch": epoch,
+                "epochs_delivered": report.epochs,
+                "batches_committed": report.batches,
+                "rows_delivered": report.rows,
+                "rows_per_second": round(report.rows / seconds, 1) if seconds > 0 else 0.0,
+                "batches_recommitted": report.recommitted,
+                "delivered_by_another_run": report.busy,
+                "orphaned_precommits_aborted": report.orphans_aborted,
+                "delivered_epoch": lag["delivered_epoch"],
+                "committed_epoch": committed,
+                "lag_epochs": lag["lag_epochs"],
+                "lag_seconds": lag["lag_seconds"],
+                "waiting_for_commit": committed is None or epoch > committed,
+                # the snapshot batch this step delivered (or re-committed after a crash), if any
+                "snapshot_epoch": report.snapshot_epoch,
+                "snapshot_rows": report.snapshot_rows,
+                "start": "snapshot"
+                if start.delivers_snapshot
+                else ("after history" if start.skipped_upto is not None else "first epoch"),
+                "target": target.describe(),
+                "target_rows": target.row_count(),
+                "seconds": round(seconds, 3),
+            },
+        )
+
+    def _listed_after(self, name: str, start: SinkStart) -> int | None:
+        """The epoch after which the sink's undelivered epochs lie."""
+        delivered = self.runtime.controller.sink_coordinator.delivered_epoch(name)
+        if delivered is not None or start.history_upto is None:
+            return delivered
+        return start.history_upto
+
+    def _snapshot_epoch(self, name: str, start: SinkStart) -> int:
+        """The epoch of the sink's snapshot batch: its recorded start, so that a delivery killed
+        before its batch was PENDING delivers the same snapshot again. Retention does not hold that
+        state for a sink that has delivered nothing (it would pin every snapshot and change file);
+        when it released it, nothing of the snapshot can be in the target yet, so the start moves to
+        the committed epoch, whose state is always readable."""
+        require(start.history_upto is not None, f"sink {name}: a snapshot start without a snapshot epoch")
+        at = start.history_upto
+        table = self.runtime.pipeline.sinks[name].from_table
+        catalog = self.runtime.controller.catalog
+        try:
+            catalog.state_parts(table, at, inclusive=True)
+            return at
+        except StateCompacted:
+            history = self.runtime.reader.history
+            if history is not None and history.covers(table) and history.records(table, at, True) is not None:
+                return at  # a SOURCE's rows at any epoch whose offsets are kept: read from its connector
+            committed = catalog.committed_epoch()
+            require(committed is not None, f"sink {name}: a snapshot start but no committed epoch")
+            moved = self.runtime.controller.sink_coordinator.move_snapshot(name, at, committed)
+            log.warning(
+                "sink %s: the state at epoch %d was compacted before its snapshot batch was delivered; "
+                "the snapshot is taken at epoch %s instead",
+                name,
+                at,
+                moved.history_upto,
+            )
+            require(moved.history_upto is not None, f"sink {name}: a moved snapshot start lost its epoch")
+            return moved.history_upto
+
+    def _write_batch(self, target: SinkTarget, batch: BatchId, payloads: list[Payload]) -> list[WriterResult]:
+        """Pre-commit one batch: its change files, or for a snapshot batch the table's state, spread
+        over the sink's writer tasks."""
+        from epochal.sinks.spark_writers import run_writers
+
+        definition = self.runtime.pipeline.sinks[target.name]
+        writers = writer_count(definition.options)
+        if batch.snapshot:
+            require(
+                len(payloads) == 1 and isinstance(payloads[0], StateAt),
+                f"{batch.describe()}: a snapshot batch is one state read, not {payloads!r}",
+            )
+            return self._write_snapshot(target, batch, payloads[0], writers)
+        locations = [p for p in payloads if not isinstance(p, StateAt)]
+        files = [f for loc in locations if loc is not None for f in self.runtime.warehouse.parquet_files(loc)]
+        schema = None
+        if files:
+            schema = self.runtime.query_schema(definition.from_table)
+            self._prepare(target, schema)
+            written = self.driver_writer.write(target, batch, files, schema)
+            if written is not None:
+                return written
+        return run_writers(self.runtime.spark if files else None, target, batch, files, schema, writers)
+
+    def _write_snapshot(self, target: SinkTarget, batch: BatchId, state: StateAt, writers: int) -> list[WriterResult]:
+        """The table's rows at the snapshot epoch, each with weight 1 (a row the table holds twice
+        comes twice), through the same writers as change files: read on the executors, never
+        collected to the driver."""
+        from pyspark.sql import functions as F
+
+        from epochal.sinks.base import WEIGHT
+        from epochal.sinks.spark_writers import write_frame
+        from epochal.sql import quote
+
+        table = self.runtime.pipeline.sinks[target.name].from_table
+        schema = self.runtime.query_schema(table)
+        self._prepare(target, schema)
+        rows, _ = self.runtime.read_state(table, state.epoch, inclusive=True)
+        types = {f.name: f.dataType for f in schema.fields}
+        change = rows.select(
+            *[F.col(quote(c)).cast(types[c]).alias(c) for c in target.columns],
+            F.lit(1).cast("long").alias(WEIGHT),
+        )
+        return write_frame(self.runtime.spark, target, batch, change, schema, writers)
+
+    def _prepare(self, target: SinkTarget, schema: object) -> None:
+        """Create or check the target table once per process, from the upstream ``schema``."""
+        if target.name in self._prepared_targets:
+            return
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        # Timestamps as Spark writes them (UTC). Every column nullable: Spark's NOT NULL is
+        # what analysis proved of today's query (count(*) is never null), but the writers'
+        # files and a changed query need not say so, and a table created NOT NULL would
+        # then refuse them (Iceberg compares the two exactly).
+        arrow = to_arrow_schema(schema, timezone="UTC")
+        target.prepare_target(pa.schema([f.with_nullable(True) for f in arrow]))
+        self._prepared_targets.add(target.name)
