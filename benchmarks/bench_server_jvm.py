@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from epochal.runtime.one_epoch import demo_epochs  # noqa: E402
 from epochal.spark.server import SERVER_JAVA_OPTIONS  # noqa: E402
 from epochal.spark.warmup import warm_up  # noqa: E402
 
@@ -88,7 +89,7 @@ def run_variant(name: str, flags: str, warm_up_epochs: int, epochs: int) -> dict
                                               text=True, check=True).stdout)
         pid, url = described["pid"], described["url"]
         before = thread_cpu(pid)
-        report = warm_up(url, epochs, pid, progress=lambda line: None)
+        report = warm_up(url, epochs, demo_epochs, pid, progress=lambda line: None)
         groups = by_group(before, thread_cpu(pid))
         return {
             "flags": flags,

@@ -126,7 +126,7 @@ def bench(kind: str, root: Path, reps: int, dagster_home: bool) -> None:
             "+ import Dagster's CLI": "import dagster._cli.job",
             "+ load definitions (platform_defs)": "import dagster._cli.job, platform_defs",
             "a process: Spark session + 1st query, warm server": "from epochal.settings import Settings\n"
-            "from epochal.spark.session import session_for\n"
+            "from epochal.spark.attach import session_for\n"
             "session_for(Settings.from_env(), 'bench').range(1).count()",
         }
         measured = {}
@@ -134,7 +134,7 @@ def bench(kind: str, root: Path, reps: int, dagster_home: bool) -> None:
             measured[label] = statistics.median(python(code, env["server"], cwd) for _ in range(reps))
             print(f"  {label:<50} {measured[label]:6.2f}s", flush=True)
         definitions = measured["+ load definitions (platform_defs)"]
-        local_spark = "from epochal.settings import Settings\nfrom epochal.spark.session import session_for\n" \
+        local_spark = "from epochal.settings import Settings\nfrom epochal.spark.attach import session_for\n" \
                       "session_for(Settings.from_env(), 'bench').range(1).count()"
         print(f"  {'a process: Spark session + 1st query, local JVM':<50} "
               f"{med([python(local_spark, env['local'], cwd) for _ in range(min(reps, 2))])}", flush=True)

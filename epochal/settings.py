@@ -23,10 +23,13 @@ from typing import Any
 from epochal.errors import ConfigError
 from epochal.faults import FAULT_POINTS
 from epochal.redaction import is_secret_name, redact_conf, redact_url
-from epochal.spark.idle import MIN_IDLE_STOP_S
-from epochal.spark.session import BACKFILL_POOL
 
 DEMO_PIPELINE = Path(__file__).parent / "demo_pipeline"
+#: the FAIR pool backfills run in (epochal/spark/fairscheduler.xml defines it)
+BACKFILL_POOL = "epochal_backfill"
+#: the smallest idle limit EPOCHAL_SPARK_IDLE_STOP_S may ask for (0 means never stop): the managed
+#: server's lease is renewed every 30 s (epochal/spark/idle.py), and the limit must leave room for several
+MIN_IDLE_STOP_S = 60
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from dagster import (
 
 from assets.epoch_assets import EPOCHS
 from epochal.backfill.runner import BackfillRunner
-from epochal.runtime.data_errors import sensor_should_wait
 from epochal.settings import Settings
 from platform_defs.barrier_schedule import BarrierSchedule, SensorCursor
 from platform_defs.jobs import PARTITION_TAG, TAKE_WAITING_TAG
@@ -53,29 +52,29 @@ def build_barrier_sensor(settings: Settings, epoch_job: JobDefinition, backfill_
     )
     def barrier_sensor(context: SensorEvaluationContext, checkpoint: CheckpointControllerResource):
         runtime = checkpoint.runtime
-        reason = runtime.controller.epoch_log.recovery_reason()
+        reason = runtime.controller.recovery_reason()
         if reason:
             report = runtime.recover(reason)
             context.log.warning(
                 f"recovered ({reason}): committed epoch {report.committed_epoch}, aborted {report.aborted}"
             )
         requests = _backfill_request(context, runtime, backfill_job.name)
-        epoch_log = runtime.controller.epoch_log
+        controller = runtime.controller
         cursor = SensorCursor.parse(context.cursor)
         now = _clock()
         partitions = []
         if schedule.due(cursor.next_barrier, now):
             runtime.apply_pipeline_changes()  # (a view removed from the files: its runs could not commit)
-            blocked = epoch_log.can_inject() or sensor_should_wait(runtime.pipeline, runtime.controller.backend)
+            blocked = controller.can_inject() or runtime.waiting_for_an_edit()
             if blocked is None:
-                key = str(epoch_log.inject(runtime.plan).epoch)
+                key = str(controller.inject(runtime.plan).epoch)
                 partitions.append(key)
                 cursor = SensorCursor(cursor.requested, schedule.after_injection(cursor.next_barrier, now))
             else:
                 context.log.info(blocked)
         else:
             blocked = f"the next barrier is due in {cursor.next_barrier - now:.1f}s"
-        waiting = epoch_log.waiting()
+        waiting = controller.waiting()
         # A run queued or starting takes every waiting epoch when it starts (its barrier op runs
         # after this tick's injection); else one run for all of them, keyed by the newest, once.
         if waiting and str(waiting[-1]) != cursor.requested and _room_for_a_run(context, epoch_job.name, settings):

@@ -80,7 +80,7 @@ class CheckpointControllerResource(ConfigurableResource):
         keys = instance.get_dynamic_partitions(EPOCHS_PARTITIONS)
         if len(keys) <= window:
             return []
-        in_flight = {str(r.epoch) for r in self.runtime.controller.epoch_log.in_flight()}
+        in_flight = {str(r.epoch) for r in self.runtime.controller.in_flight()}
         numeric = sorted((k for k in keys if k.isdigit()), key=int)
         retire = [k for k in numeric[: len(keys) - window] if k not in in_flight]
         for key in retire:

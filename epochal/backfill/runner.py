@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epochal.backfill import snapshot_phase
-from epochal.checkpoint.backfills.log import BackfillLog, BackfillLost
-from epochal.checkpoint.backfills.state import VNODES_TOTAL, Backfill, BackfillPhase
+from epochal.backfill.work import Progress
+from epochal.checkpoint.backfills.log import BackfillLost
+from epochal.checkpoint.backfills.state import Backfill, BackfillPhase
 from epochal.checkpoint.records import Collected
 from epochal.checkpoint.statements import rebuilds
 from epochal.errors import EpochalError, require
@@ -46,54 +46,10 @@ YIELD_POLL_S = 0.1
 _TOLD_HELD: set[tuple[str, str]] = set()
 
 
-@dataclass
-class Progress:
-    """What one runner did for one view, for logs and the backfill asset's metadata."""
-
-    view: str
-    phase: str = ""
-    vnodes_done: int = 0
-    rows_read: int = 0
-    rows_written: int = 0
-    epochs_written: int = 0
-    epochs_behind: int | None = None
-    seconds: float = 0.0
-    joined_epoch: int | None = None
-    note: str = ""
-    caught_up_epoch: int | None = None
-    snapshot_epoch: int | None = None
-    #: splits of the SOURCE inputs read from their connector that are done reading, of how many
-    splits_done: int = 0
-    splits_total: int = 0
-    #: seconds spent waiting for live epochs in flight to commit (EPOCHAL_BACKFILL_YIELD_S)
-    yielded_s: float = 0.0
-
-    def metadata(self) -> dict[str, Any]:
-        rate = round(self.rows_read / self.seconds, 1) if self.seconds > 0 else 0.0
-        return {
-            "phase": self.phase,
-            "vnodes_done": self.vnodes_done,
-            "vnodes_total": VNODES_TOTAL,
-            "splits_done": self.splits_done,
-            "splits_total": self.splits_total,
-            "rows_read": self.rows_read,
-            "rows_written": self.rows_written,
-            "rows_per_second": rate,
-            "epochs_written": self.epochs_written,
-            "epochs_behind": self.epochs_behind,
-            "snapshot_epoch": self.snapshot_epoch,
-            "caught_up_epoch": self.caught_up_epoch,
-            "joined_epoch": self.joined_epoch,
-            "seconds": round(self.seconds, 3),
-            "seconds_yielded": round(self.yielded_s, 3),
-            "note": self.note,
-        }
-
-
 class BackfillRunner:
     def __init__(self, runtime: EpochRuntime):
         self.runtime = runtime
-        self.log: BackfillLog = runtime.controller.backfills
+        self.controller = runtime.controller
 
     # ------------------------------------------------------------------ driving
 
@@ -101,7 +57,7 @@ class BackfillRunner:
         """Active backfills of views in the pipeline, upstreams first: a changed view's new
         statement under its shadow name too, until the view switched to it."""
         self.runtime.changes.add_shadows()
-        rebuilding = self.runtime.controller.backend.transaction(rebuilds.active).values()
+        rebuilding = self.controller.active_rebuilds().values()
         # A held switch (the new statement changes a type a reader relies on) waits for the user
         # to change the statement again, which starts its backfill over: work on it now is lost.
         for r in rebuilding:
@@ -114,7 +70,7 @@ class BackfillRunner:
         # A shadow whose view switched has done its work (it is retired at the next injection).
         active = [
             b
-            for b in self.log.all()
+            for b in self.controller.all_backfills()
             if b.phase.active and b.view in order and (rebuilds.rebuilt_view(b.view) is None or b.view in serving_old)
         ]
         return sorted(active, key=lambda b: order[b.view])
@@ -137,7 +93,7 @@ class BackfillRunner:
     def advance_view(self, view: str, deadline: float) -> Progress:
         progress = Progress(view)
         started = time.time()
-        current = self.log.get(view)
+        current = self.controller.backfill(view)
         if current is None or not current.phase.active:
             progress.note = "no backfill to advance" if current is None else f"backfill {current.phase.shown}"
             return self._finish(progress, started)
@@ -147,30 +103,30 @@ class BackfillRunner:
             progress.note = stale
             log.warning("backfill %s: %s", view, stale)
             return self._finish(progress, started)
-        if not self.log.claim(view):
+        if not self.controller.claim_backfill(view):
             progress.note = "another runner is working on it"
             return self._finish(progress, started)
         interval = max(0.05, self.runtime.settings.epoch_timeout_s / LEASE_RENEWALS_PER_TIMEOUT)
         try:
-            with Lease(f"backfill {view}", lambda: self.log.renew(view), interval):
+            with Lease(f"backfill {view}", lambda: self.controller.renew_backfill(view), interval):
                 self._advance(view, deadline, progress)
-            self.log.record_error(view, None)
+            self.controller.record_backfill_error(view, None)
         except BackfillLost as lost:
             progress.note = str(lost)
         except Exception as exc:
             failure = data_failure(exc)
             if failure is None:
-                self.log.record_error(view, f"{type(exc).__name__}: {exc}"[:1000])
+                self.controller.record_backfill_error(view, f"{type(exc).__name__}: {exc}"[:1000])
                 raise
             # Not an epoch's failure (the epochs it writes are committed without it): the
             # backfill's, which fails the same way until the statement changes.
             definition = self.runtime.pipeline.views.get(view)
             owner = user_view(self.runtime.pipeline, definition) if definition else None
             error = ViewDataError(owner.name if owner else view, None, failure, owner.query if owner else None)
-            self.log.record_error(view, f"{type(error).__name__}: {error}"[:1000])
+            self.controller.record_backfill_error(view, f"{type(error).__name__}: {error}"[:1000])
             raise error from exc
         finally:
-            self.log.release(view)
+            self.controller.release_backfill(view)
         return self._finish(progress, started)
 
     def _statement_differs(self, view: str) -> str | None:
@@ -187,7 +143,7 @@ class BackfillRunner:
         progress.seconds = time.time() - started
         # A view's entry holds its stages' splits; a stage or a changed view's new statement,
         # which status shows inside their view's entry, report their own.
-        status = self.log.status().get(progress.view) or self.log.entry(progress.view)
+        status = self.controller.backfill_status().get(progress.view) or self.controller.backfill_entry(progress.view)
         progress.phase = status.get("phase", progress.phase)
         progress.vnodes_done = status.get("vnodes_done", progress.vnodes_done)
         progress.splits_done = status.get("splits_done", progress.splits_done)
@@ -199,9 +155,9 @@ class BackfillRunner:
         return progress
 
     def _advance(self, view: str, deadline: float, progress: Progress) -> None:
-        backfill = self.log.get(view)
+        backfill = self.controller.backfill(view)
         require(backfill is not None, f"a claimed backfill of {view} has a row")
-        if backfill.phase is BackfillPhase.WAITING and not self.log.start_snapshot(view):
+        if backfill.phase is BackfillPhase.WAITING and not self.controller.start_backfill_snapshot(view):
             progress.note = "waiting for a backfilling upstream to reach the snapshot epoch"
             return
         # (not while paused: a paused backfill's runner comes every sensor tick and does nothing)
@@ -209,18 +165,18 @@ class BackfillRunner:
         if not paused:
             # Live epochs first from the start: the snapshot epoch is then the one they commit.
             self.yield_to_live(view, deadline, progress)
-        moved = None if paused else self.log.refresh_snapshot(view)
+        moved = None if paused else self.controller.refresh_backfill_snapshot(view)
         if moved is not None:
             log.info("backfill %s: nothing written yet; snapshot epoch %s -> %s (the committed epoch)", view, *moved)
         # Its Spark work in a pool that gets only the slots live epochs leave (a paused backfill
         # starts no Spark for it).
         pool = nullcontext() if paused else scheduler_pool(self.runtime.spark, self.runtime.settings.backfill_pool)
         with pool:
-            backfill = self.log.get(view)
+            backfill = self.controller.backfill(view)
             if backfill.phase is BackfillPhase.SNAPSHOT:
                 if not snapshot_phase.run(self, backfill, deadline, progress):
                     return
-                backfill = self.log.get(view)
+                backfill = self.controller.backfill(view)
             if backfill.phase is BackfillPhase.LOG_STORE:
                 if not paused:  # once, not before each of its epochs (yield_to_live says why)
                     self.yield_to_live(view, deadline, progress)
@@ -230,7 +186,7 @@ class BackfillRunner:
 
     def rate_limit(self, view: str) -> float | None:
         """Rows per second: the one set while it runs, else the view's WITH, else the setting."""
-        set_now = self.log.rate_limit(view)
+        set_now = self.controller.backfill_rate_limit(view)
         if set_now is not None:
             return set_now
         written = self.runtime.pipeline.views[view].options.get("backfill_rate_limit")
@@ -266,8 +222,7 @@ class BackfillRunner:
             return
         started = time.monotonic()
         end = min(deadline, started + limit)
-        epochs = self.runtime.controller.epoch_log
-        while epochs.in_flight() and time.monotonic() < end:
+        while self.controller.in_flight() and time.monotonic() < end:
             time.sleep(YIELD_POLL_S)
         waited = time.monotonic() - started
         progress.yielded_s += waited
@@ -294,7 +249,7 @@ class BackfillRunner:
         root = runtime.warehouse.backfill_root(view, backfill.snapshot_epoch)
         self._clean_unrecorded_epochs(view, root)
         while True:
-            epoch = self.log.next_epoch(view)
+            epoch = self.controller.next_backfill_epoch(view)
             if epoch is None and rebuilds.rebuilt_view(view) is not None:
                 # A changed view's new statement never joins under its shadow name: the view's own
                 # step of the next epoch switches to it.
@@ -303,15 +258,15 @@ class BackfillRunner:
                 )
                 return
             if epoch is None:
-                joined, pending = self.log.join(view)
+                joined, pending = self.controller.join_backfill(view)
                 if joined:
-                    progress.joined_epoch = self.log.get(view).joined_epoch  # type: ignore[union-attr]
+                    progress.joined_epoch = self.controller.backfill(view).joined_epoch  # type: ignore[union-attr]
                     progress.note = f"joined at epoch {progress.joined_epoch}"
                     for in_flight in pending:
                         self._write_in_flight(view, in_flight)
                     return
                 continue  # an epoch committed meanwhile: write it first
-            if self.log.adopt_written(view, epoch):
+            if self.controller.adopt_backfill_written(view, epoch):
                 # A changed view's step wrote its new statement's change there ahead (to switch).
                 progress.epochs_written += 1
                 continue
@@ -327,7 +282,7 @@ class BackfillRunner:
 
             def record(collected: Collected, epoch: int = epoch) -> None:
                 fault_point("backfill-epoch-written")
-                self.log.record_epoch(
+                self.controller.record_backfill_epoch(
                     view, epoch, collected.location, collected.rows_in or 0, collected.rows_out or 0, collected.seconds
                 )
                 recorded.append(collected)
@@ -349,7 +304,7 @@ class BackfillRunner:
         """An upstream of the view that is backfilling too and has not written committed ``epoch``
         yet (the view's step of it would find no change of its input), or None."""
         for upstream in backfill.upstreams:
-            other = self.log.get(upstream)
+            other = self.controller.backfill(upstream)
             if other is not None and other.phase.active:
                 if other.phase is not BackfillPhase.LOG_STORE or (other.caught_up_epoch or 0) < epoch:
                     return upstream
@@ -357,7 +312,7 @@ class BackfillRunner:
 
     def _clean_unrecorded_epochs(self, view: str, root: str) -> None:
         """Change files a killed runner wrote under ``root`` but never recorded."""
-        for path in self.runtime.warehouse.keep_attempts(root, self.log.recorded_locations(view)):
+        for path in self.runtime.warehouse.keep_attempts(root, self.controller.backfill_locations(view)):
             log.info("backfill %s: deleted %s, written by a runner that died before recording it", view, path)
 
     def _write_in_flight(self, view: str, epoch: int) -> None:
@@ -378,7 +333,7 @@ class BackfillRunner:
         except Exception:
             # A recovery that aborts the epoch deletes its files under the step (an input's change
             # is then missing, whatever the reader calls that): the same abort, not a failure.
-            if self.runtime.controller.epoch_log.epoch(epoch).state is not EpochState.ABORTED:
+            if self.controller.epoch(epoch).state is not EpochState.ABORTED:
                 raise
             log.info("backfill %s: epoch %s was aborted while it was written; recovery re-runs it", view, epoch)
 

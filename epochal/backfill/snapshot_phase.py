@@ -37,19 +37,19 @@ from epochal.storage.vnode import vnode_column, vnodes_per_directory, write_laid
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from epochal.backfill.runner import BackfillRunner, Progress
+    from epochal.backfill.work import PhaseRunner, Progress
     from epochal.runtime.facade import EpochRuntime
 
 log = logging.getLogger("epochal.backfill")
 
 
-def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: Progress) -> bool:
+def run(runner: PhaseRunner, backfill: Backfill, deadline: float, progress: Progress) -> bool:
     """Write vnode ranges until all are done (True, snapshot published) or time runs out."""
     view, epoch = backfill.view, backfill.snapshot_epoch
     warehouse = runner.runtime.warehouse
     root = warehouse.backfill_root(view, epoch)
     target = f"{root}/snapshot"
-    done = runner.log.done_ranges(view)
+    done = runner.controller.backfill_done_ranges(view)
     known = {nonce for _, nonce in done}
     # SOURCE inputs first: their history is read split by split from the connector.
     from_splits = source_splits.split_sources(runner, backfill, vnodes_started=bool(done))
@@ -94,7 +94,7 @@ def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: P
             runner, backfill, vnodes, chunking, storage, root, target, nonce, read_rows, per_directory
         )
         fault_point("backfill-range-moved")
-        runner.log.record_chunk(view, vnodes, nonce, rows_read, rows_written)
+        runner.controller.record_backfill_chunk(view, vnodes, nonce, rows_read, rows_written)
         fault_point("backfill-range-done")
         done.append((vnodes, nonce))
         progress.rows_read += rows_read
@@ -134,7 +134,7 @@ def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: P
     # The schema Spark wrote (a partial aggregate's hidden columns included), from one footer.
     written = warehouse.written_schema([files[0].rsplit("/", 1)[0]]) if files else None
     schema = written or runner.runtime.query_schema(view)
-    runner.log.finish_snapshot(view, published, key, schema.json(), rows, len(files))
+    runner.controller.finish_backfill_snapshot(view, published, key, schema.json(), rows, len(files))
     # (what is left in target is a taken-over runner's unrecorded range)
     warehouse.delete([f"{root}/staging", target])
     if from_splits:  # the view's snapshot is published: the sources' rows read for it are done with
@@ -146,14 +146,14 @@ def run(runner: BackfillRunner, backfill: Backfill, deadline: float, progress: P
     return True
 
 
-def _input_rows(runner: BackfillRunner, backfill: Backfill, read_rows: dict[str, tuple[DataFrame, int]]) -> int:
+def _input_rows(runner: PhaseRunner, backfill: Backfill, read_rows: dict[str, tuple[DataFrame, int]]) -> int:
     """The rows the view's inputs hold at the snapshot epoch, from file footers."""
     inputs = runner.runtime.pipeline.views[backfill.view].upstreams
     epoch = backfill.snapshot_epoch
     return sum(read_rows[u][1] if u in read_rows else _stored_rows(runner, u, epoch) for u in inputs)
 
 
-def _range_width(runner: BackfillRunner, backfill: Backfill, total: int) -> int:
+def _range_width(runner: PhaseRunner, backfill: Backfill, total: int) -> int:
     """Vnodes per range, for ranges of about EPOCHAL_BACKFILL_RANGE_ROWS of the inputs' ``total``
     rows (fewer under a rate limit: progress about every 10 s)."""
     wanted = runner.runtime.settings.backfill_range_rows
@@ -165,11 +165,11 @@ def _range_width(runner: BackfillRunner, backfill: Backfill, total: int) -> int:
     return evened(max(1, min(VNODES_TOTAL, int(wanted / per_vnode))), VNODES_TOTAL)
 
 
-def _stored_rows(runner: BackfillRunner, table: str, epoch: int) -> int:
+def _stored_rows(runner: PhaseRunner, table: str, epoch: int) -> int:
     """The rows ``table``'s state at ``epoch`` is stored in, from the meta store and file footers:
     no Spark job (reading the state to count it would scan, or cache, the whole table)."""
     try:
-        parts = runner.runtime.controller.catalog.state_parts(table, epoch, inclusive=True)
+        parts = runner.controller.state_parts(table, epoch, inclusive=True)
     except StateCompacted:
         history = runner.runtime.reader.history
         records = history.records(table, epoch, True) if history and history.covers(table) else None
@@ -180,13 +180,13 @@ def _stored_rows(runner: BackfillRunner, table: str, epoch: int) -> int:
     return rows + sum(runner.runtime.warehouse.row_count(location) for _, location in parts.changes)
 
 
-def _clean_unrecorded(runner: BackfillRunner, target: str, known: set[str]) -> None:
+def _clean_unrecorded(runner: PhaseRunner, target: str, known: set[str]) -> None:
     for path in runner.runtime.warehouse.keep_prefixed(target, known):
         log.info("backfill: deleted %s, written for a vnode range never recorded", path)
 
 
 def _write_range(
-    runner: BackfillRunner,
+    runner: PhaseRunner,
     backfill: Backfill,
     vnodes: VnodeRange,
     chunking: dict[str, Callable[[DataFrame], Column]] | None,
@@ -255,7 +255,7 @@ def _write_range(
         # A runner that stalled past its claim (a suspended laptop, a long pause) may have been
         # taken over, and the new runner may have published the snapshot since: its range must not
         # land in it (a reader lists the directory; the range would count twice).
-        runner.log.check_owner(backfill.view)
+        runner.controller.check_backfill_owner(backfill.view)
     except BackfillLost:
         runtime.warehouse.delete([staging])
         raise
@@ -266,7 +266,7 @@ def _write_range(
     return share, written
 
 
-def aggregates(runner: BackfillRunner, name: str) -> bool:
+def aggregates(runner: PhaseRunner, name: str) -> bool:
     """Whether ``name`` is a grouped aggregate kept as partial state: its rows are its groups,
     usually far fewer than its input's."""
     from epochal.incremental.plan import PARTIAL_RULE
@@ -275,7 +275,7 @@ def aggregates(runner: BackfillRunner, name: str) -> bool:
     return plan is not None and plan.kind == "keyed" and plan.rule == PARTIAL_RULE
 
 
-def rows_over(runner: BackfillRunner, name: str, states: dict[str, DataFrame]) -> DataFrame:
+def rows_over(runner: PhaseRunner, name: str, states: dict[str, DataFrame]) -> DataFrame:
     """The view's stored rows over inputs ``states`` taken as inserts into empty tables."""
 
     from epochal.incremental.partial import partial_inserts

@@ -25,36 +25,36 @@ from epochal.faults import fault_point
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from epochal.backfill.runner import BackfillRunner, Progress
+    from epochal.backfill.work import PhaseRunner, Progress
     from epochal.checkpoint.backfills.state import Backfill
 
 log = logging.getLogger("epochal.backfill")
 
 
-def split_sources(runner: BackfillRunner, backfill: Backfill, vnodes_started: bool) -> list[str]:
+def split_sources(runner: PhaseRunner, backfill: Backfill, vnodes_started: bool) -> list[str]:
     """The view's inputs declared CREATE SOURCE, whose history is their connector's (a TABLE's
     is its stored rows): read from their splits unless the backfill decided otherwise earlier."""
     pipeline = runner.runtime.pipeline
     candidates = [u for u in backfill.upstreams if u in pipeline.sources and pipeline.sources[u].kind == "source"]
     if not candidates:
         return []
-    return runner.log.begin_splits(backfill.view, candidates, vnodes_started)
+    return runner.controller.begin_backfill_splits(backfill.view, candidates, vnodes_started)
 
 
-def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline: float, progress: Progress) -> bool:
+def read_splits(runner: PhaseRunner, backfill: Backfill, root: str, deadline: float, progress: Progress) -> bool:
     """Read chunks until every split of the view's split sources reached its target (True) or the
     time budget, or a pause, stops it (False; the next run resumes at the recorded offsets)."""
     runtime, view = runner.runtime, backfill.view
     directory = f"{root}/splits"
     # What a runner that died left: chunk directories written but never recorded.
-    recorded = set(runner.log.split_chunks(view))
+    recorded = set(runner.controller.backfill_split_chunks(view))
     for source_dir in runtime.warehouse.child_dirs(directory):
         for chunk_dir in runtime.warehouse.child_dirs(source_dir):
             if chunk_dir not in recorded:
                 runtime.warehouse.delete([chunk_dir])
                 log.info("backfill %s: deleted %s, read from a split but never recorded", view, chunk_dir)
     while True:
-        states = runner.log.split_states(view)
+        states = runner.controller.backfill_split_states(view)
         pending = [s for s in states if not s.done_reading]
         progress.splits_total = len(states)
         progress.splits_done = len(states) - len(pending)
@@ -76,7 +76,7 @@ def read_splits(runner: BackfillRunner, backfill: Backfill, root: str, deadline:
         rows = runtime.warehouse.write(batch.rows, location)
         fault_point("backfill-split-read")
         try:
-            moved = runner.log.record_split_read(view, state, chunk, rows, location)
+            moved = runner.controller.record_backfill_split_read(view, state, chunk, rows, location)
         except BackfillLost:  # taken over while it read: the chunk is nobody's
             runtime.warehouse.delete([location])
             raise
@@ -114,7 +114,7 @@ def check_still_there(connector: SourceConnector, source: str, chunk: SplitRange
         ) from error
 
 
-def chunk_rows(runner: BackfillRunner, view: str) -> int:
+def chunk_rows(runner: PhaseRunner, view: str) -> int:
     """Records per chunk: EPOCHAL_BACKFILL_CHUNK_ROWS, fewer under a rate limit (progress about
     every 10 s)."""
     wanted = runner.runtime.settings.backfill_chunk_rows
@@ -124,11 +124,11 @@ def chunk_rows(runner: BackfillRunner, view: str) -> int:
     return wanted
 
 
-def source_rows(runner: BackfillRunner, view: str, source: str) -> tuple[DataFrame, int]:
+def source_rows(runner: PhaseRunner, view: str, source: str) -> tuple[DataFrame, int]:
     """``source``'s rows at the snapshot epoch as the backfill read them from its splits, and how
     many there are (from the files' footers)."""
     runtime = runner.runtime
-    locations = runner.log.split_chunks(view, source)
+    locations = runner.controller.backfill_split_chunks(view, source)
     rows = sum(runtime.warehouse.row_count(location) for location in locations)
     if rows == 0:  # (a chunk of blank or malformed lines only may have written no file to take a schema from)
         return runtime.spark.createDataFrame([], runtime.query_schema(source)), 0

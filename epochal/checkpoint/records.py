@@ -12,6 +12,12 @@ from epochal.connectors.base import SplitRange
 from epochal.epoch import BarrierKind
 from epochal.errors import EpochalError
 
+# What a table's state is made of: records of the storage layer's, kept by the catalog here.
+from epochal.storage.parts import PublishResult as PublishResult
+from epochal.storage.parts import Snapshot as Snapshot
+from epochal.storage.parts import StateCompacted as StateCompacted
+from epochal.storage.parts import StateParts as StateParts
+
 
 class EpochState(enum.Enum):
     INJECTED = "INJECTED"
@@ -68,43 +74,6 @@ class EpochOrderError(EpochalError):
 
 class CommitAlignmentError(EpochalError):
     """Tables disagree on their committed epoch: reported, never guessed around."""
-
-
-class StateCompacted(EpochalError):
-    """The change files a read needs were compacted into a snapshot and deleted."""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A READY snapshot: ``table``'s net rows over every committed epoch <= ``epoch``."""
-
-    table: str
-    epoch: int
-    location: str
-    #: the columns its vnodes hash; () = all columns (see epochal/storage/vnode.py)
-    distribution_key: tuple[str, ...]
-    #: Spark's JSON of the rows' schema, so an empty snapshot (no files) still reads with its columns
-    spark_schema: str
-    rows: int
-    files: int
-
-
-@dataclass(frozen=True)
-class StateParts:
-    """What a table's state at an epoch is made of: a snapshot (or none) plus the changes after it."""
-
-    snapshot: Snapshot | None
-    changes: list[tuple[int, str]]
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    #: False when a snapshot at this or a later epoch was published first: the caller's files are garbage
-    recorded: bool
-    #: locations retention released (old snapshots, change files every new reader is past), recorded
-    #: in ``retired_files`` by the publishing transaction: deleted later, once no reader can hold them
-    retired: list[str] = field(default_factory=list)
-    changes_dropped_upto: int | None = None
 
 
 @dataclass(frozen=True)

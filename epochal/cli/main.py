@@ -26,7 +26,7 @@ def _runtime():  # noqa: ANN202 - imported lazily so `epochal --help` stays inst
     from epochal.pipeline.loader import load_pipeline
     from epochal.runtime.facade import EpochRuntime
     from epochal.settings import Settings
-    from epochal.spark.session import session_for
+    from epochal.spark.attach import session_for
 
     settings = Settings.from_env()
     pipeline = load_pipeline(settings.pipeline_dir)
@@ -229,18 +229,18 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_pause(args: argparse.Namespace) -> int:
     controller = _runtime().controller
     if args.on_next_start:
-        controller.epoch_log.set_pause_on_next_start(True)
+        controller.set_pause_on_next_start(True)
         print("injection will pause at the next start (recovery); `epochal resume` undoes it")
     else:
-        controller.epoch_log.pause()
+        controller.pause()
         print("injection paused: in-flight epochs finish, no new ones start; `epochal resume` to go on")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     controller = _runtime().controller
-    controller.epoch_log.resume()
-    controller.epoch_log.set_pause_on_next_start(False)
+    controller.resume()
+    controller.set_pause_on_next_start(False)
     print("injection resumed")
     return 0
 
@@ -264,7 +264,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # Every plan analysed by Spark over empty inputs (no job), as a run's first step does; a
         # pass is remembered in EPOCHAL_HOME, so that run does not analyse again.
         from epochal.incremental.analysis import check_pipeline
-        from epochal.spark.session import session_for
+        from epochal.spark.attach import session_for
 
         def spark():  # noqa: ANN202
             return session_for(settings, "epochal-validate")
@@ -283,9 +283,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     runtime = _runtime()
-    backfills = runtime.controller.backfills
+    controller = runtime.controller
     if args.view is None:
-        shown = backfills.status()
+        shown = controller.backfill_status()
         if args.json:
             print(json.dumps(shown, indent=2, default=str))
         elif not shown:
@@ -304,7 +304,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise EpochalError(f"{args.view} is not a view of the pipeline (views: {', '.join(runtime.pipeline.views)})")
     from epochal.checkpoint.statements import rebuilds
 
-    rebuild = runtime.controller.backend.transaction(lambda cur: rebuilds.read(cur, args.view))
+    rebuild = controller.rebuild(args.view)
     # A changed view's new statement backfills under its shadow name: the commands act on that.
     target = rebuild.shadow if rebuild is not None and rebuild.state is rebuilds.RebuildState.SERVING_OLD else None
     if args.cancel and target is not None:
@@ -314,7 +314,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             f"rows), or pause it with `epochal backfill {args.view} --rate-limit 0`"
         )
     if args.cancel:
-        backfill, garbage = backfills.cancel(args.view)
+        backfill, garbage = controller.cancel_backfill(args.view)
         runtime.warehouse.delete(garbage, prune_parents=True)
         runtime.warehouse.delete([runtime.warehouse.backfill_root(args.view, backfill.snapshot_epoch)])
         print(f"cancelled the backfill of {args.view}; its partial state is deleted. `--restart` starts it again")
@@ -326,13 +326,13 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         readers = [v for v, d in pipeline.views.items() if v not in targets and set(targets) & set(d.upstreams)]
         readers += [s for s, d in pipeline.sinks.items() if d.from_table in targets]
         for target in targets:
-            garbage = backfills.rebuild(target, readers)
+            garbage = controller.rebuild_backfill(target, readers)
             runtime.warehouse.delete(garbage, prune_parents=True)
         print(f"{args.view} is rebuilt from its current statement, by a backfill that starts at the next epoch")
         return 0
     if args.restart:
-        before = backfills.get(target or args.view)
-        garbage = backfills.restart(target or args.view)
+        before = controller.backfill(target or args.view)
+        garbage = controller.restart_backfill(target or args.view)
         runtime.warehouse.delete(garbage, prune_parents=True)
         if before is not None:  # with what no row names: ranges and source chunks of an unpublished snapshot
             runtime.warehouse.delete([runtime.warehouse.backfill_root(before.view, before.snapshot_epoch)])
@@ -340,14 +340,14 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         return 0
     if args.rate_limit is not None:
         rate = None if args.rate_limit.lower() in ("", "none") else float(args.rate_limit)
-        backfills.set_rate_limit(target or args.view, rate)
+        controller.set_backfill_rate_limit(target or args.view, rate)
         print(f"backfill rate limit of {args.view}: {args.rate_limit} rows/s (0 pauses)")
     if args.run:
         from epochal.backfill.runner import BackfillRunner
 
         for progress in BackfillRunner(runtime).advance(views=[args.view]):
             print(json.dumps(progress.metadata(), default=str))
-    b = backfills.status().get(args.view)
+    b = controller.backfill_status().get(args.view)
     if b is None:
         print(f"{args.view} has no backfill")
     elif args.rate_limit is None and not args.run:
@@ -384,11 +384,12 @@ def cmd_spark(args: argparse.Namespace) -> int:
             print(f"Spark server not warmed up: EPOCHAL_SPARK_MASTER={settings.spark_master} is not local",
                   file=sys.stderr)
         elif started and epochs > 0:
+            from epochal.runtime.one_epoch import demo_epochs
             from epochal.spark.warmup import warm_up
 
             try:
                 report = warm_up(
-                    current.url, epochs, current.pid, progress=lambda line: print(line, flush=True),
+                    current.url, epochs, demo_epochs, current.pid, progress=lambda line: print(line, flush=True),
                     conf=settings.spark_conf,
                 )
             except Exception as exc:  # speed only: the server is up and serves runs all the same

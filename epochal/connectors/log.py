@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.connectors.log_lines import LineIndex, LinePiece, open_index, read_lines
+from epochal.connectors.log_lines import LineIndex, LinePiece, open_index
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
 from epochal.pipeline.model import Column
@@ -209,6 +209,8 @@ class LogSource:
         from pyspark.sql import functions as F
 
         # only the ranges' bytes are read, never the rest of the file (see log_lines)
+        from epochal.connectors.log_lines_spark import read_lines
+
         lines = read_lines(spark, self.line_pieces(ranges)).select(
             "split", "offset", F.regexp_replace("raw", "\r$", "").alias("raw")  # tolerate CRLF producers
         )

@@ -12,8 +12,8 @@ So the driver finds a range's byte offsets with a sparse index of where lines st
   driver and handed to Spark as one Arrow table: no Python worker to start, which costs seconds
   in a fresh process;
 * a larger one is cut into pieces of about ``PIECE_BYTES`` at indexed line starts, and the
-  ``LogLinesDataSource`` (a Spark Python data source, in ``log_lines_spark``) reads each piece on an executor, so no
-  process ever holds more than one piece.
+  ``LogLinesDataSource`` (a Spark Python data source) reads each piece on an executor, so no
+  process ever holds more than one piece. Both are ``log_lines_spark.read_lines``.
 
 Both decode a piece with :func:`piece_batches`, so the two paths give the same rows: ``split``,
 ``offset`` (the line number) and ``raw`` (the line without its newline; a stray ``\\r`` and blank
@@ -23,15 +23,13 @@ lines are left to the caller, as the text reader left them).
 from __future__ import annotations
 
 import bisect
-import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
 
 #: the rows a line range reads as (Spark DDL)
 LINES_SCHEMA = "split STRING, offset BIGINT, raw STRING"
@@ -151,27 +149,6 @@ def piece_batches(path: str, piece: LinePiece) -> Iterator[pa.RecordBatch]:
             ],
             schema=schema,
         )
-
-
-def read_lines(spark: SparkSession, pieces: Sequence[tuple[str, LinePiece]]) -> DataFrame:
-    """The lines of ``pieces`` (``(path, piece)``) as one lazy DataFrame of LINES_SCHEMA."""
-    import pyarrow as pa
-
-    total = sum(piece.end - piece.start for _, piece in pieces)
-    if total <= DRIVER_READ_BYTES:
-        batches = [batch for path, piece in pieces for batch in piece_batches(path, piece)]
-        if not batches:
-            return spark.createDataFrame([], LINES_SCHEMA)
-        return spark.createDataFrame(pa.Table.from_batches(batches))
-    from epochal.connectors.log_lines_spark import LogLinesDataSource
-
-    spark.dataSource.register(LogLinesDataSource)
-    option = json.dumps([[path, list(_fields(piece))] for path, piece in pieces])
-    return spark.read.format(DATA_SOURCE_NAME).option("pieces", option).load()
-
-
-def _fields(piece: LinePiece) -> tuple[str, int, int, int, int]:
-    return (piece.split, piece.first_line, piece.start, piece.end, piece.lines)
 
 
 def open_index(path: str | os.PathLike[str], known: LineIndex | None) -> tuple[BinaryIO, LineIndex]:

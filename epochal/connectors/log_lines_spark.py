@@ -9,10 +9,11 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from epochal.connectors.log_lines import DATA_SOURCE_NAME, LINES_SCHEMA, LinePiece, piece_batches
+from epochal.connectors.log_lines import DATA_SOURCE_NAME, DRIVER_READ_BYTES, LINES_SCHEMA, LinePiece, piece_batches
 
 
 class _Partition(InputPartition):
@@ -48,3 +49,22 @@ class LogLinesDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(self.options)
+
+
+def read_lines(spark: SparkSession, pieces: Sequence[tuple[str, LinePiece]]) -> DataFrame:
+    """The lines of ``pieces`` (``(path, piece)``) as one lazy DataFrame of LINES_SCHEMA."""
+    import pyarrow as pa
+
+    total = sum(piece.end - piece.start for _, piece in pieces)
+    if total <= DRIVER_READ_BYTES:
+        batches = [batch for path, piece in pieces for batch in piece_batches(path, piece)]
+        if not batches:
+            return spark.createDataFrame([], LINES_SCHEMA)
+        return spark.createDataFrame(pa.Table.from_batches(batches))
+    spark.dataSource.register(LogLinesDataSource)
+    option = json.dumps([[path, list(_fields(piece))] for path, piece in pieces])
+    return spark.read.format(DATA_SOURCE_NAME).option("pieces", option).load()
+
+
+def _fields(piece: LinePiece) -> tuple[str, int, int, int, int]:
+    return (piece.split, piece.first_line, piece.start, piece.end, piece.lines)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from epochal.checkpoint.catalog import SnapshotCatalog
+    from epochal.storage.parts import StateCatalog
     from epochal.storage.warehouse import Warehouse
 
 log = logging.getLogger("epochal.driver")
@@ -27,7 +27,7 @@ class DriverEngine:
     def __init__(
         self,
         warehouse: Warehouse,
-        catalog: SnapshotCatalog,
+        catalog: StateCatalog,
         query_schema: Callable[[str], StructType],
         max_rows: int,
     ):

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from epochal.checkpoint.records import StateParts
 from epochal.sql import DUCKDB, duckdb_parquet, quote, string_literal
 from epochal.storage.mirror import MIRROR_TABLE, existing_mirror
+from epochal.storage.parts import StateParts
 from epochal.storage.warehouse import SPARK_SCHEMA_KEY, WEIGHT, Warehouse
 
 if TYPE_CHECKING:

@@ -62,10 +62,10 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
     import duckdb
 
     controller, warehouse = runtime.controller, runtime.warehouse
-    epoch = controller.epoch_log.committed_epoch()
+    epoch = controller.committed_epoch()
     con = duckdb.connect()
-    backfills = {b.view: b for b in controller.backfills.all() if b.phase is not BackfillPhase.JOINED}
-    shown = controller.backfills.status() if backfills else {}
+    backfills = {b.view: b for b in controller.all_backfills() if b.phase is not BackfillPhase.JOINED}
+    shown = controller.backfill_status() if backfills else {}
     for table in runtime.pipeline.tables:
         columns = _columns_of(runtime, table)
         cols = ", ".join(quote(n, DUCKDB) for n, _ in columns)
@@ -77,7 +77,7 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
             continue
         # The newest snapshot at the epoch plus the change files after it, as the Spark readers do.
         try:
-            parts = controller.catalog.state_parts(table, epoch, inclusive=True) if epoch is not None else None
+            parts = controller.state_parts(table, epoch, inclusive=True) if epoch is not None else None
         except StateCompacted:
             if epoch is None or not runtime.reader.history or not runtime.reader.history.covers(table):
                 raise
@@ -100,7 +100,7 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
                 f"SELECT {cols} FROM (SELECT {cols}, unnest(range(_n)) FROM net)"
             )
     for source in runtime.pipeline.sources:
-        locations = controller.catalog.committed_dead_letter_locations(source)
+        locations = controller.committed_dead_letter_locations(source)
         dlq = [f for loc in locations for f in warehouse.parquet_files(loc)]
         body = (
             f"SELECT * FROM {duckdb_parquet(dlq)}"

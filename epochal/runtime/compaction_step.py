@@ -1,6 +1,6 @@
 """How tables are laid out in snapshots, and the compaction step that writes them: which columns a
 table's vnodes hash (the key it is most often read by) and which tables an epoch's compaction
-snapshots. Split from the runtime, which delegates here."""
+snapshots."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from epochal.sql import unquote
 
 if TYPE_CHECKING:
     from epochal.pipeline.model import Pipeline, ViewDef
-    from epochal.runtime.facade import EpochRuntime
+    from epochal.runtime.context import StepContext
 
 
 def distribution_key(pipeline: Pipeline, old_versions: Mapping[str, ViewDef], table: str) -> tuple[str, ...]:
@@ -40,34 +40,38 @@ def distribution_key(pipeline: Pipeline, old_versions: Mapping[str, ViewDef], ta
 
 
 def compact(
-    runtime: EpochRuntime, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None
+    ctx: StepContext,
+    mirrors: bool,
+    epoch: int | None = None,
+    tables: list[str] | None = None,
+    every: int | None = None,
 ) -> StepReport:
     """Snapshot the tables that need it (``epochal/storage/compaction.py``); never raises for a
-    table's failure, which is logged and reported in the metadata: the epoch is committed."""
+    table's failure, which is logged and reported in the metadata: the epoch is committed.
+    ``mirrors``: large snapshots get a DuckDB mirror (only the driver path reads them)."""
     from epochal.incremental.state_needs import sources_storing_nothing
     from epochal.storage.compaction import Layout, compact_tables
 
-    pipeline, settings = runtime.pipeline, runtime.settings
+    pipeline, settings = ctx.pipeline, ctx.settings
     # A backfilling view's state is not at the committed epoch yet: it is snapshotted once it joins.
-    outside = runtime.controller.backfills.outside_alignment()
+    outside = ctx.controller.outside_alignment()
     # The stages of an old statement maintained until its view switches are read every epoch
     # too: without snapshots a long rebuild would make each epoch read more change files.
-    old_stages = [t for t in runtime.old_versions if t not in pipeline.tables]
+    old_stages = [t for t in ctx.old_versions if t not in pipeline.tables]
     layout = Layout(
         [*(t for t in pipeline.tables if t not in outside), *old_stages],
-        runtime.distribution_key,
+        ctx.distribution_key,
         lambda table: [name for name, sink in pipeline.sinks.items() if sink.from_table == table],
         frozenset(sources_storing_nothing(pipeline)),
         settings.snapshot_directory_rows,
-        # (the driver reads them; with the driver path off nothing would)
-        mirrors=runtime.driver_views.max_rows > 0,
+        mirrors=mirrors,
     )
     report = compact_tables(
-        runtime.reader,
+        ctx.reader,
         layout,
         every=settings.compact_every if every is None else every,
         tables=tables,
-        prune=runtime.controller.prune_history,
+        prune=ctx.controller.prune_history,
         grace_s=settings.retention_grace_s,
         # the pass after each epoch spreads the tables over epochs; `epochal compact` does them all
         spread=every is None and tables is None,

@@ -1,19 +1,21 @@
 """How a run takes its epochs: the partition it names, a newly injected epoch, or every epoch
-waiting for a run, held under the run's lease until it closes. Split from the runtime, which
-delegates here."""
+waiting for a run, held under the run's lease until it closes."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from epochal.checkpoint.records import EpochAborted, EpochRecord, EpochState, RecoveryReport
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
-    from epochal.runtime.facade import EpochRuntime
+    from epochal.checkpoint.controller import CheckpointController
+    from epochal.connectors.base import SplitRange
+    from epochal.settings import Settings
 
 log = logging.getLogger("epochal.runtime")
 
@@ -29,8 +31,26 @@ class RunEpochs:
 
 
 class EpochTaking:
-    def __init__(self, runtime: EpochRuntime):
-        self._rt = runtime
+    def __init__(
+        self,
+        controller: CheckpointController,
+        settings: Settings,
+        check_plans: Callable[[], None],
+        recover: Callable[[str], RecoveryReport],
+        apply_pipeline_changes: Callable[[], None],
+        plan: Callable[[str, Mapping[str, int]], list[SplitRange]],
+        attach_spark: Callable[[], Any],
+    ):
+        self.controller = controller
+        self.settings = settings
+        #: Spark's analysis of every plan, once per runtime (``EpochRuntime.check_plans``)
+        self._check_plans = check_plans
+        self._recover = recover
+        #: retire what left the SQL files and delete dropped views' files, before injecting
+        self._apply_pipeline_changes = apply_pipeline_changes
+        #: the offsets a source's splits cover in a new epoch
+        self._plan = plan
+        self._attach_spark = attach_spark
         #: the run-long lease on the epochs ``take_epochs`` took; ended by ``close``
         self._held = ExitStack()
 
@@ -47,21 +67,21 @@ class EpochTaking:
                 epoch = int(partition)
             except ValueError:
                 raise EpochalError(f"partition key {partition!r} is not an epoch number") from None
-            record = self._rt.controller.epoch_log.begin_step(epoch, run_id).record
+            record = self.controller.begin_step(epoch, run_id).record
             if record.state is EpochState.ABORTED:
                 raise EpochAborted(
                     f"epoch {epoch} was aborted by a recovery and cannot run again: its records are re-read "
                     "by a later epoch. Run epoch_job without a partition to go on"
                 )
-            self._rt.check_plans()
+            self._check_plans()
             return record, None
-        self._rt.check_plans()  # before injecting: a plan Spark refuses is an error, never a failed epoch
+        self._check_plans()  # before injecting: a plan Spark refuses is an error, never a failed epoch
         report = None
-        reason = self._rt.controller.epoch_log.recovery_reason()
+        reason = self.controller.recovery_reason()
         if reason:
-            report = self._rt.recover(reason)
-        self._rt.apply_pipeline_changes()
-        return self._rt.controller.epoch_log.inject(self._rt.plan, run_id=run_id, claim=True), report
+            report = self._recover(reason)
+        self._apply_pipeline_changes()
+        return self.controller.inject(self._plan, run_id=run_id, claim=True), report
 
     def take_epochs(self, run_id: str | None, partition: str | None, waiting: bool) -> RunEpochs:
         """The epochs a run of epoch_job works on, oldest first.
@@ -76,29 +96,29 @@ class EpochTaking:
         if partition is not None and not waiting:
             record, recovery = self.start_epoch(run_id, partition)
             return RunEpochs([record.epoch], recovery)
-        epoch_log = self._rt.controller.epoch_log
+        controller = self.controller
         recovery = None
         own: list[int] = []
         stood_by = 0.0
         if partition is None:
             record, recovery = self.start_epoch(run_id, None)
             own = [record.epoch]
-        elif self._rt.settings.standby_run:
-            stood_by = epoch_log.stand_by(self._rt.settings.max_epoch_runs, on_wait=self._warm_up)
-        taken = sorted({*own, *epoch_log.take_waiting(run_id)})
+        elif self.settings.standby_run:
+            stood_by = controller.stand_by(self.settings.max_epoch_runs, on_wait=self._warm_up)
+        taken = sorted({*own, *controller.take_waiting(run_id)})
         if not taken:
             return RunEpochs([], recovery, stood_by)  # without the plans' check: a run with nothing to do ends now
         try:
-            self._rt.check_plans()  # before any step: a plan Spark refuses is an error, never a failed epoch
+            self._check_plans()  # before any step: a plan Spark refuses is an error, never a failed epoch
         except BaseException:
-            epoch_log.release_all(taken)  # waiting again (for a run with a fixed pipeline), not dead
+            controller.release_all(taken)  # waiting again (for a run with a fixed pipeline), not dead
             raise
-        self._held.enter_context(epoch_log.hold(taken))
+        self._held.enter_context(controller.hold(taken))
         return RunEpochs(taken, recovery, stood_by)
 
     def _warm_up(self, working: list[str]) -> None:
         """While standing by for ``working``: do what the run's first step would, so the run starts
         warm when it takes its epochs (a refused plan fails it here, before it takes any)."""
         log.info("standing by while %s work(s) on epochs: warming up", ", ".join(working))
-        self._rt.check_plans()
-        self._rt.spark  # noqa: B018 (attaching to Spark is the point)
+        self._check_plans()
+        self._attach_spark()

@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from epochal.pipeline.model import ViewDef
-    from epochal.runtime.facade import EpochRuntime
+    from epochal.runtime.context import StepContext
 
 
 class QuerySchemas:
-    def __init__(self, runtime: EpochRuntime):
-        self.runtime = runtime
+    def __init__(self, ctx: StepContext):
+        self.ctx = ctx
         self._tables: dict[str, StructType] = {}
         self._statements: dict[tuple[str, str, tuple[str, ...]], StructType] = {}
         #: old statements maintained while their views rebuild, and their stages, by name
@@ -36,7 +36,7 @@ class QuerySchemas:
 
             from epochal.incremental.analysis import analysed_schemas, fingerprint
 
-            recorded = analysed_schemas(self.runtime.settings.home, fingerprint(self.runtime.pipeline)) or {}
+            recorded = analysed_schemas(self.ctx.settings.home, fingerprint(self.ctx.pipeline)) or {}
             self._analysed = {t: StructType.fromJson(json.loads(text)) for t, text in recorded.items()}
         return self._analysed
 
@@ -51,10 +51,10 @@ class QuerySchemas:
         if recorded is not None:
             self._tables[table] = recorded
             return recorded
-        pipeline = self.runtime.pipeline
+        pipeline = self.ctx.pipeline
         if table in pipeline.sources:
             ddl = ", ".join(f"{quote(c.name)} {c.type}" for c in pipeline.sources[table].columns)
-            schema = self.runtime.spark.createDataFrame([], ddl).schema
+            schema = self.ctx.spark.createDataFrame([], ddl).schema
         else:
             schema = self.view_schema(pipeline.views[table])
         self._tables[table] = schema
@@ -67,9 +67,9 @@ class QuerySchemas:
         remembered = (view.name, view.query, view.columns)
         if remembered in self._statements:
             return self._statements[remembered]
-        if self.runtime.pipeline.views.get(view.name) is view and view.name in self._recorded():
+        if self.ctx.pipeline.views.get(view.name) is view and view.name in self._recorded():
             return self._recorded()[view.name]
-        pipeline, spark = self.runtime.pipeline, self.runtime.spark
+        pipeline, spark = self.ctx.pipeline, self.ctx.spark
         # (an old statement's stage reads the old version of the stage before it, by that name)
         known = [*pipeline.sources, *pipeline.views, *self.old_versions]
         inputs = {t: spark.createDataFrame([], self.query_schema(t)) for t in tables_read(view.query, known)}

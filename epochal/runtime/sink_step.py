@@ -1,7 +1,7 @@
 """A sink's step of an epoch: build its target, and deliver the committed epochs it lacks through
 the sink coordinator (:mod:`epochal.checkpoint.sinks.coordinator`), its batches written by Spark
 writer tasks (:mod:`epochal.sinks.spark_writers`), or a small one from this process
-(:mod:`epochal.sinks.driver_writer`). Split from the runtime, which delegates here."""
+(:mod:`epochal.sinks.driver_writer`)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,23 @@ from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, StateCompacted
 from epochal.checkpoint.sinks.batches import DeliveryReport, SinkStart
+from epochal.checkpoint.statements.sinks import SinkDeclaration
 from epochal.errors import require
 from epochal.runtime.report import StepReport
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
 from epochal.sinks.driver_writer import DriverWriter
 from epochal.sinks.spec import (
     commit_checkpoint_interval,
-    sink_declaration,
+    primary_key_columns,
     sink_spec,
     snapshot_option,
     writer_count,
 )
 
 if TYPE_CHECKING:
-    from epochal.runtime.facade import EpochRuntime
+    from collections.abc import Mapping
+
+    from epochal.runtime.context import StepContext
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +45,28 @@ class StateAt:
 Payload = str | None | StateAt
 
 
+def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]) -> str:
+    """What a sink reads and where it writes (``SinkDeclaration``), as JSON."""
+    spec = sink_spec(connector)
+    identity, defaults, paths = (spec.identity, dict(spec.identity_defaults), spec.paths) if spec else ((), {}, ())
+    return SinkDeclaration.of(
+        from_table, connector, options, primary_key_columns(options), identity, defaults, paths
+    ).to_json()
+
+
 class SinkSteps:
-    def __init__(self, runtime: EpochRuntime):
-        self.runtime = runtime
+    def __init__(self, ctx: StepContext):
+        self.ctx = ctx
         self._targets: dict[str, SinkTarget] = {}
         #: targets whose table was created or checked by this process
         self._prepared_targets: set[str] = set()
         #: writes a small batch from this process rather than by Spark writer tasks (driver_writer.py)
-        self.driver_writer = DriverWriter(runtime.settings.sink_driver_rows)
+        self.driver_writer = DriverWriter(ctx.settings.sink_driver_rows)
 
     def sink(self, name: str) -> SinkTarget:
         """The target of sink ``name``, built from its options (``${ENV}`` values read now)."""
         if name not in self._targets:
-            definition = self.runtime.pipeline.sinks[name]
+            definition = self.ctx.pipeline.sinks[name]
             spec = sink_spec(definition.connector)
             if spec is None:
                 raise InvariantViolation(
@@ -62,12 +74,12 @@ class SinkSteps:
                 )
             upstream = definition.from_table
             columns = list(
-                self.runtime.pipeline.views[upstream].columns
-                if upstream in self.runtime.pipeline.views
-                else self.runtime.pipeline.sources[upstream].column_names
+                self.ctx.pipeline.views[upstream].columns
+                if upstream in self.ctx.pipeline.views
+                else self.ctx.pipeline.sources[upstream].column_names
             )
             self._targets[name] = spec.create(
-                name, definition.options, columns, self.runtime.settings.home, self.runtime.settings.meta_url
+                name, definition.options, columns, self.ctx.settings.home, self.ctx.settings.meta_url
             )
         return self._targets[name]
 
@@ -80,11 +92,12 @@ class SinkSteps:
         from epochal.sinks.base import SinkConfigError, SinkDataError, SinkError, SinkSchemaError
 
         started = time.time()
-        record = self.runtime.controller.epoch_log.epoch(epoch)
+        controller = self.ctx.controller
+        record = controller.epoch(epoch)
         if record.state is EpochState.ABORTED:
             raise EpochAborted(f"epoch {epoch} was aborted by a recovery; sinks only deliver committed epochs")
-        definition = self.runtime.pipeline.sinks[name]
-        backfill = self.runtime.controller.backfills.get(definition.from_table)
+        definition = self.ctx.pipeline.sinks[name]
+        backfill = controller.backfill(definition.from_table)
         if backfill is not None and backfill.phase.active:
             # Its table is not at the committed epoch yet: delivering now would skip its history.
             return StepReport(
@@ -93,24 +106,23 @@ class SinkSteps:
                 {"epoch": epoch, "waiting_for_backfill": definition.from_table, "phase": backfill.phase.shown},
             )
         target = self.sink(name)
-        coordinator = self.runtime.controller.sink_coordinator
-        committed = self.runtime.controller.epoch_log.committed_epoch()
+        committed = controller.committed_epoch()
         upto = min(epoch, committed) if committed is not None else None
 
         # Where the sink starts is decided at its first delivery step and kept: a sink added to a
         # table with history delivers the state at the newest committed epoch before this one as one
         # snapshot batch (snapshot = 'true'), or skips that history; one there from the first epoch
         # has none. This epoch and later ones are delivered as epochs.
-        start = coordinator.start(
+        start = controller.sink_start(
             name,
             snapshot_option(definition.options),
             epoch,
             sink_declaration(definition.from_table, definition.connector, definition.options),
-            self.runtime.pipeline.loaded_at,
+            self.ctx.pipeline.loaded_at,
         )
 
         def deliver() -> DeliveryReport:
-            delivered = coordinator.delivered_epoch(name)
+            delivered = controller.delivered_epoch(name)
             after, snapshot = delivered, None
             if delivered is None and start.skipped_upto is not None:
                 after = start.skipped_upto
@@ -122,11 +134,9 @@ class SinkSteps:
             todo: list[tuple[int, Payload]] = (
                 []
                 if upto is None
-                else self.runtime.controller.catalog.committed_locations(
-                    definition.from_table, upto=upto, after=after, idle=True
-                )
+                else controller.committed_locations(definition.from_table, upto=upto, after=after, idle=True)
             )
-            return coordinator.deliver(
+            return controller.deliver_sink(
                 target,
                 todo,
                 commit_checkpoint_interval(definition.options),
@@ -147,7 +157,7 @@ class SinkSteps:
                 retry_on=transient,
                 base=0.5,
                 cap=10.0,
-                deadline=time.monotonic() + self.runtime.settings.sink_retry_s,
+                deadline=time.monotonic() + self.ctx.settings.sink_retry_s,
                 on_retry=retry_log,
             )(deliver)
         except SinkError as error:
@@ -156,16 +166,16 @@ class SinkSteps:
             if message.startswith(f"sink {name}:") and upto is not None:
                 waiting = [
                     e
-                    for e, _ in self.runtime.controller.catalog.committed_locations(
+                    for e, _ in controller.committed_locations(
                         definition.from_table, upto=upto, after=self._listed_after(name, start), idle=True
                     )
                 ]
                 if waiting:
                     span = f"epoch {waiting[0]}" if len(waiting) == 1 else f"epochs {waiting[0]}..{waiting[-1]}"
-                    message = f"sink {name}, {span} ({len(waiting)} waiting):{message[len(f'sink {name}:'):]}"
+                    message = f"sink {name}, {span} ({len(waiting)} waiting):{message[len(f'sink {name}:') :]}"
                     raise type(error)(message) from error
             raise
-        lag = coordinator.lag_of(name)
+        lag = controller.sink_lag(name)
         if report.epochs:
             log.info(
                 "sink %s: delivered %d epoch(s) in %d batch(es), %d row(s), in %.1fs; %d epoch(s) behind",
@@ -208,7 +218,7 @@ class SinkSteps:
 
     def _listed_after(self, name: str, start: SinkStart) -> int | None:
         """The epoch after which the sink's undelivered epochs lie."""
-        delivered = self.runtime.controller.sink_coordinator.delivered_epoch(name)
+        delivered = self.ctx.controller.delivered_epoch(name)
         if delivered is not None or start.history_upto is None:
             return delivered
         return start.history_upto
@@ -221,18 +231,18 @@ class SinkSteps:
         the committed epoch, whose state is always readable."""
         require(start.history_upto is not None, f"sink {name}: a snapshot start without a snapshot epoch")
         at = start.history_upto
-        table = self.runtime.pipeline.sinks[name].from_table
-        catalog = self.runtime.controller.catalog
+        table = self.ctx.pipeline.sinks[name].from_table
+        controller = self.ctx.controller
         try:
-            catalog.state_parts(table, at, inclusive=True)
+            controller.state_parts(table, at, inclusive=True)
             return at
         except StateCompacted:
-            history = self.runtime.reader.history
+            history = self.ctx.reader.history
             if history is not None and history.covers(table) and history.records(table, at, True) is not None:
                 return at  # a SOURCE's rows at any epoch whose offsets are kept: read from its connector
-            committed = catalog.committed_epoch()
+            committed = controller.committed_epoch()
             require(committed is not None, f"sink {name}: a snapshot start but no committed epoch")
-            moved = self.runtime.controller.sink_coordinator.move_snapshot(name, at, committed)
+            moved = controller.move_sink_snapshot(name, at, committed)
             log.warning(
                 "sink %s: the state at epoch %d was compacted before its snapshot batch was delivered; "
                 "the snapshot is taken at epoch %s instead",
@@ -248,7 +258,7 @@ class SinkSteps:
         over the sink's writer tasks."""
         from epochal.sinks.spark_writers import run_writers
 
-        definition = self.runtime.pipeline.sinks[target.name]
+        definition = self.ctx.pipeline.sinks[target.name]
         writers = writer_count(definition.options)
         if batch.snapshot:
             require(
@@ -257,15 +267,15 @@ class SinkSteps:
             )
             return self._write_snapshot(target, batch, payloads[0], writers)
         locations = [p for p in payloads if not isinstance(p, StateAt)]
-        files = [f for loc in locations if loc is not None for f in self.runtime.warehouse.parquet_files(loc)]
+        files = [f for loc in locations if loc is not None for f in self.ctx.warehouse.parquet_files(loc)]
         schema = None
         if files:
-            schema = self.runtime.query_schema(definition.from_table)
+            schema = self.ctx.query_schema(definition.from_table)
             self._prepare(target, schema)
             written = self.driver_writer.write(target, batch, files, schema)
             if written is not None:
                 return written
-        return run_writers(self.runtime.spark if files else None, target, batch, files, schema, writers)
+        return run_writers(self.ctx.spark if files else None, target, batch, files, schema, writers)
 
     def _write_snapshot(self, target: SinkTarget, batch: BatchId, state: StateAt, writers: int) -> list[WriterResult]:
         """The table's rows at the snapshot epoch, each with weight 1 (a row the table holds twice
@@ -277,16 +287,16 @@ class SinkSteps:
         from epochal.sinks.spark_writers import write_frame
         from epochal.sql import quote
 
-        table = self.runtime.pipeline.sinks[target.name].from_table
-        schema = self.runtime.query_schema(table)
+        table = self.ctx.pipeline.sinks[target.name].from_table
+        schema = self.ctx.query_schema(table)
         self._prepare(target, schema)
-        rows, _ = self.runtime.read_state(table, state.epoch, inclusive=True)
+        rows, _ = self.ctx.read_state(table, state.epoch, inclusive=True)
         types = {f.name: f.dataType for f in schema.fields}
         change = rows.select(
             *[F.col(quote(c)).cast(types[c]).alias(c) for c in target.columns],
             F.lit(1).cast("long").alias(WEIGHT),
         )
-        return write_frame(self.runtime.spark, target, batch, change, schema, writers)
+        return write_frame(self.ctx.spark, target, batch, change, schema, writers)
 
     def _prepare(self, target: SinkTarget, schema: object) -> None:
         """Create or check the target table once per process, from the upstream ``schema``."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import StateCompacted
 from epochal.storage.schemas import cast_like
 from epochal.storage.warehouse import WEIGHT
@@ -22,16 +21,16 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from epochal.connectors.base import SplitRange
-    from epochal.runtime.facade import EpochRuntime
+    from epochal.runtime.context import StepContext
 
 
 class SourceHistory:
-    def __init__(self, runtime: EpochRuntime):
-        self.runtime = runtime
+    def __init__(self, ctx: StepContext):
+        self.ctx = ctx
 
     def covers(self, table: str) -> bool:
         """Whether ``table`` is a SOURCE, whose rows its connector can read again."""
-        source = self.runtime.pipeline.sources.get(table)
+        source = self.ctx.pipeline.sources.get(table)
         return source is not None and source.kind == "source"
 
     def records(self, table: str, epoch: int, inclusive: bool) -> int | None:
@@ -45,22 +44,22 @@ class SourceHistory:
         the records of the epoch's own ranges, each an insert, as the source step wrote them."""
         from pyspark.sql import functions as F
 
-        runtime = self.runtime
-        ranges = runtime.controller.backend.transaction(lambda cur: q.offsets(cur, epoch, table))
-        rows = self._typed(runtime.connector(table).read(runtime.spark, [r for r in ranges if r.count > 0]).rows, table)
+        ctx = self.ctx
+        ranges = ctx.controller.source_offsets(epoch, table)
+        rows = self._typed(ctx.connector(table).read(ctx.spark, [r for r in ranges if r.count > 0]).rows, table)
         return rows.withColumn(WEIGHT, F.lit(1).cast("bigint"))
 
     def _typed(self, rows: DataFrame, table: str) -> DataFrame:
         """``rows`` with the stored rows' columns and types, so a reader cannot tell where they came from."""
-        return cast_like(rows, self.runtime.query_schema(table))
+        return cast_like(rows, self.ctx.query_schema(table))
 
     def _ranges(self, table: str, epoch: int, inclusive: bool) -> list[SplitRange] | None:
-        return self.runtime.controller.backend.transaction(lambda cur: q.source_history(cur, table, epoch, inclusive))
+        return self.ctx.controller.source_history(table, epoch, inclusive)
 
     def read(self, table: str, epoch: int, inclusive: bool) -> tuple[DataFrame, int]:
         """``table``'s rows inside ``epoch`` (its records included when ``inclusive``), and how
         many records the connector reads for them."""
-        runtime = self.runtime
+        ctx = self.ctx
         ranges = self._ranges(table, epoch, inclusive)
         if ranges is None:
             raise StateCompacted(
@@ -68,8 +67,8 @@ class SourceHistory:
                 "store (it was pruned or aborted): its rows at that epoch cannot be read again; read a newer epoch"
             )
         wanted = [r for r in ranges if r.count > 0]
-        schema = runtime.query_schema(table)
+        schema = ctx.query_schema(table)
         if not wanted:
-            return runtime.spark.createDataFrame([], schema), 0
-        rows = self._typed(runtime.connector(table).read(runtime.spark, wanted).rows, table)
+            return ctx.spark.createDataFrame([], schema), 0
+        rows = self._typed(ctx.connector(table).read(ctx.spark, wanted).rows, table)
         return rows, sum(r.count for r in wanted)

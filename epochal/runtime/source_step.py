@@ -1,6 +1,6 @@
 """A source's step of an epoch: its planned offsets read through its connector, its change (inserts,
 or upserts and deletes resolved against the source's rows before the epoch) and its dead letters
-written, then collected. Split from the runtime, which delegates here, as the view step is."""
+written, then collected."""
 
 from __future__ import annotations
 
@@ -10,52 +10,60 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import Collected, EpochAborted
+from epochal.checkpoint.statements import sources as source_declarations
+from epochal.checkpoint.statements.sources import Declaration
 from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.registry import connector_spec
 from epochal.faults import fault_point
-from epochal.runtime.report import StepReport
+from epochal.runtime.report import StepReport, retired_report
 from epochal.storage.state_reader import quoted
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from epochal.runtime.facade import EpochRuntime
+    from epochal.driver.sources import DriverSources
+    from epochal.pipeline.model import SourceDef
+    from epochal.runtime.context import StepContext
 
 log = logging.getLogger("epochal.runtime")
 
 
+def source_declaration(source: SourceDef) -> str:
+    """What ``source``'s stored rows depend on (``source_declarations.Declaration``), as JSON."""
+    spec = connector_spec(source.connector)
+    if spec is None:
+        return Declaration.of(source).to_json()
+    return Declaration.of(source, spec.identity_options, spec.fields_by_spelling).to_json()
+
+
 class SourceSteps:
-    def __init__(self, runtime: EpochRuntime):
-        self.runtime = runtime
+    def __init__(self, ctx: StepContext, driver: DriverSources):
+        self.ctx = ctx
+        #: computes a small epoch's change on the driver (epochal/driver/sources.py)
+        self.driver = driver
 
     def run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        from epochal.checkpoint.backfills import rows as backfill_rows
-        from epochal.checkpoint.statements import sources as source_declarations
-
         started = time.time()
-        retired, recorded = self.runtime.controller.backend.transaction(
-            lambda cur: (backfill_rows.is_retired(cur, name), source_declarations.stored(cur, name))
-        )
-        if retired:
-            return self.runtime._retired(epoch, name)
+        facts = self.ctx.controller.source_step_facts(name)
+        if facts.retired:
+            return retired_report(epoch, name)
         # Records decoded by a declaration other than the stored rows' would not fit them.
-        from epochal.runtime.facade import source_declaration
-
-        declaration = source_declaration(self.runtime.pipeline.sources[name])
-        source_declarations.check_step(recorded, name, declaration, self.runtime.pipeline.loaded_at)
-        if self.runtime.pipeline.sources[name].primary_key:
+        declaration = source_declaration(self.ctx.pipeline.sources[name])
+        source_declarations.check_step(facts.declaration, name, declaration, self.ctx.pipeline.loaded_at)
+        if self.ctx.pipeline.sources[name].primary_key:
             # Upserts resolve against the source's rows before this epoch: its earlier epochs first.
-            self.runtime.controller.epoch_log.wait_for_order(epoch, [name], f"source {name}")
-        ranges = self.runtime.begin_step(epoch, run_id, source=name).offsets
+            self.ctx.controller.wait_for_order(epoch, [name], f"source {name}")
+        ranges = self.ctx.begin_step(epoch, run_id, source=name).offsets
         if not any(r.count > 0 for r in ranges):
             return self._idle_source(epoch, name, ranges, started, run_id, release)
-        connector = self.runtime.connector(name)
-        warehouse = self.runtime.warehouse
-        driven = self.runtime.driver_sources.change(epoch, self.runtime.pipeline.sources[name], connector, ranges)
+        connector = self.ctx.connector(name)
+        warehouse = self.ctx.warehouse
+        driven = self.driver.change(epoch, self.ctx.pipeline.sources[name], connector, ranges)
         if driven is not None:  # every record parsed: no dead letter (epochal/driver/sources.py)
             from epochal.driver.tables import write_change
 
-            schema = self.runtime.query_schema(name)
+            schema = self.ctx.query_schema(name)
             return self._publish(
                 epoch,
                 name,
@@ -67,7 +75,7 @@ class SourceSteps:
                 release,
                 "driver (DuckDB)",
             )
-        batch = connector.read(self.runtime.spark, ranges)
+        batch = connector.read(self.ctx.spark, ranges)
         change = self._source_change(epoch, name, batch.rows)
         return self._publish(
             epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
@@ -87,7 +95,7 @@ class SourceSteps:
     ) -> StepReport:
         """Write the epoch's change (``write`` at a fresh location) and its dead letters, if
         ``batch`` has any, then collect them."""
-        location = self.runtime.warehouse.new_location(name, epoch)
+        location = self.ctx.warehouse.new_location(name, epoch)
         written: list[str] = [location]
         try:
             rows = write(location)
@@ -96,15 +104,15 @@ class SourceSteps:
             # Almost every epoch has no dead letters: asking first (a job over the epoch's lines that
             # writes nothing) is cheaper than writing an empty Parquet dataset and deleting it again.
             if batch is not None and batch.rejected is not None and not batch.rejected.isEmpty():
-                dlq_location = self.runtime.warehouse.new_location(dead_letter_table(name), epoch)
+                dlq_location = self.ctx.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
-                dead = self.runtime.warehouse.write(batch.dead_letters, dlq_location)
+                dead = self.ctx.warehouse.write(batch.dead_letters, dlq_location)
                 log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
             records = sum(r.count for r in ranges)
             collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
-            recorded = self.runtime.collect(epoch, collected, written, release)
+            recorded = self.ctx.collect(epoch, collected, written, release)
         except EpochAborted:
-            self.runtime.warehouse.delete(written)
+            self.ctx.warehouse.delete(written)
             raise
         fault_point("source-written")
         return self._source_report(epoch, ranges, collected, started, recorded, engine)
@@ -115,7 +123,7 @@ class SourceSteps:
         """An epoch with no record for the source: its change is empty, recorded without a file and
         without a Spark job (readers take a missing location as no change, ``ViewSteps._upstream_delta``).
         A pipeline whose sources are quiet then pays no Parquet write per source per epoch."""
-        empty, recorded = self.runtime.record_idle(epoch, name, started, run_id, release, dead_letters=0)
+        empty, recorded = self.ctx.record_idle(epoch, name, started, run_id, release, dead_letters=0)
         fault_point("source-written")
         return self._source_report(epoch, ranges, empty, started, recorded, "none (idle)")
 
@@ -145,7 +153,7 @@ class SourceSteps:
         KEY, upserts and deletes resolved against the source's state before this epoch."""
         from pyspark.sql import functions as F
 
-        source = self.runtime.pipeline.sources[name]
+        source = self.ctx.pipeline.sources[name]
         if not source.primary_key:
             return records.withColumn(WEIGHT, F.lit(1).cast("bigint"))
         from epochal.storage.upsert import upsert_changes
@@ -155,7 +163,7 @@ class SourceSteps:
         # source's distribution key: the read opens just those keys' vnodes of the snapshot.
         touched = records.select(*quoted(source.primary_key))
         restrict = (tuple(source.primary_key), touched)
-        previous, _ = self.runtime.read_state(name, epoch, inclusive=False, restrict=restrict)
+        previous, _ = self.ctx.read_state(name, epoch, inclusive=False, restrict=restrict)
         if previous is None:
-            previous = self.runtime.spark.createDataFrame([], records.select(*quoted(columns)).schema)
+            previous = self.ctx.spark.createDataFrame([], records.select(*quoted(columns)).schema)
         return upsert_changes(records, previous, source.primary_key, columns)

@@ -1,7 +1,7 @@
 """A view's step of an epoch: its change computed from its upstreams' changes (linear views), at the
 keys the epoch touched (keyed and partial-aggregate plans), or by a full recompute and diff
-(``refresh = 'full'``), then written and collected. Split from the runtime, which delegates here;
-the backfill runner runs the same steps for epochs that committed without the view."""
+(``refresh = 'full'``), then written and collected. The backfill runner runs the same steps for
+epochs that committed without the view."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import Collected, EpochAborted, InvariantViolation
+from epochal.checkpoint.statements import views as definitions
 from epochal.driver.views import DriverChange
 from epochal.errors import EpochalError
 from epochal.incremental.binding import sql_over
+from epochal.pipeline.fingerprints import view_fingerprint
 from epochal.runtime.data_errors import ViewDataError, data_failure, user_view
 from epochal.runtime.report import StepReport
 from epochal.storage.changes import signed_parts, unit_changes
@@ -23,13 +25,40 @@ from epochal.storage.warehouse import WEIGHT
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from epochal.driver.views import DriverViews
     from epochal.pipeline.model import ViewDef
-    from epochal.runtime.facade import EpochRuntime
+    from epochal.runtime.context import StepContext
+
+#: ``check_statement``'s default: the stored statement has not been read yet
+_UNREAD = object()
 
 
 class ViewSteps:
-    def __init__(self, runtime: EpochRuntime):
-        self.runtime = runtime
+    def __init__(self, ctx: StepContext, driver: DriverViews):
+        self.ctx = ctx
+        #: computes a small epoch's change on the driver (epochal/driver/views.py)
+        self.driver = driver
+
+    def run_checked(
+        self, epoch: int, name: str, run_id: str | None, release: bool, stored: object = _UNREAD
+    ) -> StepReport:
+        """The view's step for ``epoch`` with this process's statement, refused when the view's
+        state comes from another (``check_statement``): its rows would mix the two.
+        ``stored``: what ``controller.stored_statement`` said, if the caller asked already."""
+        self.check_statement(name, stored)
+        return self.run(epoch, name, run_id, release)
+
+    def check_statement(self, name: str, stored: object = _UNREAD) -> None:
+        """Refuse to compute view ``name`` with this process's statement when its state comes from
+        another (``definitions.check_statement``). ``stored``: the controller's ``stored_statement``
+        answer, if the caller read it already."""
+        definition = self.ctx.pipeline.views.get(name)
+        if definition is None:
+            return
+        if stored is _UNREAD:
+            stored = self.ctx.controller.stored_statement(name)
+        fingerprint = view_fingerprint(definition)
+        definitions.check_statement(stored, name, fingerprint, self.ctx.pipeline.loaded_at)  # type: ignore[arg-type]
 
     def run(
         self,
@@ -42,7 +71,7 @@ class ViewSteps:
         """The view's step for ``epoch``, without the epoch's lease (``run_view`` holds it; the
         backfill runner writes committed epochs, which have none). ``definition``: the statement
         to maintain the view with, when not the pipeline's (the old one of a view being rebuilt)."""
-        view = definition or self.runtime.pipeline.views[name]
+        view = definition or self.ctx.pipeline.views[name]
         try:
             if view.refresh == "full":
                 return self._run_view_full(epoch, view, run_id, release)
@@ -56,7 +85,7 @@ class ViewSteps:
             if failure is None:
                 raise
             # (an internal stage's SQL is the planner's; the user edits the view it was split off)
-            owner = user_view(self.runtime.pipeline, view)
+            owner = user_view(self.ctx.pipeline, view)
             raise ViewDataError(owner.name, epoch, failure, owner.query) from error
 
     def _run_view_keyed(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
@@ -71,7 +100,7 @@ class ViewSteps:
         if view.plan is None:
             raise InvariantViolation(f"view {name} is run as keyed but has no incremental plan")
         self._wait_for_order(epoch, view)
-        begun = self.runtime.begin_step(epoch, run_id, table=name)
+        begun = self.ctx.begin_step(epoch, run_id, table=name)
         collected, first = begun.collected, not begun.written_before
         rows_in = self._rows_in(epoch, view, collected)
         if rows_in == 0 and not first:
@@ -82,17 +111,17 @@ class ViewSteps:
         deltas = {u: self._upstream_delta(epoch, name, u, collected) for u in view.upstreams}
 
         def read(table: str, inclusive: bool, restrict):
-            return self.runtime.read_state(table, epoch, inclusive, restrict)
+            return self.ctx.read_state(table, epoch, inclusive, restrict)
 
         if view.plan.rule == PARTIAL_RULE:
             change = partial_change(
-                self.runtime.spark,
+                self.ctx.spark,
                 view.plan,
                 name,
                 view.columns,
                 deltas,
                 read,
-                self.runtime.view_schema(view),
+                self.ctx.view_schema(view),
                 inserts_only=not any(self._may_delete(epoch, u, collected) for u in view.upstreams),
             )
         else:
@@ -101,7 +130,7 @@ class ViewSteps:
             # still returns a row (count(*) = 0), which must not be retracted from a view never
             # written. (A partial aggregate reads its own rows, so it needs no such flag.)
             change = keyed_change(
-                self.runtime.spark,
+                self.ctx.spark,
                 view.plan,
                 view.columns,
                 deltas,
@@ -109,7 +138,7 @@ class ViewSteps:
                 changed,
                 first,
                 # a recompute retracts the view's own rows (exact for floating point aggregates)
-                stored=lambda restriction: self.runtime.read_state(name, epoch, False, restriction)[0],
+                stored=lambda restriction: self.ctx.read_state(name, epoch, False, restriction)[0],
                 view=name,
             )
         try:
@@ -143,22 +172,22 @@ class ViewSteps:
         started = time.time()
         name = view.name
         self._wait_for_order(epoch, view)
-        self.runtime.begin_step(epoch, run_id)
+        self.ctx.begin_step(epoch, run_id)
         rows_read = 0
         states = {}
         for upstream in view.upstreams:
-            state, read = self.runtime.read_state(upstream, epoch, inclusive=True)
+            state, read = self.ctx.read_state(upstream, epoch, inclusive=True)
             rows_read += read
             states[upstream] = state
         new = (
-            sql_over(self.runtime.spark, view.query, states)
+            sql_over(self.ctx.spark, view.query, states)
             .toDF(*view.columns)
             .withColumn(WEIGHT, F.lit(1).cast("bigint"))
         )
         # The view's own previous state, negated: unit_changes nets it with the new rows anyway,
         # so it is read un-netted (snapshot + later changes) and aggregated only once.
-        previous, own_read = self.runtime.reader.read_weighted(
-            self.runtime.controller.catalog.state_parts(name, epoch, inclusive=False), None
+        previous, own_read = self.ctx.reader.read_weighted(
+            self.ctx.controller.state_parts(name, epoch, inclusive=False), None
         )
         rows_read += own_read
         weighted = new
@@ -185,7 +214,7 @@ class ViewSteps:
         """A view that reads state (its inputs', its own) inside ``epoch`` needs their earlier epochs
         written first; with several epochs in flight, another run may still be writing them."""
         tables = [*view.upstreams, view.name]
-        self.runtime.controller.epoch_log.wait_for_order(epoch, tables, f"view {view.name}")
+        self.ctx.controller.wait_for_order(epoch, tables, f"view {view.name}")
 
     def _rows_in(self, epoch: int, view: ViewDef, collected: Mapping[str, Collected]) -> int:
         """Rows the view's upstreams changed in the epoch; raises when one has not run it yet."""
@@ -199,7 +228,7 @@ class ViewSteps:
         empty by construction (linear over nothing, or the same keys before and after), so it is
         recorded like an idle source, without a file and without a Spark job. A quiet pipeline
         then costs a few meta-store transactions per view per epoch, not a Parquet commit each."""
-        _, recorded = self.runtime.record_idle(epoch, name, started, run_id, release, dead_letters=None)
+        _, recorded = self.ctx.record_idle(epoch, name, started, run_id, release, dead_letters=None)
         return StepReport(
             name,
             epoch,
@@ -220,9 +249,9 @@ class ViewSteps:
         an idle epoch and a SOURCE's records read again only insert)."""
         entry = collected.get(upstream)
         if entry is not None and entry.location is None:
-            history = self.runtime.reader.history
+            history = self.ctx.reader.history
             return not (entry.rows_out == 0 or (history is not None and history.covers(upstream)))
-        return entry is None or self.runtime.warehouse.may_delete([entry.location])
+        return entry is None or self.ctx.warehouse.may_delete([entry.location])
 
     def _upstream_delta(self, epoch: int, view: str, upstream: str, collected: Mapping[str, Collected]) -> "DataFrame":
         from pyspark.sql.types import LongType, StructField, StructType
@@ -231,9 +260,9 @@ class ViewSteps:
         if entry is not None and entry.location is None and entry.rows_out == 0:
             # An idle epoch (_idle_source, _idle_view): no file, no change. A location that
             # compaction cleared has rows and still raises below.
-            weighted = StructType([*self.runtime.query_schema(upstream).fields, StructField(WEIGHT, LongType())])
-            return self.runtime.spark.createDataFrame([], weighted)
-        history = self.runtime.reader.history
+            weighted = StructType([*self.ctx.query_schema(upstream).fields, StructField(WEIGHT, LongType())])
+            return self.ctx.spark.createDataFrame([], weighted)
+        history = self.ctx.reader.history
         if entry is not None and entry.location is None and history is not None and history.covers(upstream):
             # A SOURCE that stores nothing let go of the file after the commit (this epoch is run
             # again): the connector reads the epoch's records again.
@@ -241,15 +270,15 @@ class ViewSteps:
         if entry is None or entry.location is None:
             raise _not_written(view, upstream, epoch)
         # (a source's change written before a column was declared: read as declared now)
-        change = self.runtime.warehouse.read(self.runtime.spark, [entry.location])
-        return aligned(change, self.runtime.reader.declared(upstream))
+        change = self.ctx.warehouse.read(self.ctx.spark, [entry.location])
+        return aligned(change, self.ctx.reader.declared(upstream))
 
     def _run_view(self, epoch: int, view: ViewDef, run_id: str | None, release: bool) -> StepReport:
         from pyspark.sql import functions as F
 
         started = time.time()
         name = view.name
-        begun = self.runtime.begin_step(epoch, run_id, table=name)
+        begun = self.ctx.begin_step(epoch, run_id, table=name)
         rows_in = self._rows_in(epoch, view, begun.collected)
         if rows_in == 0 and begun.written_before:
             return self._idle_view(epoch, name, started, run_id, release)
@@ -263,9 +292,9 @@ class ViewSteps:
         query = view.plan.query if view.plan is not None and view.plan.query else view.query
         signed = []
         for sign, rows in signed_parts(deltas):
-            out = sql_over(self.runtime.spark, query, rows).toDF(*view.columns)
+            out = sql_over(self.ctx.spark, query, rows).toDF(*view.columns)
             if view.plan is not None and view.plan.typed_like_query:
-                out = cast_like(out, self.runtime.view_schema(view))
+                out = cast_like(out, self.ctx.view_schema(view))
             signed.append(out.withColumn(WEIGHT, F.lit(sign).cast("bigint")))
         change = signed[0].unionByName(signed[1])
         rows, recorded = self.publish_change(epoch, name, change, rows_in, started, run_id, release)
@@ -295,10 +324,10 @@ class ViewSteps:
     ) -> StepReport | None:
         """The step computed on the driver by DuckDB (:mod:`epochal.driver.views`) when the epoch's
         change is small and the view's plan is one the driver computes exactly; None: Spark's."""
-        driver = self.runtime.driver_views
+        driver = self.driver
         if not driver.takes(view, rows_in):
             return None
-        change = driver.change(epoch, view, self.runtime.view_schema(view), collected)
+        change = driver.change(epoch, view, self.ctx.view_schema(view), collected)
         if change is None:
             return None
         rows, recorded = self.publish_change(epoch, view.name, change, rows_in, started, run_id, release)
@@ -333,24 +362,24 @@ class ViewSteps:
         release: bool,
     ) -> tuple[int, bool]:
         """Write a view's change for the epoch and collect it; returns (rows written, recorded)."""
-        location = self.runtime.warehouse.new_location(name, epoch)
-        if self.runtime.backfill_root is not None:
+        location = self.ctx.warehouse.new_location(name, epoch)
+        if self.ctx.backfill_root is not None:
             # A committed epoch's change written by a backfill: outside the epoch= directories that
             # recovery sweeps up to the committed epoch (it would take the file before it is recorded).
-            location = f"{self.runtime.backfill_root}/{location[len(self.runtime.warehouse.table_root(name)) + 1 :]}"
+            location = f"{self.ctx.backfill_root}/{location[len(self.ctx.warehouse.table_root(name)) + 1 :]}"
         try:
             if isinstance(change, DriverChange):
                 rows = change.write(location)
             else:
-                rows = self.runtime.warehouse.write(change, location)
-            recorded = self.runtime.collect(
+                rows = self.ctx.warehouse.write(change, location)
+            recorded = self.ctx.collect(
                 epoch,
                 Collected(name, location, rows_in, rows, None, None, time.time() - started, run_id),
                 [location],
                 release,
             )
         except EpochAborted:
-            self.runtime.warehouse.delete([location])
+            self.ctx.warehouse.delete([location])
             raise
         return rows, recorded
 

@@ -1,7 +1,7 @@
 """The PostgreSQL sink's side of schemas: the Arrow -> PostgreSQL type mapping a target table is
 created with, the check of a table that already exists, and the CSV its writers ``COPY`` in.
 
-Arrow -> PostgreSQL types (what :meth:`PostgresTarget.prepare_target` creates; an existing column
+Arrow -> PostgreSQL types (what ``PostgresTarget.prepare_target`` creates; an existing column
 may have the type or a wider one that holds every value exactly, :data:`WIDER`):
 
 =============================  ===================================
@@ -31,7 +31,7 @@ import json
 import math
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 import pyarrow as pa
@@ -39,8 +39,17 @@ import pyarrow.csv as pa_csv
 
 from epochal.sinks.base import SinkSchemaError
 
-if TYPE_CHECKING:
-    from epochal.sinks.postgres_sink import PostgresTarget
+
+class PostgresTable(Protocol):
+    """The sink's target table as these checks name it (``PostgresTarget`` is one)."""
+
+    name: str
+    database: str
+    schema: str
+    table: str
+    type: str
+    primary_key: tuple[str, ...]
+
 
 #: Arrow type -> the PostgreSQL type it is created as, as format_type() spells it.
 _SIMPLE_TYPES: dict[pa.DataType, str] = {
@@ -95,7 +104,7 @@ def compatible(existing: str, expected: str) -> bool:
     return expected.startswith("numeric(") and existing == "numeric"
 
 
-def existing_columns(target: PostgresTarget, conn: psycopg.Connection) -> tuple[int, dict[str, str]] | None:
+def existing_columns(target: PostgresTable, conn: psycopg.Connection) -> tuple[int, dict[str, str]] | None:
     """The target table's oid and columns (name -> type as format_type spells it), or None."""
     row = conn.execute(
         "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -117,7 +126,7 @@ def existing_columns(target: PostgresTarget, conn: psycopg.Connection) -> tuple[
     return row[0], {n: t for n, t in rows}
 
 def check_existing(
-    target: PostgresTarget,
+    target: PostgresTable,
     conn: psycopg.Connection, oid: int, existing: dict[str, str], expected: dict[str, str]
 ) -> None:
     diff = []

@@ -114,17 +114,6 @@ def sink_spec(connector: str) -> SinkSpec | None:
     return SINK_CONNECTORS.get(connector.strip().lower())
 
 
-def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]) -> str:
-    """What a sink reads and where it writes (``sink_declarations.SinkDeclaration``), as JSON."""
-    from epochal.checkpoint.statements.sinks import SinkDeclaration
-
-    spec = sink_spec(connector)
-    identity, defaults, paths = (spec.identity, dict(spec.identity_defaults), spec.paths) if spec else ((), {}, ())
-    return SinkDeclaration.of(
-        from_table, connector, options, primary_key_columns(options), identity, defaults, paths
-    ).to_json()
-
-
 def primary_key_columns(options: Mapping[str, str], columns: Sequence[str] = ()) -> tuple[str, ...]:
     """The columns ``primary_key`` names: ``'a, b'``, a name holding a comma in backticks or double
     quotes (a quote doubled inside them), spaces around names dropped. With ``columns`` (the

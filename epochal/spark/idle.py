@@ -16,7 +16,6 @@ at that moment either renewed the lease first (the server stays) or starts a new
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,8 +27,6 @@ log = logging.getLogger("epochal.spark.idle")
 IN_USE = "in_use"
 #: how often an attached process renews the lease; the idle limit must leave room for several
 RENEW_S = 30.0
-#: the smallest idle limit a setting may ask for (0 means never stop)
-MIN_IDLE_STOP_S = 60
 
 _renewing: set[Path] = set()
 _renewing_lock = threading.Lock()
@@ -77,35 +74,3 @@ def keep_alive(directory: Path) -> None:
 
     # entered and never left: the lease lasts as long as the process (its thread is a daemon)
     Lease(f"Spark server of {directory.parent}", renew, RENEW_S).__enter__()
-
-
-def watch(home: Path, pid: int, limit_s: float, poll_s: float | None = None) -> str:
-    """Stop the server ``pid`` of ``home`` once its lease is older than ``limit_s``; returns why the
-    watch ended: "stopped" (idle) or "gone" (the server stopped, died or was replaced)."""
-    from epochal.spark import server as spark_server
-
-    directory = spark_server.server_directory(home)
-    poll_s = poll_s if poll_s is not None else min(RENEW_S, max(1.0, limit_s / 4))
-    while True:
-        time.sleep(poll_s)
-        if not spark_server.is_running(home, pid):
-            return "gone"
-        if should_stop(idle_seconds(directory), limit_s):
-            idle = idle_seconds(directory)
-            if spark_server.stop_if(home, pid, lambda: should_stop(idle_seconds(directory), limit_s)):
-                log.warning("stopped Epochal's Spark server (pid %d): unused for %.0f s (limit %.0f s)",
-                            pid, idle or 0.0, limit_s)
-                return "stopped"
-
-
-def main(argv: list[str]) -> int:
-    """``python -m epochal.spark.idle HOME PID LIMIT_S``: the watchdog the server is started with."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    home, pid, limit_s = Path(argv[0]), int(argv[1]), float(argv[2])
-    log.info("watching Epochal's Spark server (pid %d): it stops after %.0f s unused", pid, limit_s)
-    log.info("watch ended: %s", watch(home, pid, limit_s))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

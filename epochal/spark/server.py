@@ -361,7 +361,7 @@ def _start_watchdog(config: ServerConfig, pid: int) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
     with open(directory / "watchdog.log", "ab") as out:
         watchdog = subprocess.Popen(
-            [sys.executable, "-m", "epochal.spark.idle", str(config.home), str(pid), str(config.idle_stop_s)],
+            [sys.executable, "-m", "epochal.spark.watchdog", str(config.home), str(pid), str(config.idle_stop_s)],
             cwd=directory, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epochal.errors import JavaMissingError
+from epochal.settings import BACKFILL_POOL as BACKFILL_POOL  # the pool is a setting's default
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,8 +58,6 @@ DEFAULT_CONF = {
     "spark.scheduler.mode": "FAIR",
     "spark.scheduler.allocation.file": str(Path(__file__).with_name("fairscheduler.xml")),
 }
-#: The FAIR pool backfills run in (fairscheduler.xml).
-BACKFILL_POOL = "epochal_backfill"
 _POOL_PROPERTY = "spark.scheduler.pool"
 #: Of those, the ones only a starting Spark takes: a Spark Connect client leaves them to the server
 #: (the managed server starts with them), which refuses them from a session with a warning.
@@ -219,22 +218,3 @@ def scheduler_pool(spark: "SparkSession", pool: str | None) -> Iterator[None]:
         yield
     finally:
         context.setLocalProperty(_POOL_PROPERTY, previous)  # type: ignore[arg-type]
-
-
-def spark_remote_for(settings) -> str | None:  # noqa: ANN001 - Settings (spark_session stays light)
-    """The Spark Connect URL a session of ``settings`` attaches to, or None for a JVM in this process.
-
-    EPOCHAL_SPARK_REMOTE wins (a cluster's Connect server); in ``server`` mode it is Epochal's own
-    local server, started now if it is not running (or died)."""
-    if settings.spark_remote:
-        return settings.spark_remote
-    if settings.spark_mode == "server":
-        from epochal.spark.server import ServerConfig, ensure
-
-        return ensure(ServerConfig.from_settings(settings)).url
-    return None
-
-
-def session_for(settings, app_name: str) -> "SparkSession":  # noqa: ANN001 - Settings
-    """The session of ``settings``' mode: local or cluster JVM, Epochal's server, or a Connect remote."""
-    return build_spark_session(settings.spark_master, app_name, settings.spark_conf, spark_remote_for(settings))

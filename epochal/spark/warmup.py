@@ -19,12 +19,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from epochal.settings import Settings
 
 log = logging.getLogger(__name__)
-
-_DEMO = Path(__file__).parents[1] / "demo_pipeline"
 
 
 @dataclass
@@ -49,19 +54,23 @@ class WarmUpReport:
         return text + ")"
 
 
+#: Opens the demo pipeline's runtime in a scratch home (its settings) on a Spark session (its
+#: factory) and yields a callable that runs one epoch through it; closes the runtime on exit
+#: (``epochal.runtime.one_epoch.demo_epochs``: the runtime is a layer above Spark's management).
+EpochRunner = Callable[["Settings", Callable[[], "SparkSession"]], AbstractContextManager[Callable[[], object]]]
+
+
 def warm_up(
     url: str,
     epochs: int,
+    run_epochs: EpochRunner,
     server_pid: int | None = None,
     progress: Callable[[str], None] = log.info,
     conf: Mapping[str, str] | None = None,
 ) -> WarmUpReport:
-    """Run ``epochs`` epochs of the demo pipeline against the Spark Connect server at ``url`` in a
-    scratch home, then remove the home. ``conf``: the runs' Spark conf (EPOCHAL_SPARK_CONF), so the
-    warm-up compiles the code paths their sessions take."""
-    from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime.facade import EpochRuntime
-    from epochal.runtime.one_epoch import run_epoch
+    """Run ``epochs`` epochs of the demo pipeline (``run_epochs``) against the Spark Connect server
+    at ``url`` in a scratch home, then remove the home. ``conf``: the runs' Spark conf
+    (EPOCHAL_SPARK_CONF), so the warm-up compiles the code paths their sessions take."""
     from epochal.settings import Settings
     from epochal.spark.session import build_spark_session
 
@@ -76,31 +85,21 @@ def warm_up(
         settings = Settings.from_env(
             {"EPOCHAL_HOME": str(root), "EPOCHAL_SPARK_REMOTE": url, "EPOCHAL_STATE_CACHE": "off"}
         )
-        pipeline = load_pipeline(_DEMO)
 
         def spark():  # noqa: ANN202
             return build_spark_session(settings.spark_master, "epochal-warmup", dict(conf or {}), url)
 
-        runtime = EpochRuntime(settings, pipeline, spark)
-        try:
-            runtime.recover("bootstrap")
+        with run_epochs(settings, spark) as run_epoch:
             for n in range(epochs):
                 cpu_before = _cpu_seconds(server_pid)
                 began = time.time()
-                run_epoch(runtime)
+                run_epoch()
                 report.epoch_s.append(time.time() - began)
                 cpu_after = _cpu_seconds(server_pid)
                 if cpu_before is not None and cpu_after is not None:
                     report.server_cpu_s.append(cpu_after - cpu_before)
                 report.epochs = n + 1
                 progress(f"warm-up epoch {n + 1}/{epochs}: {report.epoch_s[-1]:.1f}s")
-        finally:
-            try:
-                runtime.close()
-                if "spark" in runtime.__dict__:
-                    runtime.spark.stop()  # a Connect session: released on the server, which stays up
-            except Exception:  # the warm-up is speed only: its clean-up never fails the start
-                log.warning("could not release the warm-up's Spark session", exc_info=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report.seconds = time.time() - started

@@ -10,13 +10,12 @@ from collections.abc import Callable
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Protocol
 
-from epochal.checkpoint.catalog import SnapshotCatalog
-from epochal.checkpoint.records import Snapshot, StateCompacted, StateParts
 from epochal.errors import EpochalError
 from epochal.sql import quote
 from epochal.storage import driver_lookup
 from epochal.storage.changes import net_rows
 from epochal.storage.driver_lookup import DriverLookup
+from epochal.storage.parts import Snapshot, StateCatalog, StateCompacted, StateParts
 from epochal.storage.schemas import aligned
 from epochal.storage.state_cache import SnapshotPlan, StateCache
 from epochal.storage.warehouse import WEIGHT, Warehouse
@@ -42,7 +41,7 @@ class StateReader:
     def __init__(
         self,
         spark: Callable[[], SparkSession],
-        catalog: SnapshotCatalog,
+        catalog: StateCatalog,
         warehouse: Warehouse,
         cache: StateCache,
         schema_of: Callable[[str], StructType],

@@ -20,7 +20,7 @@ from epochal.checkpoint.statements import rebuilds
 from epochal.checkpoint.statements import views as definitions
 from epochal.checkpoint.statements.rebuilds import REBUILD_TRANSITIONS, RebuildState
 from epochal.checkpoint.statements.views import DefinitionChanged, StaleStatements
-from epochal.runtime.pipeline_edits import PipelineChanges
+from epochal.runtime.pipeline_edits import PipelineEdits
 from epochal.storage.warehouse import Warehouse
 from tests.checkpoint.test_controller import collect_all, plan_ten, settings, start
 
@@ -333,16 +333,17 @@ def test_a_backfill_that_starts_again_leaves_no_files_behind(tmp_path: Path, met
     assert second > first
     new = work_in(warehouse.backfill_root("v3", second))
     runtime = SimpleNamespace(controller=changed, warehouse=warehouse, reader=SimpleNamespace(release_snapshots=list))
-    assert PipelineChanges(runtime).delete_dropped() == 1  # type: ignore[arg-type]
+    edits = PipelineEdits(runtime, note_old_versions=lambda rebuilds: None)  # type: ignore[arg-type]
+    assert edits.delete_dropped() == 1
     assert not old.exists() and new.exists()
-    assert PipelineChanges(runtime).delete_dropped() == 0, "listed once, deleted once"  # type: ignore[arg-type]
+    assert edits.delete_dropped() == 0, "listed once, deleted once"
 
     # changed again before another commit: the new backfill starts at the same epoch, in `new`
     again = grown(tmp_path, meta_url, {**fingerprints, "v3": "c3"}, sink_inputs={})
     again.epoch_log.can_inject()
     assert again.backfills.get("v3").snapshot_epoch == second
     runtime.controller = again
-    assert PipelineChanges(runtime).delete_dropped() == 0  # type: ignore[arg-type]
+    assert edits.delete_dropped() == 0
     assert new.exists()
     assert again.backend.transaction(lambda cur: cur.execute("SELECT count(*) FROM dropped_files").fetchone()[0]) == 0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from epochal.checkpoint.controller import ensure_schema
+from epochal.checkpoint.controller.core import ensure_schema
 from epochal.checkpoint.statements.sinks import (
     SinkDeclaration,
     SinkTargetChanged,
@@ -19,7 +19,7 @@ from epochal.checkpoint.statements.sinks import (
     check_sink,
 )
 from epochal.meta.backend import open_backend
-from epochal.sinks.spec import sink_declaration
+from epochal.runtime.sink_step import sink_declaration
 from tests.epochal_harness import make_harness
 from tests.storage.test_compaction import run_epoch
 

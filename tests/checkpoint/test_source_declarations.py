@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from epochal.backfill.runner import BackfillRunner
-from epochal.checkpoint.controller import ensure_schema
+from epochal.checkpoint.controller.core import ensure_schema
 from epochal.checkpoint.records import EpochState
 from epochal.checkpoint.statements import sources as sd
 from epochal.connectors.log import append_records

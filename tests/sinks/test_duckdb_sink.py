@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from epochal.checkpoint.controller import ensure_schema
+from epochal.checkpoint.controller.core import ensure_schema
 from epochal.checkpoint.records import InvariantViolation
 from epochal.checkpoint.sinks.batches import SinkBatchState
 from epochal.checkpoint.sinks.coordinator import SinkCoordinator

@@ -266,11 +266,11 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
             assert server.port != PREFERRED_PORT, "15052 was taken: the server picked another port"
 
         # the runs are over: their leases age. The watchdog started with the server watches it...
-        from epochal.spark.idle import watch
+        from epochal.spark.watchdog import watch
 
         state = json.loads((h.home / "spark" / "server.json").read_text())
         assert state["idle_stop_s"] == 1800 and _alive(state["watchdog_pid"])
-        assert "epochal.spark.idle" in Path(f"/proc/{state['watchdog_pid']}/cmdline").read_text()
+        assert "epochal.spark.watchdog" in Path(f"/proc/{state['watchdog_pid']}/cmdline").read_text()
         assert "stops itself after 1800s unused" in _cli(h.home, server.port, "status").stdout
         # ...and, as it would after 30 unused minutes, stops it: here with the lease set back an hour,
         # watched from this process. The server's own watchdog goes first: it polls every 30 s and would

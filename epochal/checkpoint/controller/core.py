@@ -2,8 +2,13 @@
 
 * ``epoch_log``: inject epochs, lease them to the runs working on them, collect, commit;
 * ``catalog``: snapshots, what each table's state is made of, retention and history pruning;
-* ``sinks``: the sink coordinator, which delivers committed epochs exactly once;
+* ``backfills``: views that backfill while epochs go on, and join;
+* ``sink_coordinator``: delivers committed epochs into sinks exactly once;
 * ``recover()`` and ``status()``: the operations that span them.
+
+Callers outside ``epochal/checkpoint/`` use the controller's named methods (the ``*Methods`` classes
+beside this module, one concern each), never a part or the meta store directly: every method is one
+transaction or one protocol of them, so what the checkpoint promises is decided here.
 
 Its state lives in the meta store alone: the "workers" are Dagster runs in processes that come and
 go, and every decision is one meta-store transaction, so runs, the sensor and the shell can race.
@@ -17,6 +22,11 @@ from typing import Any
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.backfills.log import BackfillLog
 from epochal.checkpoint.catalog import SnapshotCatalog
+from epochal.checkpoint.controller.backfills import BackfillMethods
+from epochal.checkpoint.controller.catalog import CatalogMethods
+from epochal.checkpoint.controller.epochs import EpochMethods
+from epochal.checkpoint.controller.sinks import SinkMethods
+from epochal.checkpoint.controller.statements import StatementMethods
 from epochal.checkpoint.epoch_log import EpochLog
 from epochal.checkpoint.records import RecoveryReport
 from epochal.checkpoint.recovery import Discard, Recovery, Sweep
@@ -28,7 +38,7 @@ from epochal.meta.schema import DDL, SCHEMA_VERSION
 from epochal.settings import Settings
 
 
-class CheckpointController:
+class CheckpointController(EpochMethods, CatalogMethods, BackfillMethods, SinkMethods, StatementMethods):
     def __init__(
         self,
         settings: Settings,
