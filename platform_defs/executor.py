@@ -30,19 +30,24 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dagster import Field, Int, executor
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.events import DagsterEvent, EngineEventData
-from dagster._core.execution.api import ExecuteRunWithPlanIterable
-from dagster._core.execution.compute_logs import create_compute_log_file_key
-from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
-from dagster._core.execution.context_creation_job import PlanExecutionContextManager
-from dagster._core.execution.plan.execute_plan import _trigger_hook, dagster_event_sequence_for_step
-from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
-from dagster._core.execution.plan.plan import ExecutionPlan
-from dagster._core.execution.retries import RetryMode, get_retries_config
-from dagster._core.executor.base import Executor
+from dagster import DagsterEvent, DagsterExecutionInterruptedError, Executor, Field, Int, Selector, executor
+
+# Dagster has no public API for running a plan's steps; its private names are in one module, with why.
+from platform_defs.dagster_internals import (
+    EngineEventData,
+    ExecuteRunWithPlanIterable,
+    InstanceConcurrencyContext,
+    PlanExecutionContextManager,
+    RetryMode,
+    _trigger_hook,
+    create_compute_log_file_key,
+    dagster_event_sequence_for_step,
+)
+
+if TYPE_CHECKING:
+    from platform_defs.dagster_internals import ExecutionPlan, PlanExecutionContext, PlanOrchestrationContext
 
 #: How long the main thread waits for a step's event before it looks at interrupts and new steps.
 POLL_S = 0.5
@@ -249,11 +254,20 @@ class ThreadedExecutor(Executor):
         )
 
 
+def retries_config() -> Field:
+    """The ``retries`` config of Dagster's own executors (its private ``get_retries_config()``), in public terms."""
+    return Field(
+        Selector({"enabled": {}, "disabled": {}}),
+        default_value={"enabled": {}},
+        description="Whether retries are enabled or not. By default, retries are enabled.",
+    )
+
+
 def threaded_executor_def(default_threads: int):  # noqa: ANN201
     @executor(
         name="epochal_threads",
         config_schema={
-            "retries": get_retries_config(),
+            "retries": retries_config(),
             "max_concurrent": Field(
                 Int,
                 default_value=default_threads,
