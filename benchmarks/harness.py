@@ -175,9 +175,10 @@ def load_now() -> str:
 
 
 @contextlib.contextmanager
-def workdir(prefix: str, keep: bool = False) -> Iterator[Path]:
+def workdir(prefix: str, keep: bool | Callable[[], bool] = False) -> Iterator[Path]:
     """A fresh temp dir, the process's cwd while it lasts (Spark and Dagster drop files in the cwd:
-    derby.log, spark-warehouse, .tmp_dagster_home_*), removed at the end unless ``keep``."""
+    derby.log, spark-warehouse, .tmp_dagster_home_*), removed at the end unless ``keep`` (or what
+    ``keep()`` says then)."""
     root = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
     before = os.getcwd()
     os.chdir(root)
@@ -185,7 +186,7 @@ def workdir(prefix: str, keep: bool = False) -> Iterator[Path]:
         yield root
     finally:
         os.chdir(before)
-        if keep:
+        if keep() if callable(keep) else keep:
             log(f"kept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
