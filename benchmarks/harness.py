@@ -1,10 +1,12 @@
 """What every benchmark here shares: this checkout on sys.path, a scrubbed environment, temp dirs,
 timing, medians and paired ratios, progress logging, and the JSON result file.
 
-Import it first, before anything from the repo (``import harness`` works from a script in this
-directory: Python puts the script's directory on sys.path):
+Import it before anything from the repo (``import harness`` works from a script in this directory:
+Python puts the script's directory on sys.path; isort puts it, a third-party name to ruff, before the
+first-party ``epochal`` imports by itself):
 
-    import harness  # noqa: I001  (this checkout first, EPOCHAL_* of the calling shell dropped)
+    import harness
+    from harness import log, median
 
 Importing it:
 * puts the repo root first on ``sys.path`` and on ``PYTHONPATH`` (for subprocesses and Spark's Python
