@@ -232,8 +232,8 @@ def render_executors(c: Comparison, a_runs: list[CliRun], b_runs: list[CliRun], 
     names = {s for r in a_runs + b_runs for s in r.steps}
 
     def rank(step: str) -> tuple[int, str]:
-        order = ("barrier", "source__", "view__", "commit", "sink__")
-        return next(i for i, prefix in enumerate(order) if step.startswith(prefix)), step
+        order = ("take_epochs", "barrier", "source__", "view__", "commit", "sink__", "compaction")
+        return next((i for i, prefix in enumerate(order) if step.startswith(prefix)), len(order)), step
 
     step_rows = [
         [step] + [fmt_s(median([r.steps.get(step, float("nan")) for r in runs])) for runs in (a_runs, b_runs)]
@@ -275,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
             pipe = BenchPipeline(root, f"executor-{args.data}", opts)
             c, a_runs, b_runs = bench_executors(root, pipe, args.reps, budget)
     label = "empty" if args.data == "empty" else f"{EVENTS_FOR_100K_BIDS:,} events, ~100k bids"
+    result: dict[str, Any] = {"header": header, "args": vars(args), "comparison": c.to_json(),
+                              "in_process": [vars(r) for r in a_runs], "multiprocess": [vars(r) for r in b_runs]}
+    path = harness.save(harness.result_path("bench_executor", args.json), result)
     print()
     print(header)
     print(render_executors(c, a_runs, b_runs, label))
-    result: dict[str, Any] = {"header": header, "args": vars(args), "comparison": c.to_json(),
-                              "in_process": [vars(r) for r in a_runs], "multiprocess": [vars(r) for r in b_runs]}
-    log(f"result: {harness.save(harness.result_path('bench_executor', args.json), result)}")
+    log(f"result: {path}")
     return 0
 
 
