@@ -147,7 +147,7 @@ def run_cli(kind: str, env: dict[str, str], cwd: Path, dagster_home: Path, n: in
         if step and etype == DagsterEventType.STEP_START.value:
             end = first.get((step, DagsterEventType.STEP_SUCCESS.value))
             if end is not None:
-                steps[step] = end - ts
+                steps[step.split("[", 1)[0]] = end - ts  # a mapped step: view__v[e<epoch>]
             worker = first.get((step, DagsterEventType.STEP_WORKER_STARTING.value))
             if worker is not None:
                 spawn += ts - worker
