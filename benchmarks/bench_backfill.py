@@ -33,20 +33,18 @@ Ratios only: the machine is shared and noisy, so both sides are measured in the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
+from inprocess import epoch, runtime_for, write_rows
 
 AGG = "SELECT k, count(*) AS n, sum(v) AS s, min(v) AS lo, max(v) AS hi FROM t GROUP BY k"
 SECOND = "SELECT k, count(*) AS n FROM t WHERE v > 500000 GROUP BY k"
@@ -59,23 +57,6 @@ ARMS = {
 }
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def write_rows(directory: Path, first: int, count: int, groups: int, name: str) -> None:
-    import duckdb
-
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{name}.tmp"
-    duckdb.sql(
-        f"""COPY (SELECT i::BIGINT AS id, (hash(i, 7) % {groups})::BIGINT AS k,
-                    (hash(i, 8) % 1000000)::BIGINT AS v, 'n' || (i % 997)::VARCHAR AS note
-                  FROM range({first}, {first + count}) r(i)) TO '{tmp}' (FORMAT json)"""
-    )
-    tmp.rename(directory / name)
-
-
 def knobs_of(args: argparse.Namespace) -> dict[str, str]:
     """The settings the command line sets; the rest keep their defaults."""
     given = {
@@ -84,37 +65,6 @@ def knobs_of(args: argparse.Namespace) -> dict[str, str]:
         "EPOCHAL_SNAPSHOT_DIRECTORY_ROWS": args.directory_rows,
     }
     return {key: str(value) for key, value in given.items() if value is not None}
-
-
-def runtime_for(home: Path, pipeline: Path, spark, knobs: dict[str, str]):  # noqa: ANN001, ANN201
-    from epochal.pipeline.loader import load_pipeline
-    from epochal.runtime.facade import EpochRuntime
-    from epochal.settings import Settings
-
-    settings = Settings.from_env(
-        {"EPOCHAL_HOME": str(home), "EPOCHAL_PIPELINE": str(pipeline), "EPOCHAL_BACKFILL_RUN_S": "100000", **knobs}
-    )
-    return EpochRuntime(settings, load_pipeline(pipeline), lambda: spark)
-
-
-def epoch(runtime, timed: frozenset[str] | None = None) -> float:  # noqa: ANN001
-    """One epoch through every table; the seconds of its start, sources, commit and the views in
-    ``timed`` (None: all). A backfilled view that joined adds a step of its own to each later epoch:
-    that is more work, not the backfill slowing the same work, so part 2 leaves it out of the time."""
-    counted = 0.0
-    started = time.perf_counter()
-    record, _ = runtime.start_epoch(None, None)
-    for source in runtime.pipeline.sources:
-        runtime.run_source(record.epoch, source)
-    counted += time.perf_counter() - started
-    for view in runtime.pipeline.view_order():
-        started = time.perf_counter()
-        runtime.run_view(record.epoch, view)
-        if timed is None or view in timed:
-            counted += time.perf_counter() - started
-    started = time.perf_counter()
-    runtime.commit(record.epoch)
-    return counted + time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,18 +106,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--snapshot-only", action="store_true", help="measure the snapshot backfill only (part 1)")
     p.add_argument("--json", help="result file (default benchmarks/results/bench_backfill-<time>.json)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir")
     args = p.parse_args(argv)
     unknown = sorted(set(args.arms.split(",")) - set(ARMS))
     if unknown:
         p.error(f"unknown --arms {unknown}: choose from {', '.join(ARMS)}")
     knobs = knobs_of(args)
+    log(harness.header("Epochal backfill benchmark"))
+    with harness.workdir("bench_backfill", args.keep) as root:
+        return measure(args, knobs, root)
 
+
+def measure(args: argparse.Namespace, knobs: dict[str, str], root: Path) -> int:
     from pyspark.sql import functions as F
 
     from epochal.backfill.runner import BackfillRunner
     from epochal.spark.session import build_spark_session
 
-    root = Path(tempfile.mkdtemp(prefix="bench-backfill-"))
     home = root / "home"
     url = None
     if args.spark == "server":
@@ -336,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
             from epochal.spark.server import stop
 
             stop(home)
-        shutil.rmtree(root, ignore_errors=True)
 
     return _report(args, result)
 
@@ -359,10 +313,7 @@ def _report(args: argparse.Namespace, result: dict) -> int:
             f"backfills {lv['backfill_seconds']:.1f} s)"
         )
         print(f"[{arm}] ratio               : {lv['ratio']:.2f}x  (target <= 1.5x)")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = Path(args.json) if args.json else BENCH_DIR / "results" / f"bench_backfill-{stamp}.json"
-    target.parent.mkdir(exist_ok=True)
-    target.write_text(json.dumps(result, indent=2, default=str))
+    log(f"result: {harness.save(harness.result_path('bench_backfill', args.json), result)}")
     return 0
 
 

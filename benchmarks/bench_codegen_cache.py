@@ -15,18 +15,14 @@ first two (the first epochs fill the caches), and the ratio of the two.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
 WARM_UP = 2
 COMPILED = re.compile(r"CodeGenerator: Code generated in ([\d.]+) ms")
@@ -48,7 +44,7 @@ def child(home: str, epochs: int, entries: str) -> None:
     settings = Settings.from_env({"EPOCHAL_HOME": home, "EPOCHAL_SPARK_MODE": "local"})
     runtime = EpochRuntime(settings, load_pipeline(settings.pipeline_dir), lambda: spark)
     runtime.recover("bootstrap")
-    from bench_backfill import epoch  # (this script's directory is on sys.path): one timed epoch
+    from inprocess import epoch
 
     for i in range(epochs):
         print(f"{MARK}{i} {epoch(runtime):.3f}", file=sys.stderr, flush=True)
@@ -59,7 +55,7 @@ def run(epochs: int, entries: str) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="bench_codegen-") as home:
         proc = subprocess.run(
             [sys.executable, __file__, "--child", home, str(epochs), entries],
-            cwd=REPO,
+            cwd=harness.REPO,
             capture_output=True,
             text=True,
             timeout=3600,
@@ -82,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--runs", type=int, default=2, help="runs per setting, alternated (default 2)")
+    p.add_argument("--json", help="result file (default benchmarks/results/bench_codegen_cache-<time>.json)")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -90,17 +87,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from epochal.spark.session import DEFAULT_CONF
 
+    log(harness.header("Spark's codegen cache against the demo's epochs"))
+
     settings = {"Spark's default (100)": "100", "Epochal's": DEFAULT_CONF["spark.sql.codegen.cache.maxEntries"]}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
     for i in range(args.runs):
         for name, entries in settings.items() if i % 2 == 0 else reversed(list(settings.items())):
             epochs = run(args.epochs, entries)[WARM_UP:]
             results[name] += epochs
-            print(
-                f"[{time.strftime('%H:%M:%S')}] run {i + 1}, {name}: epochs "
-                + ", ".join(f"{e['seconds']:.1f}s/{e['compiles']:.0f} compiled" for e in epochs),
-                flush=True,
-            )
+            log(f"run {i + 1}, {name}: epochs "
+                + ", ".join(f"{e['seconds']:.1f}s/{e['compiles']:.0f} compiled" for e in epochs))
     print()
     print(f"== the demo's epochs after {WARM_UP} warm-up epochs, local[2], {args.runs} run(s) per setting")
     medians = {}
@@ -114,10 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     base, ours = (medians[n] for n in settings)
     print(f"epoch time, Epochal's / Spark's default: {ours['seconds'] / base['seconds']:.2f}x")
-    out = BENCH_DIR / "results" / f"bench_codegen_cache-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results, "medians": medians}, indent=2))
-    print(f"results: {out}")
+    out = harness.result_path("bench_codegen_cache", args.json)
+    harness.save(out, {"args": vars(args), "results": results, "medians": medians})
+    log(f"result: {out}")
     return 0
 
 

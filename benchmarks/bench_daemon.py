@@ -36,22 +36,19 @@ Results also go to a JSON file under benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import REPO, log
 
-from tests.dagster_dev import LOCATION, dagster_dev, free_port, isolated_env  # noqa: E402
+from tests.dagster_dev import LOCATION, dagster_dev, free_port, isolated_env
 
 PY = sys.executable
 START_SENSOR = """
@@ -80,10 +77,6 @@ query {
 #: after the measured minutes, how long the runs the sensor started may take to finish: stopping
 #: `dagster dev` under a run would count its interruption as a failed run
 DRAIN_S = 180.0
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def spark_server(command: str, env: dict[str, str], *args: str) -> str:
@@ -318,7 +311,11 @@ def describe(values: list[float], unit: str = "s") -> str:
 def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
     """One measurement: a new home, the Spark server, `dagster dev` with the sensor on for
     ``args.minutes``, then the figures from the meta store and the Dagster instance."""
-    root = Path(tempfile.mkdtemp(prefix="bench_daemon-"))
+    with harness.workdir("bench_daemon", args.keep) as root:
+        return measure_in(args, standby, root)
+
+
+def measure_in(args: argparse.Namespace, standby: str, root: Path) -> dict[str, Any]:
     env = isolated_env(root)
     env.update(
         {
@@ -328,6 +325,8 @@ def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
             "EPOCHAL_STANDBY_RUN": standby,
         }
     )
+    if args.spark_conf:  # the calling shell's EPOCHAL_* are dropped (harness): the conf comes from here
+        env["EPOCHAL_SPARK_CONF"] = args.spark_conf
     home = Path(env["EPOCHAL_HOME"])
     log(
         f"root {root}; Spark {args.spark_mode}; barrier every {args.interval_ms} ms for {args.minutes} min; "
@@ -392,8 +391,6 @@ def measure(args: argparse.Namespace, standby: str) -> dict[str, Any]:
             spark_server("stop", env)
     peak = max((b for _, b in sampler.samples), default=None)
     result["server_peak_mib"] = round(peak / 2**20) if peak else None
-    if not args.keep:
-        subprocess.run(["rm", "-rf", str(root)], check=False)
     return result
 
 
@@ -478,7 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", help="result file (default benchmarks/results/bench_daemon-<time>.json)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument(
+        "--spark-conf",
+        help="EPOCHAL_SPARK_CONF of the runs and the server (e.g. spark.sql.adaptive.enabled=false); the calling "
+        "shell's EPOCHAL_* variables are not passed on",
+    )
     args = p.parse_args(argv)
+    log(harness.header("Sustained epochs from the Dagster daemon"))
 
     modes = ["off", "on"] if args.standby == "both" else [args.standby]
     results = [measure(args, mode) for mode in modes]
@@ -493,12 +496,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{rates[1] / rates[0]:.2f}x; freshness median {fresh[1]:.1f}s / {fresh[0]:.1f}s = "
             f"{fresh[1] / fresh[0]:.2f}x"
         )
-    out = (
-        Path(args.json) if args.json else BENCH_DIR / "results" / f"bench_daemon-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=2, default=str))
-    print(f"results: {out}")
+    out = harness.save(harness.result_path("bench_daemon", args.json), results[0] if len(results) == 1 else
+                       {"standby_off": results[0], "standby_on": results[1]})
+    log(f"result: {out}")
     return 0
 
 

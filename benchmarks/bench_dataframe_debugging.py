@@ -18,17 +18,10 @@ median of the paired ratios.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(BENCH_DIR))
+import harness
+from harness import log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import py4j.clientserver
     import pyspark.errors.utils as origin
-    from bench_backfill import epoch
+    from inprocess import epoch
 
     from epochal.pipeline.loader import load_pipeline
     from epochal.runtime.facade import EpochRuntime
@@ -55,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 
     py4j.clientserver.ClientServerConnection.send_command = counted
 
-    with tempfile.TemporaryDirectory(prefix="bench_dfdebug-") as home:
-        os.chdir(home)  # Spark drops derby.log and spark-warehouse in the cwd
+    log(harness.header("PySpark's DataFrame call-site capture against the demo's epochs"))
+    with harness.workdir("bench_dataframe_debugging") as root:
+        home = str(root)
         spark = build_spark_session("local[2]", "bench-dataframe-debugging", {})
         spark.sparkContext.setLogLevel("ERROR")
         settings = Settings.from_env({"EPOCHAL_HOME": home, "EPOCHAL_SPARK_MODE": "local"})
@@ -67,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         py4j_calls: dict[str, list[int]] = {s: [] for s in sides}
         for i in range(args.warmup):
             origin._enable_debugging_cache = i % 2 == 0
-            print(f"warm-up epoch {time.strftime('%H:%M:%S')}: {epoch(runtime):.2f} s", file=sys.stderr)
+            log(f"warm-up epoch: {epoch(runtime):.2f} s")
         for i in range(args.pairs):
             for side in ("on", "off") if i % 2 == 0 else ("off", "on"):
                 origin._enable_debugging_cache = sides[side]
                 calls[0] = 0
                 times[side].append(epoch(runtime))
                 py4j_calls[side].append(calls[0])
-                print(f"capture {side:3}: {times[side][-1]:.2f} s, {calls[0]:,} Py4J calls", file=sys.stderr)
+                log(f"capture {side:3}: {times[side][-1]:.2f} s, {calls[0]:,} Py4J calls")
         spark.stop()
 
     paired = [off / on for off, on in zip(times["off"], times["on"], strict=True)]
@@ -88,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

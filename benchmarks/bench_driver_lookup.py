@@ -18,22 +18,15 @@ against the smallest, and checks the view against Spark batch over the final sta
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR.parent))
-sys.path.insert(0, str(BENCH_DIR))
-
-from bench_epoch import code_version, stderr_to  # noqa: E402
-from bench_views import SPARK_CONF, Data, EpochalPipeline, log, verify  # noqa: E402
+import harness
+from harness import log
+from views_common import SPARK_CONF, Data, EpochalPipeline, verify
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,22 +38,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", type=int, default=100_000)
     p.add_argument("--driver-memory", default="6g")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    p.add_argument("--json", help="result file (default benchmarks/results/bench_driver_lookup-<time>.json)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    for name in [k for k in os.environ if k.startswith("EPOCHAL_")]:
-        del os.environ[name]
-    root = Path(tempfile.mkdtemp(prefix="bench_driver_lookup-"))
-    os.chdir(root)
-    load = os.getloadavg()
-    header = (
-        f"driver lookup benchmark {dt.datetime.now():%Y-%m-%d %H:%M}; nproc {os.cpu_count()}, load {load[0]:.2f}; "
-        f"code {code_version()}; view {args.view}; {args.change_rows:,}-event changes; {args.pairs} pair(s) per size"
-    )
+    header = (f"{harness.header('Driver lookup benchmark')}; view {args.view}; {args.change_rows:,}-event changes; "
+              f"{args.pairs} pair(s) per size")
     log(header)
+    with harness.workdir("bench_driver_lookup", args.keep) as root:
+        results = measure(args, sizes, root)
+    print(header)
+
+    print("| rows of t | lookup | epoch | source step | view step | on / off (paired) | check |")
+    print("|---:|---|---:|---:|---:|---:|---|")
+    for rows, r in results.items():
+        for arm in ("on", "off"):
+            print(
+                f"| {rows:,} | {arm} | {r[arm]['epoch']:.2f} s | {r[arm]['source']:.2f} s | {r[arm]['view']:.2f} s | "
+                + (f"**{r['paired_on_off']:.2f}x** | {r['verified']} |" if arm == "on" else " | |")
+            )
+    small, large = min(results), max(results)
+    for arm in ("on", "off"):
+        print(
+            f"lookup {arm}: epoch at {large:,} / epoch at {small:,} = "
+            f"{results[large][arm]['epoch'] / results[small][arm]['epoch']:.2f}x"
+        )
+    out = harness.save(harness.result_path("bench_driver_lookup", args.json), {"header": header, "results": results})
+    log(f"result: {out}")
+    return 0 if all(r["verified"] == "ok" for r in results.values()) else 1
+
+
+def measure(args: argparse.Namespace, sizes: list[int], root: Path) -> dict[int, dict]:
     from epochal.spark.session import build_spark_session
 
     results: dict[int, dict] = {}
-    with stderr_to(root / "stderr.log", True):
+    with harness.stderr_to(root / "stderr.log"):
         spark = build_spark_session(
             master="local[2]",
             app_name="bench-driver-lookup",
@@ -114,27 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             data.db.close()
             shutil.rmtree(home, ignore_errors=True)
         spark.stop()
-    print(header)
-    print("| rows of t | lookup | epoch | source step | view step | on / off (paired) | check |")
-    print("|---:|---|---:|---:|---:|---:|---|")
-    for rows, r in results.items():
-        for arm in ("on", "off"):
-            print(
-                f"| {rows:,} | {arm} | {r[arm]['epoch']:.2f} s | {r[arm]['source']:.2f} s | {r[arm]['view']:.2f} s | "
-                + (f"**{r['paired_on_off']:.2f}x** | {r['verified']} |" if arm == "on" else " | |")
-            )
-    small, large = min(results), max(results)
-    for arm in ("on", "off"):
-        print(
-            f"lookup {arm}: epoch at {large:,} / epoch at {small:,} = "
-            f"{results[large][arm]['epoch'] / results[small][arm]['epoch']:.2f}x"
-        )
-    out = BENCH_DIR / "results" / f"bench_driver_lookup-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    out.write_text(json.dumps({"header": header, "results": results}, indent=1, default=str))
-    print(f"results: {out}")
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0 if all(r["verified"] == "ok" for r in results.values()) else 1
+    return results
 
 
 if __name__ == "__main__":

@@ -15,15 +15,12 @@ once the file outgrows the driver's heap (reported as such). Ratios only: the ma
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
 
 def write_log(path: Path, lines: int) -> None:
@@ -55,7 +52,9 @@ def main() -> None:
     parser.add_argument("--lines", type=int, nargs="+", default=[250_000, 1_000_000, 4_000_000])
     parser.add_argument("--epoch", type=int, default=10_000, help="lines one epoch reads")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_log_read-<time>.json)")
     args = parser.parse_args()
+    log(harness.header("A log source's epoch against the log's length"))
 
     from pyspark.sql import SparkSession
 
@@ -72,8 +71,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     columns = (Column("id", "BIGINT"), Column("k", "BIGINT"), Column("note", "STRING"))
     results = []
-    with tempfile.TemporaryDirectory(prefix="epochal-bench-log-") as tmp:
-        home = Path(tmp)
+    with harness.workdir("bench_log_read") as home:
         cases = []
         for lines in args.lines:
             path = home / f"log{lines}" / "0.jsonl"
@@ -115,7 +113,12 @@ def main() -> None:
                 flush=True,
             )
             results.append({"lines": lines, "mb": round(size_mb, 1), "epochal": ours, "wholetext": before})
-    print(json.dumps(results))
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001 - the baseline's OutOfMemoryError may have taken the JVM down
+        pass
+    out = harness.save(harness.result_path("bench_log_read", args.json), {"args": vars(args), "logs": results})
+    log(f"result: {out}")
 
 
 if __name__ == "__main__":

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
-from epochal.checkpoint.controller import CheckpointController  # noqa: E402
-from epochal.checkpoint.records import Collected  # noqa: E402
-from epochal.connectors.base import SplitRange  # noqa: E402
-from epochal.settings import Settings  # noqa: E402
+from epochal.checkpoint.controller import CheckpointController
+from epochal.checkpoint.records import Collected
+from epochal.connectors.base import SplitRange
+from epochal.settings import Settings
 
 TABLES = ["src", "v1", "v2"]
 SPLITS = ("0", "1", "2", "3")
@@ -119,7 +118,7 @@ def time_injection(ctl: CheckpointController, repeats: int) -> tuple[float, floa
     return statistics.median(inject), statistics.median(old)
 
 
-def run(name: str, url: str, home: Path, epochs: int, repeats: int) -> None:
+def run(name: str, url: str, home: Path, epochs: int, repeats: int) -> dict[str, Any]:
     settings = Settings.from_env(
         {"EPOCHAL_HOME": str(home), "EPOCHAL_META_URL": url, "EPOCHAL_PARTITION_WINDOW": "100"}
     )
@@ -149,6 +148,8 @@ def run(name: str, url: str, home: Path, epochs: int, repeats: int) -> None:
         f"{big_old / fresh_old:6.2f}x {after_old * 1e3:10.2f}"
     )
     print(f"prune_history: {pruned:,} epochs' rows in {prune_s:.2f}s")
+    return {"history_insert_s": loaded, "inject_s": [fresh_inject, big_inject, after_inject],
+            "old_query_s": [fresh_old, big_old, after_old], "pruned": pruned, "prune_s": prune_s}
 
 
 def main() -> None:
@@ -156,21 +157,26 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--backends", default="duckdb,postgresql")
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_meta-<time>.json)")
     args = parser.parse_args()
+    log(harness.header("Injection against the meta store's history"))
+    result: dict[str, Any] = {"args": vars(args)}
     for backend in args.backends.split(","):
-        with tempfile.TemporaryDirectory(prefix="epochal-bench-meta-") as tmp:
+        with harness.workdir("bench_meta") as tmp:
             if backend == "duckdb":
-                run("DuckDB meta store", f"duckdb:///{Path(tmp) / 'meta.duckdb'}", Path(tmp), args.epochs, args.repeats)
+                result[backend] = run("DuckDB meta store", f"duckdb:///{tmp / 'meta.duckdb'}", tmp, args.epochs,
+                                      args.repeats)
             elif backend == "postgresql":
                 url = postgres_url()
                 if url is None:
                     continue
                 try:
-                    run("PostgreSQL meta store", url, Path(tmp), args.epochs, args.repeats)
+                    result[backend] = run("PostgreSQL meta store", url, tmp, args.epochs, args.repeats)
                 finally:
                     drop_postgres(url)
             else:
                 raise SystemExit(f"unknown backend {backend!r}: use duckdb and/or postgresql")
+    log(f"result: {harness.save(harness.result_path('bench_meta', args.json), result)}")
 
 
 if __name__ == "__main__":

@@ -20,16 +20,12 @@ median step time of each way and their ratio. Ratios only: the machine is shared
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
+from inprocess import runtime_for, write_rows
 
 VIEWS = {
     "per_k": "SELECT k, count(DISTINCT note) AS notes, sum(v) AS total FROM t GROUP BY k",
@@ -47,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="result file (default benchmarks/results/bench_recompute_retraction-<time>.json)")
     args = p.parse_args(argv)
 
-    from bench_backfill import log, runtime_for, write_rows  # (this script's directory is on sys.path)
-
+    log(harness.header("A recomputed view's retraction benchmark"))
     from epochal.incremental import keyed
     from epochal.spark.session import build_spark_session
 
@@ -57,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     stored_retraction = keyed._retraction
     times: dict[str, dict[str, list[float]]] = {view: {way: [] for way in WAYS} for view in VIEWS}
-    with tempfile.TemporaryDirectory(prefix="bench-retraction-") as tmp:
-        root = Path(tmp)
+    with harness.workdir("bench_recompute_retraction") as root:
         log_dir, pipeline, home = root / "log" / "t", root / "pipeline", root / "home"
         pipeline.mkdir(parents=True)
         for i, first in enumerate(range(0, args.rows, 1_000_000)):
@@ -68,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             "CREATE TABLE t (id BIGINT, k BIGINT, v DOUBLE, note STRING) "
             f"WITH (connector = 'log', path = '{log_dir}', format = 'json');\n{views}"
         )
-        runtime = runtime_for(home, pipeline, spark, 2_000_000)
+        runtime = runtime_for(home, pipeline, spark, {})
         for name in VIEWS:
             plan = runtime.pipeline.views[name].plan
             log(f"{name}: {plan.rule}, keyed by {plan.key_classes or 'nothing'}, output keys {plan.output_keys}")
@@ -102,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (statistics.median(times[name][way]) for way in WAYS)
         result["views"][name] = {"query": VIEWS[name], **{way: times[name][way] for way in WAYS}, "ratio": a / b}
         print(f"{name:<8} {a:>16.2f} {b:>16.2f} {a / b:>6.2f}x")
-    out = Path(args.json or BENCH_DIR / "results" / f"bench_recompute_retraction-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nresult: {out}")
+    out = harness.save(harness.result_path("bench_recompute_retraction", args.json), result)
+    log(f"result: {out}")
     return 0
 
 

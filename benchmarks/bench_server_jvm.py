@@ -20,20 +20,18 @@ import collections
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import harness
+from harness import REPO, log
 
-from epochal.runtime.one_epoch import demo_epochs  # noqa: E402
-from epochal.spark.server import SERVER_JAVA_OPTIONS  # noqa: E402
-from epochal.spark.warmup import warm_up  # noqa: E402
+from epochal.runtime.one_epoch import demo_epochs
+from epochal.spark.server import SERVER_JAVA_OPTIONS
+from epochal.spark.warmup import warm_up
 
 #: JVM thread names, digits folded, grouped into what they do
 GROUPS = (
@@ -70,9 +68,13 @@ def by_group(before: dict, after: dict) -> dict[str, float]:
 
 
 def run_variant(name: str, flags: str, warm_up_epochs: int, epochs: int) -> dict:
-    home = Path(tempfile.mkdtemp(prefix=f"bench_server_jvm-{name}-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    env |= {
+    with harness.workdir(f"bench_server_jvm-{name}") as home:
+        return measure_variant(home, flags, warm_up_epochs, epochs)
+
+
+def measure_variant(home: Path, flags: str, warm_up_epochs: int, epochs: int) -> dict:
+    env = {
+        **os.environ,
         "EPOCHAL_HOME": str(home),
         "EPOCHAL_SPARK_CONF": json.dumps({"spark.driver.extraJavaOptions": flags}),
         "EPOCHAL_SPARK_PORT": "0",
@@ -83,7 +85,7 @@ def run_variant(name: str, flags: str, warm_up_epochs: int, epochs: int) -> dict
         out = subprocess.run([*cli, "start", "--warm-up", str(warm_up_epochs)], env=env, cwd=REPO,
                              capture_output=True, text=True, timeout=1800)
         if out.returncode != 0:
-            raise SystemExit(f"{name}: the server did not start:\n{out.stdout}\n{out.stderr}")
+            raise SystemExit(f"{flags or 'the JVM defaults'}: the server did not start:\n{out.stdout}\n{out.stderr}")
         start_s = time.monotonic() - started
         described = json.loads(subprocess.run([*cli, "status", "--json"], env=env, cwd=REPO, capture_output=True,
                                               text=True, check=True).stdout)
@@ -102,7 +104,6 @@ def run_variant(name: str, flags: str, warm_up_epochs: int, epochs: int) -> dict
         }
     finally:
         subprocess.run([*cli, "stop"], env=env, cwd=REPO, capture_output=True, timeout=120)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
@@ -111,15 +112,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6, help="measured epochs per variant")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                         help="more flag sets to compare (repeatable)")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_server_jvm-<time>.json)")
     args = parser.parse_args()
+    log(harness.header("The managed Spark server's JVM flags"))
     variants = {"jvm": "", "epochal": SERVER_JAVA_OPTIONS}
     for item in args.variant:
         key, _, flags = item.partition("=")
         variants[key] = flags
     results = {}
     for name, flags in variants.items():
-        print(f"[{time.strftime('%H:%M:%S')}] {name}: {flags or '(the JVM defaults)'}", flush=True)
+        log(f"{name}: {flags or '(the JVM defaults)'}")
         results[name] = run_variant(name, flags, args.warm_up, args.epochs)
         print(f"  {results[name]['warm_up_line']}", flush=True)
     base = statistics.median(results["jvm"]["server_cpu_s"])
@@ -133,9 +135,8 @@ def main() -> None:
         wall = statistics.median(result["epoch_s"])
         split = " ".join(f"{result['cpu_per_epoch'].get(g, 0.0):>8.2f}s" for g in groups)
         print(f"{name:<12} {cpu:>9.2f}s {cpu / base:>5.2f}x {wall:>5.2f}s {wall / base_wall:>5.2f}x  {split}")
-    path = args.json or REPO / "benchmarks" / "results" / f"bench_server_jvm-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": results}, indent=2))
-    print(f"results: {path}")
+    path = harness.save(harness.result_path("bench_server_jvm", args.json), {"args": vars(args), "results": results})
+    log(f"result: {path}")
 
 
 if __name__ == "__main__":

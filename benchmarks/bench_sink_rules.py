@@ -16,15 +16,11 @@ share of the commit and of the whole batch (write, check, commit), measured in t
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
 
 def batches(rows: int, epoch: int, size: int = 100_000):
@@ -61,7 +57,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_sink_rules-<time>.json)")
     args = parser.parse_args()
+    log(harness.header("A target's row rules checked before PENDING"))
 
     import duckdb
     import pyarrow as pa
@@ -71,9 +69,8 @@ def main() -> int:
     from epochal.sinks.duckdb_sink import DuckDBTarget
 
     schema = pa.schema([("k", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
-    root = Path(tempfile.mkdtemp(prefix="epochal-bench-rules-"))
     results = {}
-    try:
+    with harness.workdir("bench_sink_rules") as root:
         for case in ("duckdb", "duckdb+rules", "delta", "delta+check"):
             home = root / case
             home.mkdir()
@@ -92,11 +89,11 @@ def main() -> int:
             total = write_s + check_s + commit_s
             print(f"{case:13s} write {write_s:6.2f}s  check {check_s * 1000:7.1f} ms  commit {commit_s:6.2f}s  "
                   f"check / commit {check_s / commit_s:6.2f}x  check / batch {check_s / total:5.1%}", flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     print(f"\n{args.rows:,} rows per batch, medians of {args.reps} batches after a warm-up")
+    result = {"args": vars(args), "write_check_commit_s": results}
+    log(f"result: {harness.save(harness.result_path('bench_sink_rules', args.json), result)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
-from epochal.sinks.base import WEIGHT, BatchId  # noqa: E402
-from epochal.sinks.postgres_sink import PostgresTarget  # noqa: E402
+from epochal.sinks.base import WEIGHT, BatchId
+from epochal.sinks.postgres_sink import PostgresTarget
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -86,11 +84,10 @@ def deliver_epochal(spark, files: list[str], schema, target: PostgresTarget, bat
     return sum(r.rows for r in results)
 
 
-def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
+def bench_postgres(spark, rows: int, writers: int, reps: int, change_dir: Path) -> dict:
     from pyspark.sql import functions as F
 
     database = make_database()
-    change_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-pg-"))
     print(f"== PostgreSQL: {rows:,} rows, {writers} writers, {reps} timed reps (database {database})")
     try:
         df = (
@@ -113,7 +110,7 @@ def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
         columns = plain.columns
         options = {"host": "127.0.0.1", "user": "postgres", "database": database, "table": "bench_epochal",
                    "type": "append-only", "writers": str(writers)}  # fmt: skip
-        target = PostgresTarget("bench_sink", options, columns, REPO, None)
+        target = PostgresTarget("bench_sink", options, columns, change_dir, None)
         target.prepare_target(df.limit(0).toArrow().schema)
         url = f"jdbc:postgresql://127.0.0.1:5432/{database}"
         jdbc_props = {"user": "postgres", "driver": "org.postgresql.Driver"}
@@ -154,7 +151,6 @@ def bench_postgres(spark, rows: int, writers: int, reps: int) -> dict:
         df.unpersist()
     finally:
         drop_database(database)
-        shutil.rmtree(change_dir, ignore_errors=True)
     result = {
         "rows": rows,
         "writers": writers,
@@ -178,15 +174,17 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", default="postgres", help="comma-separated parts: postgres")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_sinks-<time>.json)")
     args = parser.parse_args()
     if not JDBC_JAR.exists():
         sys.exit(f"{JDBC_JAR} is missing: apt-get install -y libpostgresql-jdbc-java")
 
     from epochal.spark.session import build_spark_session
 
-    # The writers run in Spark's Python workers, which import epochal: the same interpreter and repo.
+    # The writers run in Spark's Python workers, which import epochal: the same interpreter, and the
+    # repo (harness put it on PYTHONPATH).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    log(harness.header("PostgreSQL sink against Spark's JDBC writer"))
 
     spark = build_spark_session(
         master=args.master,
@@ -194,12 +192,15 @@ def main() -> None:
         conf={"spark.jars": str(JDBC_JAR), "spark.ui.showConsoleProgress": "false"},
     )
     spark.sparkContext.setLogLevel("ERROR")
+    result = {"args": vars(args)}
     try:
         parts = {p.strip() for p in args.only.split(",")}
         if "postgres" in parts:
-            bench_postgres(spark, args.rows, args.writers, args.reps)
+            with harness.workdir("bench_sinks") as root:
+                result["postgres"] = bench_postgres(spark, args.rows, args.writers, args.reps, root)
     finally:
         spark.stop()
+    log(f"result: {harness.save(harness.result_path('bench_sinks', args.json), result)}")
 
 
 if __name__ == "__main__":

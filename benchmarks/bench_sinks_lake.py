@@ -25,15 +25,14 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-# The Python workers unpickle the target, so they must import this checkout's epochal too.
-os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-# ... with this interpreter's packages (deltalake), not whatever `python3` is first on PATH.
+import harness
+from harness import log
+
+# The Python workers unpickle the target, so they must import this checkout's epochal (harness put
+# it on PYTHONPATH), with this interpreter's packages (deltalake), not whatever `python3` is first on PATH.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 #: seconds of each delivery's check of the table's row rules (``target.check_rows``), in order
@@ -74,8 +73,14 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     parser.add_argument("--rules", action="store_true",
                         help="give the table a CHECK constraint (amount >= 0), which each delivery checks")
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_sinks_lake-<time>.json)")
     args = parser.parse_args()
+    log(harness.header("Delta Lake sink against a plain Parquet write"))
+    with harness.workdir("bench_sinks_lake", args.keep) as root:
+        return measure(args, root)
 
+
+def measure(args: argparse.Namespace, root: Path) -> int:
     import pyarrow as pa
     from deltalake import DeltaTable
 
@@ -83,7 +88,6 @@ def main() -> int:
     from epochal.sinks.delta_sink import DeltaTarget
     from epochal.spark.session import build_spark_session
 
-    root = Path(tempfile.mkdtemp(prefix="epochal-bench-lake-"))
     spark = build_spark_session(master=f"local[{args.writers}]", app_name="bench-sinks-lake",
                                 conf={"spark.sql.parquet.compression.codec": "zstd",
                                       "spark.ui.showConsoleProgress": "false",
@@ -143,6 +147,8 @@ def main() -> int:
               f"({'one CHECK constraint' if args.rules else 'a table without rules: opening it to find none'})")
         print(f"ratio               {ratio:.2f}x of the plain write (target >= 0.7x)  "
               f"[pairs: {', '.join(f'{r:.2f}' for r in ratios)}]")
+        result = {"args": vars(args), "sink_s": sink_times, "plain_write_s": base_times, "commit_s": commits,
+                  "check_s": CHECKS[1:], "ratio": ratio}
 
         if args.upsert:
             keys = DeltaTarget("bench_up", {"location": str(root / "delta-upsert"), "type": "upsert",
@@ -160,14 +166,12 @@ def main() -> int:
             print(f"upsert of {args.rows // 10:,} keys: writers (copy-on-write on the executors) {write_s:.2f}s, "
                   f"commit {commit_s:.2f}s ({written} new files)")
             assert keys.row_count() == args.rows
-        return 0
+            result["upsert"] = {"writers_s": write_s, "commit_s": commit_s, "files": written}
     finally:
         spark.stop()
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    log(f"result: {harness.save(harness.result_path('bench_sinks_lake', args.json), result)}")
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

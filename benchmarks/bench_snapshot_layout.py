@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
 VIEW = "SELECT k, count(*) AS n, sum(v) AS s, min(v) AS lo, max(v) AS hi FROM t GROUP BY k"
 
@@ -39,7 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--groups", type=int, default=100_000)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", help="result file (default benchmarks/results/bench_snapshot_layout-<time>.json)")
     args = p.parse_args(argv)
+    log(harness.header("A snapshot range's write, taken apart"))
+    with harness.workdir("bench_snapshot_layout") as root:
+        best = measure(args, root)
+    base = next(iter(best.values()))
+    print()
+    print(f"== {args.rows:,} rows into {args.groups:,} groups, best of {args.reps}, local[*]")
+    for label, seconds in best.items():
+        print(f"{label:<52} {seconds:6.2f}s  {seconds / base:5.2f}x  {args.rows / seconds:>12,.0f} rows/s")
+    log(f"result: {harness.save(harness.result_path('bench_snapshot_layout', args.json), {'best_s': best})}")
+    return 0
+
+
+def measure(args: argparse.Namespace, root: Path) -> dict[str, float]:
 
     from pyspark.sql import functions as F
 
@@ -50,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     from epochal.spark.session import build_spark_session
     from epochal.storage.vnode import VNODE, vnode_column, vnodes_per_directory, write_laid_out
 
-    root = Path(tempfile.mkdtemp(prefix="bench_snapshot_layout-"))
     spark = build_spark_session("local[*]", "bench-snapshot-layout", {"spark.driver.memory": "4g"})
     try:
         source = str(root / "t")
@@ -111,16 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - started)
                 shutil.rmtree(out, ignore_errors=True)
             best[label] = min(times)
-            print(f"[{time.strftime('%H:%M:%S')}] {label}: {', '.join(f'{t:.2f}s' for t in times)}", flush=True)
+            log(f"{label}: {', '.join(f'{t:.2f}s' for t in times)}")
     finally:
         spark.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    base = next(iter(best.values()))
-    print()
-    print(f"== {args.rows:,} rows into {args.groups:,} groups, best of {args.reps}, local[*]")
-    for label, seconds in best.items():
-        print(f"{label:<52} {seconds:6.2f}s  {seconds / base:5.2f}x  {args.rows / seconds:>12,.0f} rows/s")
-    return 0
+    return best
 
 
 if __name__ == "__main__":

@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import harness
+from harness import log
 
 
 def _free_port() -> int:
@@ -40,7 +38,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_state_cache-<time>.json)")
     args = parser.parse_args()
+    log(harness.header("The warm snapshot cache across runs"))
+    with harness.workdir("bench_state_cache") as root:
+        result = measure(args, root)
+    log(f"result: {harness.save(harness.result_path('bench_state_cache', args.json), result)}")
+
+
+def measure(args: argparse.Namespace, root: Path) -> dict:
 
     import numpy as np
     import pyarrow as pa
@@ -53,7 +59,6 @@ def main() -> None:
     from epochal.storage.state_cache import SnapshotPlan, StateCache
     from epochal.storage.state_reader import StateReader
 
-    root = Path(tempfile.mkdtemp(prefix="bench-state-cache-"))
     home, port = root / "home", _free_port()
     snapshot = root / "snapshot"
     snapshot.mkdir()
@@ -102,13 +107,14 @@ def main() -> None:
             run(True)  # the run that leaves the snapshot cached
             kept.append(run(True))
             reset()
-            print(f"pair {rep + 1}: released {released[-1]:.2f}s, kept {kept[-1]:.2f}s", flush=True)
+            log(f"pair {rep + 1}: released {released[-1]:.2f}s, kept {kept[-1]:.2f}s")
         ratios = [k / r for k, r in zip(kept, released, strict=True)]
         print(
             f"\nfirst read of a run, median of {args.reps}: released {statistics.median(released):.2f}s, "
             f"kept {statistics.median(kept):.2f}s; kept/released {statistics.median(ratios):.2f}x "
             f"(per pair: {', '.join(f'{r:.2f}' for r in ratios)})"
         )
+        return {"args": vars(args), "released_s": released, "kept_s": kept, "ratio": statistics.median(ratios)}
     finally:
         stop(home)
 

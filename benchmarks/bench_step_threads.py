@@ -16,26 +16,19 @@ setting (a pair shares the machine's momentary load).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO = BENCH_DIR.parent
-sys.path.insert(0, str(REPO))
+import harness
+from harness import REPO, log
 
-from tests.dagster_dev import free_port, isolated_env  # noqa: E402
+from tests.dagster_dev import free_port, isolated_env
 
 PY = sys.executable
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def run_epoch(env: dict[str, str], threads: int) -> dict[str, float]:
@@ -82,8 +75,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="result file (default benchmarks/results/bench_step_threads-<time>.json)")
     args = p.parse_args(argv)
     settings = [int(t) for t in args.threads.split(",")]
+    log(harness.header("Step threads against one demo epoch"))
+    with harness.workdir("bench_step_threads") as root:
+        results = measure(args, settings, root)
 
-    root = Path(tempfile.mkdtemp(prefix="bench_step_threads-"))
+    base = settings[0]
+    print()
+    print(f"== one demo epoch through `dagster job execute`, warm managed server, {args.pairs} rounds")
+    for threads in settings:
+        runs = results[threads]
+        line = (
+            f"{threads} thread(s): wall median {statistics.median(r['wall_s'] for r in runs):.1f}s, run span "
+            f"{statistics.median(r['span_s'] for r in runs):.1f}s, steps summed "
+            f"{statistics.median(r['steps_s'] for r in runs):.1f}s"
+        )
+        if threads != base:
+            for key in ("wall_s", "span_s"):
+                ratios = [r[key] / b[key] for r, b in zip(runs, results[base], strict=True)]
+                line += f"; {key[:-2]} / {base} thread(s) {statistics.median(ratios):.2f}x"
+        print(line)
+    out = harness.save(harness.result_path("bench_step_threads", args.json), {"args": vars(args), "results": results})
+    log(f"result: {out}")
+    return 0
+
+
+def measure(args: argparse.Namespace, settings: list[int], root: Path) -> dict[int, list[dict[str, float]]]:
     env = isolated_env(root)
     env.update({"EPOCHAL_SPARK_MODE": "server", "EPOCHAL_SPARK_PORT": str(free_port())})
     subprocess.run([PY, "-m", "epochal.cli", "spark", "start"], env=env, cwd=REPO, check=True, capture_output=True)
@@ -101,32 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         subprocess.run([PY, "-m", "epochal.cli", "spark", "stop"], env=env, cwd=REPO, capture_output=True)
-        subprocess.run(["rm", "-rf", str(root)], check=False)
-
-    base = settings[0]
-    print()
-    print(f"== one demo epoch through `dagster job execute`, warm managed server, {args.pairs} rounds")
-    for threads in settings:
-        runs = results[threads]
-        line = (
-            f"{threads} thread(s): wall median {statistics.median(r['wall_s'] for r in runs):.1f}s, run span "
-            f"{statistics.median(r['span_s'] for r in runs):.1f}s, steps summed "
-            f"{statistics.median(r['steps_s'] for r in runs):.1f}s"
-        )
-        if threads != base:
-            for key in ("wall_s", "span_s"):
-                ratios = [r[key] / b[key] for r, b in zip(runs, results[base], strict=True)]
-                line += f"; {key[:-2]} / {base} thread(s) {statistics.median(ratios):.2f}x"
-        print(line)
-    out = (
-        Path(args.json)
-        if args.json
-        else BENCH_DIR / "results" / f"bench_step_threads-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    print(f"results: {out}")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -25,16 +25,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import harness
+from harness import REPO, log
+
 PY = sys.executable
 BID = "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, date_time TIMESTAMP, extra STRING"
 EVENTS = {"empty": 0, "small": 100}
@@ -92,10 +93,10 @@ def med(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f}s"
 
 
-def bench(kind: str, root: Path, reps: int, dagster_home: bool) -> None:
+def bench(kind: str, root: Path, reps: int, dagster_home: bool) -> dict[str, Any]:
     home, pipe = root / kind / "home", root / kind / "pipeline"
     pipeline(pipe, EVENTS[kind])
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("EPOCHAL_", "DAGSTER_HOME", "SPARK_REMOTE"))}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_HOME", "SPARK_REMOTE"))}
     base |= {"EPOCHAL_HOME": str(home), "EPOCHAL_PIPELINE": str(pipe), "EPOCHAL_SPARK_PORT": str(free_port()),
              "PYTHONPATH": str(REPO)}
     if dagster_home:  # a persistent instance, as `dagster dev` runs have; else each run makes a temporary one
@@ -143,6 +144,8 @@ def bench(kind: str, root: Path, reps: int, dagster_home: bool) -> None:
               + ", ".join(f"{name} {s:.2f}s" for name, s in steps.items()), flush=True)
         print(f"  the rest of that run (Dagster's instance, run and event storage): "
               f"{walls['server'][-1] - definitions - sum(steps.values()):.2f}s", flush=True)
+        return {"server_start_s": start, "walls_s": walls, "ratio": ratio, "parts_s": measured,
+                "last_server_run_steps_s": steps}
     finally:
         stop = timed([PY, "-m", "epochal.cli", "spark", "stop"], env["server"], cwd)
         print(f"server stop: {stop:.2f}s", flush=True)
@@ -154,17 +157,17 @@ def main() -> int:
     parser.add_argument("--data", choices=("empty", "small", "both"), default="both")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     parser.add_argument("--dagster-home", action="store_true", help="runs use a persistent DAGSTER_HOME")
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_warm_spark-<time>.json)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bench_warm_spark_"))
-    print(f"state under {root}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
-    try:
+    log(harness.header("A warm Spark server against a JVM per run"))
+    result: dict[str, Any] = {"args": vars(args)}
+    with harness.workdir("bench_warm_spark", args.keep) as root:
+        log(f"state under {root}")
         for kind in ("empty", "small") if args.data == "both" else (args.data,):
-            bench(kind, root, args.reps, args.dagster_home)
-    finally:
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
+            result[kind] = bench(kind, root, args.reps, args.dagster_home)
+    log(f"result: {harness.save(harness.result_path('bench_warm_spark', args.json), result)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
