@@ -225,13 +225,13 @@ def _stalled_runner(spark, tmp_path: Path) -> tuple:  # noqa: ANN001
     (h.pipeline_dir / "new.sql").write_text(_views_file(STALLED_VIEWS))
     _run(h, instance)  # registers the backfill
     runner_a = BackfillRunner(h.runtime(spark))
-    runner_a.log.renew = lambda view: True  # stalled: its lease no longer beats
+    runner_a.controller.renew_backfill = lambda view: True  # stalled: its lease no longer beats
     return h, runner_a
 
 
 def _take_over(h, spark, runner_a: BackfillRunner) -> None:  # noqa: ANN001
     """A's claim times out; runner B takes the backfill over and runs it to the join."""
-    runner_a.log.backend.transaction(
+    runner_a.controller.backend.transaction(
         lambda cur: cur.execute("UPDATE backfills SET heartbeat_at = 0 WHERE view_name = ?", ["big_bid_prices"])
     )
     reports_b = {r.view: r for r in BackfillRunner(h.runtime(spark)).advance(budget_s=600)}

@@ -35,7 +35,7 @@ def test_a_slot_held_by_another_process_is_skipped_and_freed_when_it_dies(tmp_pa
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from epochal import connect_slots;"
+            "import sys, time; from pathlib import Path; from epochal.spark import slots as connect_slots;"
             f"s = connect_slots.take(Path({str(tmp_path)!r}), {URL!r}, 2); print(s.index, flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
