@@ -40,6 +40,53 @@ SPARK_RESERVED = frozenset(
 )
 
 
+#: Columns Epochal adds to a table's rows, or names in the SQL it writes over them, beside the
+#: user's columns: a user column of the same name would be overwritten or read in their place
+#: (a source's ``_weight`` set to 1, rows repeated ``_n`` times, the DuckDB upsert sink's ``_net``).
+#: The loader refuses them as source and view columns (case-insensitive, as Spark's names are).
+#: Name -> what Epochal uses it for, as the refusal says.
+INTERNAL_COLUMNS: dict[str, str] = {
+    "_weight": "each change row's weight (+1 insert, -1 delete)",
+    "_n": "a row's count when changes are netted",
+    "_net": "a row's net weight in the DuckDB upsert sink",
+    "_i": "the copy number when netted rows are expanded",
+    "_vnode": "the state's virtual-node partition",
+    "_vnodes": "the state's virtual-node run",
+}
+#: Prefixes of the columns Epochal derives from a user column's name (``_old_total`` from ``total``
+#: in an aggregate's state, ``_epochal_k0`` for a key), so no user column may start with one.
+INTERNAL_PREFIXES: tuple[str, ...] = ("_epochal", "_old_", "_delta_", "_gone_", "_in_", "_out_")
+#: Further columns a table with a PRIMARY KEY carries while its records are turned into changes
+#: (epochal/storage/upsert.py, epochal/driver/sources.py); ``_p_`` prefixes a stored row's columns.
+KEYED_INTERNAL_COLUMNS: dict[str, str] = {
+    "_op": "each record's operation (upsert or delete)",
+    "_split": "each record's position (its split)",
+    "_offset": "each record's position (its offset)",
+    "_found": "whether a key has a stored row",
+    "_upsert": "whether a record is an upsert",
+}
+KEYED_INTERNAL_PREFIXES: tuple[str, ...] = ("_p_",)
+
+
+def internal_name_use(name: str, *, keyed: bool = False) -> str | None:
+    """What Epochal uses column ``name`` for when it is one of its own (then a user column cannot
+    have it), else None. ``keyed``: the column is a table with a PRIMARY KEY's."""
+    lowered = name.lower()
+    names = {**INTERNAL_COLUMNS, **KEYED_INTERNAL_COLUMNS} if keyed else INTERNAL_COLUMNS
+    if lowered in names:
+        return names[lowered]
+    prefixes = INTERNAL_PREFIXES + KEYED_INTERNAL_PREFIXES if keyed else INTERNAL_PREFIXES
+    for prefix in prefixes:
+        if lowered.startswith(prefix):
+            return f"the columns Epochal derives from a column's name (prefix {prefix})"
+    return None
+
+
+#: PostgreSQL's longest identifier in bytes (NAMEDATALEN - 1): the server truncates a longer one
+#: silently, so two names can become one and a table's name differs from the one Epochal asks for.
+POSTGRES_MAX_IDENTIFIER_BYTES = 63
+
+
 @lru_cache(maxsize=4096)
 def quote(name: str, dialect: str = SPARK, *, when_needed: bool = False) -> str:
     """``name`` as an identifier of ``dialect``: ```a``b``` for Spark, ``"a""b"`` for DuckDB and PostgreSQL.

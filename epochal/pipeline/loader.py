@@ -29,6 +29,7 @@ from epochal.pipeline.model import (
 )
 from epochal.pipeline.statements import split_statements
 from epochal.sinks.spec import primary_key_columns, validate_sink
+from epochal.sql import internal_name_use, quote
 
 if TYPE_CHECKING:
     from epochal.connectors.base import ConnectorSpec
@@ -210,6 +211,8 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
         elif parsed.primary_key:
             for message in _source_key_problems(parsed, connector, lookup):
                 issues.add(where.file, parsed.primary_key_line, f"{prefix}: {message}")
+        for message in _internal_source_columns(parsed):
+            issues.add(where.file, where.line, f"{prefix}: {message}")
         spec = lookup(connector) if connector else None
         if spec is None:
             supported = ", ".join(_connector_names(lookup)) or "none registered"
@@ -245,8 +248,6 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
 def _source_key_problems(parsed: ParsedSource, connector: str, lookup: ConnectorLookup) -> list[str]:
     """What is wrong with a table's PRIMARY KEY. A key column that is not declared is reported by
     the parser already (with the declared columns), so it is not repeated here."""
-    from epochal.storage.upsert import OFFSET_COLUMN, SPLIT_COLUMN
-
     problems = []
     if connector and lookup(connector) is not None and connector not in SOURCE_PRIMARY_KEY_CONNECTORS:
         # an unknown connector has its own error; a key means nothing without one
@@ -254,12 +255,35 @@ def _source_key_problems(parsed: ParsedSource, connector: str, lookup: Connector
         problems.append(f"the {connector} connector is append-only: remove PRIMARY KEY (only {takers} tables take one)")
     for key in sorted({k for k in parsed.primary_key if parsed.primary_key.count(k) > 1}):
         problems.append(f"PRIMARY KEY names column '{key}' twice: list it once")
-    # read() adds these after the declared columns of a keyed table; a declared one would clash
+    return problems
+
+
+def _internal_source_columns(parsed: ParsedSource) -> list[str]:
+    """A declared column whose name Epochal uses for its own columns (epochal.sql.INTERNAL_COLUMNS):
+    it would be overwritten or read in Epochal's place, corrupting results without an error."""
+    problems = []
+    keyed = bool(parsed.primary_key) and parsed.kind == "table"
     for column in parsed.columns:
-        if column.name.lower() in (SPLIT_COLUMN, OFFSET_COLUMN):
+        use = internal_name_use(column.name, keyed=keyed)
+        if use is not None:
             problems.append(
-                f"column '{column.name}' is reserved in a table with a PRIMARY KEY (it carries each "
-                "record's position): rename it"
+                f"column '{column.name}' is reserved: Epochal uses it for {use}; leave it out of the "
+                "declaration (fields a record has but the declaration lacks are ignored) or rename the field in "
+                "the records"
+            )
+    return problems
+
+
+def _internal_view_columns(name: str, columns: tuple[str, ...]) -> list[str]:
+    """A view's output column named as one of Epochal's own (see :func:`_internal_source_columns`)."""
+    problems = []
+    for column in columns:
+        use = internal_name_use(column)
+        if use is not None:
+            rename = f"{column.strip('_') or 'column'}_user"
+            problems.append(
+                f"view {name}: column '{column}' is reserved: Epochal uses it for {use}; rename it in the "
+                f"view's SELECT, e.g. SELECT {quote(column, when_needed=True)} AS {rename}"
             )
     return problems
 
@@ -332,6 +356,8 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
                 issues.add(definition.location.file, problem.line, problem.message)
             if resolution.columns is not None:
                 schema[name] = columns[name] = resolution.columns
+                for message in _internal_view_columns(name, resolution.columns):
+                    issues.add(definition.location.file, definition.location.line, message)
 
     views: dict[str, ViewDef] = {}
     for name, definition in parsed_views.items():

@@ -375,13 +375,51 @@ def test_table_primary_key_problems_point_at_the_key(tmp_path: Path) -> None:
             ("s.sql", 1),
             "table bid: the nexmark connector is append-only: remove PRIMARY KEY (only log tables take one)",
         ),
+        (
+            ("s.sql", 4),
+            "table orders: column '_offset' is reserved: Epochal uses it for each record's position (its "
+            "offset); leave it out of the declaration (fields a record has but the declaration lacks are "
+            "ignored) or rename the field in the records",
+        ),
         (("s.sql", 5), "table orders: PRIMARY KEY names column 'id' twice: list it once"),
+        (("s.sql", 7), "table lines: PRIMARY KEY column 'line' is not a column (columns: order_id)"),
+    ]
+
+
+def test_internal_column_names_are_refused_at_load(tmp_path: Path) -> None:
+    """A user column named as one of Epochal's own (a source's _weight would be overwritten with 1,
+    a view's _n would repeat or drop rows) is refused, naming the column, table and the rename."""
+    found = issues(
+        tmp_path,
+        {
+            "s.sql": """\
+            CREATE SOURCE orders (id BIGINT, _Weight BIGINT)
+            WITH (connector = 'log', path = 'data/orders');
+            CREATE SOURCE plain (id BIGINT, _id BIGINT, _op STRING, _offset BIGINT)
+            WITH (connector = 'log', path = 'data/plain');
+            CREATE MATERIALIZED VIEW counted AS SELECT id, count(*) AS _n FROM plain GROUP BY id;
+            CREATE MATERIALIZED VIEW kept AS SELECT id, _id AS _epochal_k0 FROM plain;
+            """,
+        },
+    )
+    assert [(at(i), i.message) for i in found] == [
+        (
+            ("s.sql", 1),
+            "source orders: column '_weight' is reserved: Epochal uses it for each change row's weight (+1 "
+            "insert, -1 delete); leave it out of the declaration (fields a record has but the declaration "
+            "lacks are ignored) or rename the field in the records",
+        ),
         (
             ("s.sql", 5),
-            "table orders: column '_offset' is reserved in a table with a PRIMARY KEY (it carries each "
-            "record's position): rename it",
+            "view counted: column '_n' is reserved: Epochal uses it for a row's count when changes are "
+            "netted; rename it in the view's SELECT, e.g. SELECT _n AS n_user",
         ),
-        (("s.sql", 7), "table lines: PRIMARY KEY column 'line' is not a column (columns: order_id)"),
+        (
+            ("s.sql", 6),
+            "view kept: column '_epochal_k0' is reserved: Epochal uses it for the columns Epochal derives "
+            "from a column's name (prefix _epochal); rename it in the view's SELECT, e.g. SELECT _epochal_k0 "
+            "AS epochal_k0_user",
+        ),
     ]
 
 
@@ -1340,3 +1378,19 @@ def test_a_query_sqlglot_cannot_write_back_for_spark_is_refused_at_its_line(tmp_
     assert issue.line == 5  # the view's statement
     assert "view locked" in issue.message and "FOR UPDATE" in issue.message
     assert "refresh = 'full'" in issue.message
+
+
+def test_every_column_name_the_engine_adds_is_reserved() -> None:
+    """The engine's own column names, where they are defined, are all in the one reserved list."""
+    from epochal.incremental import partial
+    from epochal.incremental.plan import MIN_MAX_CACHE_PREFIX
+    from epochal.sql import internal_name_use
+    from epochal.storage import upsert, vnode, warehouse
+
+    for name in (warehouse.WEIGHT, vnode.VNODE, vnode.VNODE_RUN, "_n", "_net", "_i", MIN_MAX_CACHE_PREFIX + "x"):
+        assert internal_name_use(name) is not None, name
+    for prefix in (partial._OLD, partial._DELTA, partial._GONE, partial._IN, partial._OUT, partial._REDO):
+        assert internal_name_use(prefix + "total") is not None, prefix
+    for name in upsert.RECORD_COLUMNS:
+        assert internal_name_use(name, keyed=True) is not None, name
+    assert internal_name_use("_id") is None and internal_name_use("weight") is None
