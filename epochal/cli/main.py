@@ -166,7 +166,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from epochal.connectors.log import append_records, parse_log_options
+    from epochal.connectors.log import append_records, check_records, parse_log_options, record_lines
     from epochal.pipeline.loader import load_pipeline
     from epochal.settings import Settings
 
@@ -183,14 +183,17 @@ def cmd_produce(args: argparse.Namespace) -> int:
     if config is None:  # the loader already validated the options; this guards direct use
         raise EpochalError("; ".join(problems))
     directory = config.directory
+    # bytes, split on \n only, as the reader splits: str.splitlines() also split at U+2028 and
+    # friends, which JSON allows inside a string, and made one record two dead letters
     if args.file and args.file != "-":
         try:
-            with open(args.file, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
+            with open(args.file, "rb") as fh:
+                lines = record_lines(fh.read(), args.file)
         except OSError as exc:
             raise EpochalError(f"cannot read {args.file}: {exc.strerror}") from None
     else:
-        lines = sys.stdin.read().splitlines()
+        lines = record_lines(sys.stdin.buffer.read(), "standard input")
+    check_records(lines, source.options.get("format", "json"))  # a bad record refuses the batch
     count = append_records(directory, lines, args.split)
     print(f"appended {count} record(s) to {source.name} split {args.split or '0'} ({directory})")
     return 0

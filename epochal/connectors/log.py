@@ -424,6 +424,61 @@ def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
 # --- producing (no Spark) -------------------------------------------------------------------------
 
 
+def record_lines(data: bytes | str, what: str = "the input") -> list[str]:
+    """The records in ``data`` as the reader will see them: split on ``\\n`` only (a trailing ``\\r``
+    removed), never on the other line breaks ``str.splitlines`` knows (U+2028, U+2029, U+0085,
+    \\v, \\f...), which JSON allows unescaped inside a string. Bytes that are not UTF-8 are refused
+    (the reader would turn them into U+FFFD), naming the line."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise EpochalError(
+                f"{what} is not UTF-8 text: line {line} has byte 0x{data[exc.start]:02x}; save it as UTF-8"
+            ) from None
+    else:
+        text = data
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def json_record_problem(line: str) -> str | None:
+    """Why ``line`` (not blank) would be a dead letter of a JSON log before any column is read: not
+    JSON, or JSON but not one object. None when it is a JSON object."""
+    import json
+
+    try:
+        record = json.loads(line)
+    except RecursionError:
+        return "it nests too deeply to read"
+    except ValueError as exc:  # JSONDecodeError, and an integer of over 4300 digits
+        return f"it is not JSON ({exc})"
+    if not isinstance(record, dict):
+        kind = "null" if record is None else type(record).__name__.replace("dict", "object").replace("str", "string")
+        return f"it is JSON but not an object (got {kind}): each record is one JSON object, {{...}}"
+    return None
+
+
+def check_records(lines: Iterable[str], fmt: str = "json") -> None:
+    """Refuse, before anything is written, a batch with a record its reader would only send to the
+    dead letters (``epochal produce``): EpochalError naming the first bad line (1-based) and why."""
+    if fmt.strip().lower() != "json":  # parse_log_options refuses any other format first
+        raise EpochalError(f"log format '{fmt}' is not supported: use format = 'json'")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # blank lines are skipped, as the reader skips them
+        problem = json_record_problem(line)
+        if problem is not None:
+            shown = line if len(line) <= _SHOWN_VALUE_CHARS else line[:_SHOWN_VALUE_CHARS] + "..."
+            raise EpochalError(
+                f"line {number} is not a record: {problem}; nothing was written. Fix the line or remove it "
+                f"(line {number}: {shown!r})"
+            )
+
+
 def append_records(path_dir: str | os.PathLike[str], lines: Iterable[str], split: str | None = None) -> int:
     """Append ``lines`` as records to ``split`` (default '0') of the log in ``path_dir``; returns how
     many were written.
