@@ -516,7 +516,7 @@ def _sinks(
                 f"{prefix}: no connector option: add connector = '...' (e.g. connector = 'duckdb')",
             )
         else:
-            problems = validate_sink(connector, parsed.options.values, upstream_columns)
+            problems = validate_sink(connector, parsed.options.values, upstream_columns, parsed.name)
             if not problems and parsed.options.values.get("type") == "upsert" and parsed.from_table in keys.tables:
                 problems += _sink_key_problems(parsed.from_table, primary_key_columns(parsed.options.values), keys)
             issues.options(where, parsed.options, problems, prefix)

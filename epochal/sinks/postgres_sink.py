@@ -48,7 +48,7 @@ from epochal.sinks.base import (
     null_key_refused,
 )
 from epochal.sinks.postgres_schema import check_existing, copy_csv, existing_columns, postgres_type
-from epochal.sinks.spec import primary_key_columns, writer_count
+from epochal.sinks.spec import postgres_name_problems, primary_key_columns, writer_count
 
 PROGRESS_TABLE = "_epochal_sink_progress"
 DEFAULT_PORT = 5432
@@ -108,6 +108,10 @@ class PostgresTarget(SinkTarget):
         self.schema = options.get("schema", "public")
         self.table = options["table"] if "table" in options else name
         self.writers = writer_count(options)
+        # the loader checked the literal names; a ${ENV} one is known only now
+        long_names = postgres_name_problems(name, options, self.columns)
+        if long_names:
+            raise SinkConfigError(f"sink {name}: {'; '.join(long_names)}")
         target_tag = f"{self.schema}.{self.table}"
         prefix = f"epochal:{name}:{target_tag}:"
         if len(prefix.encode()) > 120:  # leave room for the token, writer and random tail

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
+from epochal.sql import POSTGRES_MAX_IDENTIFIER_BYTES
 from epochal.storage.vnode import VNODE_COUNT
 
 if TYPE_CHECKING:
@@ -46,8 +47,8 @@ class SinkSpec:
     factory: str
     #: options whose values are secrets (never shown)
     secret: tuple[str, ...] = ()
-    #: extra load-time checks: (options, upstream columns) -> problems
-    check: Callable[[Mapping[str, str], Sequence[str]], list[str]] | None = None
+    #: extra load-time checks: (sink name, options, upstream columns) -> problems
+    check: Callable[[str, Mapping[str, str], Sequence[str]], list[str]] | None = None
     #: the options that say which target the rows go to (a changed one is another target:
     #: ``epochal.checkpoint.statements.sinks``), the defaults the target applies, and which are paths
     identity: tuple[str, ...] = ()
@@ -62,9 +63,38 @@ class SinkSpec:
         return build(name, resolve_env(name, options), list(columns), home, meta_url)
 
 
-def _postgres_check(options: Mapping[str, str], columns: Sequence[str]) -> list[str]:
+def _postgres_check(name: str, options: Mapping[str, str], columns: Sequence[str]) -> list[str]:
     problems: list[str] = []
     whole_number_option(options, "port", 5432, 1, problems, maximum=65535)
+    return problems + postgres_name_problems(name, options, columns)
+
+
+#: The names Epochal itself creates in a PostgreSQL sink's schema; with the writer number and a
+#: random tail, the longest staging table is this long (below POSTGRES_MAX_IDENTIFIER_BYTES).
+POSTGRES_OWN_NAMES = ("_epochal_sink_progress", f"_epochal_stage_w{VNODE_COUNT - 1}_ffffff")
+
+
+def postgres_name_problems(sink: str, options: Mapping[str, str], columns: Sequence[str]) -> list[str]:
+    """A name the PostgreSQL sink would use that the server would cut to 63 bytes: the table became
+    another name than the one Epochal looks for, so the next run failed on DuplicateTable or a false
+    schema mismatch. ``sink`` names the table when no ``table`` option does (empty: unknown). A
+    ``${ENV}`` value is checked when the sink runs, once it is known."""
+    named: list[tuple[str, str, str]] = []  # (the name as the message shows it, the name, the fix)
+    for option, default in (("database", "postgres"), ("schema", "public"), ("table", sink)):
+        value = options.get(option, default)
+        if value and not _ENV_REFERENCE.match(value.strip()):
+            named.append((f"option '{option}' = '{value}'", value, f"give a shorter {option}"))
+    for column in columns:
+        fix = "rename it in the SELECT of the table the sink reads (... AS shorter)"
+        named.append((f"column '{column}'", column, fix))
+    problems = []
+    for shown, value, fix in named:
+        size = len(value.encode("utf-8"))
+        if size > POSTGRES_MAX_IDENTIFIER_BYTES:
+            problems.append(
+                f"{shown} is {size} bytes, over PostgreSQL's limit of {POSTGRES_MAX_IDENTIFIER_BYTES} bytes on a "
+                f"name (the server would cut it silently, and a later run would not find it): {fix}"
+            )
     return problems
 
 
@@ -187,8 +217,11 @@ def shown_options(connector: str, options: Mapping[str, str]) -> dict[str, str]:
     return {k: (v if k not in secret or _ENV_REFERENCE.match(v.strip()) else "***") for k, v in options.items()}
 
 
-def validate_sink(connector: str, options: Mapping[str, str], upstream_columns: Sequence[str]) -> list[str]:
-    """Problems with a sink's options; ``upstream_columns`` are the columns of the table it reads."""
+def validate_sink(
+    connector: str, options: Mapping[str, str], upstream_columns: Sequence[str], name: str = ""
+) -> list[str]:
+    """Problems with a sink's options; ``upstream_columns`` are the columns of the table it reads,
+    ``name`` the sink's (empty: not known)."""
     spec = sink_spec(connector)
     if spec is None:
         return [f"unknown sink connector '{connector}': supported sink connectors are: {', '.join(SINK_CONNECTORS)}"]
@@ -220,5 +253,5 @@ def validate_sink(connector: str, options: Mapping[str, str], upstream_columns: 
             f"'false' (only epochs after the sink's first delivery), got '{snapshot}'"
         )
     if spec.check is not None:
-        problems += spec.check(options, upstream_columns)
+        problems += spec.check(name, options, upstream_columns)
     return problems

@@ -580,3 +580,82 @@ def test_no_prepared_transactions_fails_before_any_writer(scratch_server: int) -
         t.write(WriterTask(BatchId("pw_sink", 1, 1), 0, 1, (0, 255)), iter([rows(SCHEMA, [(1, "a")])]))
     with psycopg.connect(url, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM out").fetchone() == (0,)
+
+
+# ---------------------------------------------------------------------------------------------- long names
+
+
+def test_names_over_63_bytes_are_refused_at_load(tmp_path: Path) -> None:
+    """PostgreSQL cuts a name to 63 bytes (NAMEDATALEN - 1) without an error: a table, schema or
+    column over it was created under another name, and every later run failed on DuplicateTable or
+    a false schema mismatch. Bytes, not characters: 32 'é' are 64 bytes."""
+    from epochal.errors import PipelineError
+    from epochal.pipeline.loader import load_pipeline
+
+    long_column = "c" * 64
+    (tmp_path / "p.sql").write_text(
+        "CREATE SOURCE s (id BIGINT) WITH (connector = 'log', path = 'data/s');\n"
+        f"CREATE MATERIALIZED VIEW v AS SELECT id, id AS {long_column} FROM s;\n"
+        "CREATE SINK out FROM v WITH (connector = 'postgres', host = '127.0.0.1', user = 'postgres',\n"
+        f"  database = 'postgres', schema = '{'é' * 32}',\n"
+        f"  table = '{'t' * 64}');\n"
+    )
+    with pytest.raises(PipelineError) as info:
+        load_pipeline(tmp_path)
+    assert [(i.line, i.message) for i in info.value.issues] == [
+        (
+            3,
+            f"sink out: column '{long_column}' is 64 bytes, over PostgreSQL's limit of 63 bytes on a name (the "
+            "server would cut it silently, and a later run would not find it): rename it in the SELECT of the "
+            "table the sink reads (... AS shorter)",
+        ),
+        (
+            4,
+            f"sink out: option 'schema' = '{'é' * 32}' is 64 bytes, over PostgreSQL's limit of 63 bytes on a name "
+            "(the server would cut it silently, and a later run would not find it): give a shorter schema",
+        ),
+        (
+            5,
+            f"sink out: option 'table' = '{'t' * 64}' is 64 bytes, over PostgreSQL's limit of 63 bytes on a name "
+            "(the server would cut it silently, and a later run would not find it): give a shorter table",
+        ),
+    ]
+
+
+def test_names_of_63_bytes_deliver_on_every_run(database: str) -> None:
+    """At the limit the real server keeps the names whole: the second run's prepare_target finds
+    the table and columns the first created (a cut column name was a false schema mismatch)."""
+    table, schema, column = "t" * 63, "s" * 61 + "é", "é" * 31 + "x"
+    assert [len(n.encode()) for n in (table, schema, column)] == [63, 63, 63]
+    arrow = pa.schema([("id", pa.int64()), (column, pa.string())])
+    for run in (1, 2):
+        t = target(database, table=table, schema=schema, columns=("id", column), type="upsert", primary_key="id")
+        t.prepare_target(arrow)
+        batch = BatchId("out_sink", run, run, 1, f"r{run}")
+        t.commit(batch, write_all(t, batch, [[rows(arrow, [(run, "é")])]]))
+    assert sql_rows(database, f'SELECT id, "{column}" FROM "{schema}"."{table}" ORDER BY id') == [(1, "é"), (2, "é")]
+
+
+def test_a_long_name_from_the_environment_is_refused_before_the_server(monkeypatch) -> None:
+    """A ${ENV} table name the loader cannot see is refused when the sink is built, before it
+    connects; Epochal's own names in the schema fit whatever the writer count."""
+    from epochal.sinks.spec import POSTGRES_OWN_NAMES
+    from epochal.sql import POSTGRES_MAX_IDENTIFIER_BYTES
+
+    assert max(len(n.encode()) for n in POSTGRES_OWN_NAMES) <= POSTGRES_MAX_IDENTIFIER_BYTES
+    monkeypatch.setenv("EPOCHAL_TEST_PG_TABLE", "t" * 64)
+    options = {"connector": "postgres", "host": "127.0.0.1", "port": "1", "user": "postgres", "database": "d"}
+    with pytest.raises(SinkConfigError, match="sink long: option 'table' = 't{64}' is 64 bytes, over PostgreSQL's"):
+        sink_spec("postgres").create("long", {**options, "table": "${EPOCHAL_TEST_PG_TABLE}"}, ["id"], Path("."), None)
+    with pytest.raises(SinkConfigError, match="column 'é{32}' is 64 bytes"):
+        PostgresTarget("wide", {**options, "table": "t"}, ["id", "é" * 32], None, None)
+
+
+def test_the_limit_is_the_servers() -> None:
+    """The real server's own limit, and what it does past it: cut the name, not refuse it."""
+    from epochal.sql import POSTGRES_MAX_IDENTIFIER_BYTES
+
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        assert int(conn.execute("SHOW max_identifier_length").fetchone()[0]) == POSTGRES_MAX_IDENTIFIER_BYTES
+        cut = conn.execute("SELECT %s::name", ("t" * 64,)).fetchone()[0]
+    assert cut == "t" * 63
