@@ -354,7 +354,14 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
             resolution = resolve_columns(name, tree, parsed.query_text, parsed.query_line, schema)
             for problem in resolution.problems:
                 issues.add(definition.location.file, problem.line, problem.message)
-            if resolution.columns is not None:
+            if resolution.columns == ():
+                # (sqlglot reads `SELECT FROM t` as a query of no columns, which the planner cannot take)
+                issues.add(
+                    definition.location.file,
+                    parsed.query_line,
+                    f"view {name}: the query selects no column: list the columns it returns, e.g. SELECT id FROM ...",
+                )
+            elif resolution.columns is not None:
                 schema[name] = columns[name] = resolution.columns
                 for message in _internal_view_columns(name, resolution.columns):
                     issues.add(definition.location.file, definition.location.line, message)
