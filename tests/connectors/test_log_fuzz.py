@@ -6,6 +6,7 @@ may escape as a traceback: only EpochalError naming the line, or the driver read
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -18,7 +19,12 @@ from epochal.connectors.log_driver import Declined, read_or_decline
 from epochal.errors import EpochalError
 from epochal.pipeline.model import Column, Location, SourceDef
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: TESTS_FUZZ_EXAMPLES=5000 searches deeper (minutes); the default keeps the file to seconds
+FUZZ = settings(
+    max_examples=int(os.environ.get("TESTS_FUZZ_EXAMPLES", "100")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 #: characters that other tools take for line breaks, quotes and escapes, NUL, a lone surrogate's
 #: escape, and the byte order mark

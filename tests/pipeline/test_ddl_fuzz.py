@@ -4,6 +4,7 @@ naming a file and line, never as a traceback; a file that loads has every name r
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,12 @@ from epochal.pipeline.ddl import parse_statement
 from epochal.pipeline.loader import load_pipeline
 from epochal.pipeline.statements import Statement, split_statements
 
-FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: TESTS_FUZZ_EXAMPLES=5000 searches deeper (minutes); the default keeps the file to seconds
+FUZZ = settings(
+    max_examples=int(os.environ.get("TESTS_FUZZ_EXAMPLES", "100")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 NASTY = "\n\r\u2028\u2029\x85\x00\"'`\\;(),.*=-/\ufeff\u00e9\U0001f600"
 noise = st.text(alphabet=st.one_of(st.sampled_from(NASTY), st.characters(exclude_categories=("Cs",))), max_size=30)
