@@ -54,8 +54,9 @@ INTERNAL_COLUMNS: dict[str, str] = {
     "_vnodes": "the state's virtual-node run",
 }
 #: Prefixes of the columns Epochal derives from a user column's name (``_old_total`` from ``total``
-#: in an aggregate's state, ``_epochal_k0`` for a key), so no user column may start with one.
-INTERNAL_PREFIXES: tuple[str, ...] = ("_epochal", "_old_", "_delta_", "_gone_", "_in_", "_out_")
+#: in an aggregate's state, ``_epochal_k0`` for a key; ``__epochal_corrupt_record`` is Spark's
+#: column of a line it cannot parse), so no user column may start with one.
+INTERNAL_PREFIXES: tuple[str, ...] = ("_epochal", "__epochal", "_old_", "_delta_", "_gone_", "_in_", "_out_")
 #: Further columns a table with a PRIMARY KEY carries while its records are turned into changes
 #: (epochal/storage/upsert.py, epochal/driver/sources.py); ``_p_`` prefixes a stored row's columns.
 KEYED_INTERNAL_COLUMNS: dict[str, str] = {

@@ -1391,6 +1391,9 @@ def test_every_column_name_the_engine_adds_is_reserved() -> None:
         assert internal_name_use(name) is not None, name
     for prefix in (partial._OLD, partial._DELTA, partial._GONE, partial._IN, partial._OUT, partial._REDO):
         assert internal_name_use(prefix + "total") is not None, prefix
+    from epochal.connectors.log import _CORRUPT
+
+    assert internal_name_use(_CORRUPT) is not None
     for name in upsert.RECORD_COLUMNS:
         assert internal_name_use(name, keyed=True) is not None, name
     assert internal_name_use("_id") is None and internal_name_use("weight") is None
