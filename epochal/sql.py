@@ -65,6 +65,7 @@ KEYED_INTERNAL_COLUMNS: dict[str, str] = {
     "_offset": "each record's position (its offset)",
     "_found": "whether a key has a stored row",
     "_upsert": "whether a record is an upsert",
+    "_same": "whether an upsert repeats the stored row",
 }
 KEYED_INTERNAL_PREFIXES: tuple[str, ...] = ("_p_",)
 
