@@ -454,8 +454,10 @@ def json_record_problem(line: str) -> str | None:
         record = json.loads(line)
     except RecursionError:
         return "it nests too deeply to read"
-    except ValueError as exc:  # JSONDecodeError, and an integer of over 4300 digits
-        return f"it is not JSON ({exc})"
+    except json.JSONDecodeError as exc:  # (its own "line 1" would contradict the line number given)
+        return f"it is not JSON ({exc.msg} at character {exc.pos + 1})"
+    except ValueError:  # Python's limit on an integer's digits
+        return "it holds a number of over 4300 digits, which no reader takes: write it as a string"
     if not isinstance(record, dict):
         kind = "null" if record is None else type(record).__name__.replace("dict", "object").replace("str", "string")
         return f"it is JSON but not an object (got {kind}): each record is one JSON object, {{...}}"
