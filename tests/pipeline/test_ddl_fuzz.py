@@ -25,21 +25,24 @@ FUZZ = settings(
 
 NASTY = "\n\r\u2028\u2029\x85\x00\"'`\\;(),.*=-/\ufeff\u00e9\U0001f600"
 noise = st.text(alphabet=st.one_of(st.sampled_from(NASTY), st.characters(exclude_categories=("Cs",))), max_size=30)
+#: noise without quotes: it reaches the parser's later checks instead of an unterminated string
+unquoted = noise.map(lambda s: "".join(ch for ch in s if ch not in "'\"`;"))
 plain = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 #: names a user might write: plain, SQL keywords, Epochal's own columns, over PostgreSQL's 63 bytes,
 #: quoted with anything inside, and (rarely) an unbalanced quote
 names = st.one_of(
     plain,
     st.sampled_from(["id", "note", "select", "`from`", "`order`", "_weight", "_n", "_NET", "_epochal_k0", "_op",
-                     "_offset", "_delta_x", "_id", "n" * 64, "`" + "é" * 32 + "`", "`a b`", "`a``b`", "`é\u2028`"]),
+                     "_offset", "_delta_x", "_id", "n" * 64, "`" + "é" * 32 + "`", "`a b`", "`a``b`", "`é\u2028`",
+                     "`x", "'x", "x`"]),
     noise.map(lambda s: "`" + s.replace("`", "``") + "`"),
-    st.sampled_from(["`x", "'x", '"x', "x`"]),
+    plain,
 )  # fmt: skip
 types = st.sampled_from(
     ["BIGINT", "INT", "STRING", "DOUBLE", "TIMESTAMP", "BOOLEAN", "DECIMAL(38, 2)", "ARRAY<INT>", "STRUCT<a: INT>",
      "MAP<STRING, INT>", "DECIMAL(99, 2)", "VARIANT", "NOPE", "BIGINT NOT NULL"]
 )  # fmt: skip
-values = st.one_of(plain, noise, st.sampled_from(["log", "postgres", "duckdb", "upsert", "${HOME}", "t" * 64, "id"]))
+values = st.one_of(plain, unquoted, st.sampled_from(["log", "postgres", "duckdb", "upsert", "${HOME}", "t" * 64, "id"]))
 extra_options = st.lists(st.tuples(st.sampled_from(["table", "type", "primary_key", "schema", "format", "refresh",
                                                     "connector", "writers", "min_max_cache"]), values),
                          max_size=3)  # fmt: skip
@@ -65,7 +68,7 @@ sources = st.builds(
 expressions = st.one_of(
     st.sampled_from(["id", "note", "amount", "*", "count(*)", "sum(amount)", "max(note)", "1/0", "NULL", "'\u2028'"]),
     st.tuples(st.sampled_from(["id", "note", "count(*)", "sum(id)", "upper(note)"]), names).map(" AS ".join),
-    noise,
+    unquoted,
 )
 views = st.builds(
     lambda name, exprs, table, tail: f"CREATE MATERIALIZED VIEW {name} AS SELECT {', '.join(exprs)} "
@@ -74,18 +77,24 @@ views = st.builds(
     st.lists(expressions, min_size=1, max_size=3),
     st.sampled_from(["s", "base", "nope"]),
     st.one_of(st.sampled_from(["", "GROUP BY id", "GROUP BY id, note", "WHERE id > 0", "ORDER BY id LIMIT 3",
-                               "JOIN base USING (id)"]), noise),  # fmt: skip
+                               "JOIN base USING (id)"]), unquoted),  # fmt: skip
 )
 sinks = st.builds(
-    lambda name, connector, table, pairs: f"CREATE SINK {name} FROM {table} "
-    + with_clause([("connector", connector), ("host", "h"), ("user", "u"), ("database", "d"), ("table", "t"), *pairs]),
+    lambda name, connector, table, target, pairs: f"CREATE SINK {name} FROM {table} "
+    + with_clause([("connector", connector), ("host", "h"), ("user", "u"), ("database", "d"), ("table", target),
+                   *pairs]),  # fmt: skip
     names,
     st.sampled_from(["postgres", "duckdb", "nope"]),
-    st.sampled_from(["s", "base", "nope"]),
+    st.sampled_from(["s", "base", "nope", "wide"]),
+    st.one_of(plain, st.sampled_from(["t" * 63, "t" * 64, "é" * 32, "${T}"])),
     extra_options,
 )
+#: a view whose column is over PostgreSQL's limit, for a sink to read
+WIDE = f"CREATE MATERIALIZED VIEW wide AS SELECT id AS {'c' * 64}, note FROM s;\n"
 statements = st.one_of(sources, views, sinks, sources, views, sinks, noise)
-files = st.lists(statements, max_size=3).map(lambda parts: BASE + "".join(p + ";\n" for p in parts))
+files = st.tuples(st.booleans(), st.lists(statements, max_size=3)).map(
+    lambda t: BASE + (WIDE if t[0] else "") + "".join(p + ";\n" for p in t[1])
+)
 
 
 @FUZZ
