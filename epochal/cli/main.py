@@ -193,7 +193,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
             raise EpochalError(f"cannot read {args.file}: {exc.strerror}") from None
     else:
         lines = record_lines(sys.stdin.buffer.read(), "standard input")
-    check_records(lines, source.options.get("format", "json"))  # a bad record refuses the batch
+    spelled = {c.name: c.key for c in source.columns}
+    keys = [spelled[k] for k in source.primary_key]
+    check_records(lines, source.options.get("format", "json"), keys)  # a bad record refuses the batch
     count = append_records(directory, lines, args.split)
     print(f"appended {count} record(s) to {source.name} split {args.split or '0'} ({directory})")
     return 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -445,9 +445,11 @@ def record_lines(data: bytes | str, what: str = "the input") -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def json_record_problem(line: str) -> str | None:
-    """Why ``line`` (not blank) would be a dead letter of a JSON log before any column is read: not
-    JSON, or JSON but not one object. None when it is a JSON object."""
+def json_record_problem(line: str, keys: Sequence[str] = ()) -> str | None:
+    """Why ``line`` (not blank) would be a dead letter of a JSON log before any column's type is
+    read: not JSON, or JSON but not one object; for a table with a PRIMARY KEY (``keys``, the key
+    fields as records spell them), an ``_op`` that is no operation or a key field missing or null.
+    None when the reader takes it that far."""
     import json
 
     try:
@@ -461,18 +463,31 @@ def json_record_problem(line: str) -> str | None:
     if not isinstance(record, dict):
         kind = "null" if record is None else type(record).__name__.replace("dict", "object").replace("str", "string")
         return f"it is JSON but not an object (got {kind}): each record is one JSON object, {{...}}"
+    if keys:
+        op = record.get(OP_KEY)
+        # the reader takes _op as a string, lower-cased; absent or null is an upsert
+        if op is not None and not (isinstance(op, str) and op.lower() in (*UPSERT_OPS, DELETE)):
+            return (
+                f"{OP_KEY} is {json.dumps(op)[:40]}, not an operation: use one of "
+                f"{', '.join(UPSERT_OPS)}, {DELETE}, or leave it out (an upsert)"
+            )
+        missing = [k for k in keys if record.get(k) is None]
+        if missing:
+            named = ", ".join(repr(k) for k in missing)
+            return f"the key field {named} is missing or null: a keyed record needs its key"
     return None
 
 
-def check_records(lines: Iterable[str], fmt: str = "json") -> None:
+def check_records(lines: Iterable[str], fmt: str = "json", keys: Sequence[str] = ()) -> None:
     """Refuse, before anything is written, a batch with a record its reader would only send to the
-    dead letters (``epochal produce``): EpochalError naming the first bad line (1-based) and why."""
+    dead letters (``epochal produce``): EpochalError naming the first bad line (1-based) and why.
+    ``keys``: a keyed table's key fields (see :func:`json_record_problem`)."""
     if fmt.strip().lower() != "json":  # parse_log_options refuses any other format first
         raise EpochalError(f"log format '{fmt}' is not supported: use format = 'json'")
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue  # blank lines are skipped, as the reader skips them
-        problem = json_record_problem(line)
+        problem = json_record_problem(line, keys)
         if problem is not None:
             shown = line if len(line) <= _SHOWN_VALUE_CHARS else line[:_SHOWN_VALUE_CHARS] + "..."
             raise EpochalError(

@@ -72,3 +72,25 @@ def test_bad_records_are_refused_by_line_and_nothing_is_written(
     error = capsys.readouterr().err
     assert named in error and "Traceback" not in error
     assert not (home / "data" / "notes").exists()  # the good line before it was not written either
+
+
+def test_a_keyed_record_without_its_key_or_with_an_odd_op_is_refused(monkeypatch, capsys, tmp_path: Path) -> None:
+    """A keyed table's reader sends such records to the dead letters; produce says so first."""
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "pipeline" / "p.sql").write_text(
+        "CREATE TABLE notes (orderId BIGINT, note STRING, PRIMARY KEY (orderId)) "
+        "WITH (connector = 'log', path = 'data/notes');\n"
+    )
+    monkeypatch.setenv("EPOCHAL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EPOCHAL_PIPELINE", str(tmp_path / "pipeline"))
+    good = '{"orderId": 1, "note": "x"}\n{"orderId": 1, "_op": "DELETE"}\n{"orderId": 2, "_op": null}\n'
+    for bad, named in [
+        ('{"orderid": 3}\n', "line 4 is not a record: the key field 'orderId' is missing or null"),
+        ('{"orderId": 3, "_op": "remove"}\n', 'line 4 is not a record: _op is "remove", not an operation: use one of'),
+        ('{"orderId": 3, "_op": 5}\n', "line 4 is not a record: _op is 5, not an operation"),
+    ]:
+        assert produce(monkeypatch, (good + bad).encode()) != 0
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "home" / "data" / "notes").exists()
+    assert produce(monkeypatch, good.encode()) == 0
+    assert (tmp_path / "home" / "data" / "notes" / "0.jsonl").read_text() == good
