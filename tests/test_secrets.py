@@ -141,10 +141,10 @@ def _leaks(text: str, secrets: list[str]) -> list[str]:
 
 
 def test_dagster_shows_variable_names_not_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster._core.remote_representation.external_data import RepositorySnap
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
 
     from platform_defs.definitions import build_definitions
+    from tests.dagster_internals import RepositorySnap
 
     h = make_harness(tmp_path, TINY_PIPELINE)
     secrets = ["sk" + uuid.uuid4().hex, "tk" + uuid.uuid4().hex, "pw" + uuid.uuid4().hex]
@@ -196,7 +196,7 @@ def test_an_unreachable_meta_store_is_named_without_its_password(tmp_path: Path,
 def test_a_real_run_keeps_every_secret_out(tmp_path: Path, secret_pg: SecretPg) -> None:
     """`dagster job execute` on PostgreSQL with a password and a secret Spark key: neither shows in
     its output, in anything the Dagster instance recorded, or in `epochal status`; Spark gets the key."""
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
 
     h = make_harness(tmp_path, TINY_PIPELINE)
     dagster_home, spark_events = tmp_path / "dagster_home", tmp_path / "spark_events"
