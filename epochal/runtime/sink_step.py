@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, StateCompacted
 from epochal.checkpoint.sinks.batches import DeliveryReport, SinkStart
-from epochal.checkpoint.statements.sinks import SinkDeclaration
+from epochal.checkpoint.statements.sinks import SinkDeclaration, SinkRecipe
 from epochal.errors import require
 from epochal.runtime.report import StepReport
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
@@ -119,6 +119,7 @@ class SinkSteps:
             epoch,
             sink_declaration(definition.from_table, definition.connector, definition.options),
             self.ctx.pipeline.loaded_at,
+            SinkRecipe.of(definition.connector, definition.options, target.columns).to_json(),
         )
 
         def deliver() -> DeliveryReport:

@@ -104,13 +104,15 @@ class SinkCoordinator:
         join_epoch: int,
         declaration: str | None = None,
         loaded_at: float | None = None,
+        recipe: str | None = None,
     ) -> SinkStart:
         """Where ``sink`` starts: decided at its first call (a delivery step of ``join_epoch``) and
         recorded. A sink moved to another target under the same name raises ``SinkTargetChanged``,
-        and the refusal is kept for ``epochal status``."""
+        and the refusal is kept for ``epochal status``. ``recipe`` (``SinkRecipe`` JSON) is kept to
+        finish the sink's batches should it leave the pipeline with some not finished."""
         try:
             return self.backend.transaction(
-                lambda cur: sink_starts.decide(cur, sink, snapshot, join_epoch, declaration, loaded_at)
+                lambda cur: sink_starts.decide(cur, sink, snapshot, join_epoch, declaration, loaded_at, recipe)
             )
         except sink_declarations.SinkTargetChanged as refused:
             reason = str(refused)
@@ -238,6 +240,18 @@ class SinkCoordinator:
                 report.orphans_aborted,
             )
         return report
+
+    def finish(self, target: SinkTarget) -> DeliveryReport | None:
+        """Finish the batches of a sink that left the pipeline (``recover`` under the sink's claim, so
+        no run still delivering it runs beside): its PENDING batches are committed (the commit was
+        decided), its other pre-commits thrown away. None when another run holds the claim."""
+        owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        if not self.claims.take(target.name, owner):
+            return None
+        try:
+            return self.recover(target)
+        finally:
+            self.claims.release(target.name, owner)
 
     def _commit(self, target: SinkTarget, batch: BatchId, results: Sequence[WriterResult]) -> bool:
         """Commit a PENDING batch into the target and mark it COMMITTED; False when its pre-commit
