@@ -47,6 +47,20 @@ CREATE MATERIALIZED VIEW big_bids AS SELECT auction, price FROM bid WHERE price 
         ("sc://host:15002/;token=tk1;user_id=bob", "sc://host:15002/;token=***;user_id=bob"),
         ("postgresql://alice@db/meta?application_name=a@b", "postgresql://alice@db/meta?application_name=a@b"),
         ("duckdb:////tmp/x/meta.duckdb", "duckdb:////tmp/x/meta.duckdb"),
+        # a password is everything between the user's ':' and the last '@' before the host
+        ("postgresql://alice:pa;ss@db/meta", "postgresql://alice:***@db/meta"),
+        ("postgresql://alice:pa?ss@db/meta?sslmode=require", "postgresql://alice:***@db/meta?sslmode=require"),
+        ("postgresql://alice:a#b;c?d@e@db:5432,db2/meta", "postgresql://alice:***@db:5432,db2/meta"),
+        ("postgresql://alice:pa%ss@db/meta", "postgresql://alice:***@db/meta"),
+        ("postgresql://db/meta?sslmode=require&password=pa%ss", "postgresql://db/meta?sslmode=require&password=***"),
+        ("postgresql://db:5432/meta", "postgresql://db:5432/meta"),
+        # libpq conninfo, bare and quoted, and a URL inside a message
+        ("host=db user=alice password=pa;ss dbname=meta", "host=db user=alice password=*** dbname=meta"),
+        ("host=db password = 'a b\\' c' dbname=meta", "host=db password = *** dbname=meta"),
+        (
+            "cannot reach postgresql://alice:pw1@db/meta: refused",
+            "cannot reach postgresql://alice:***@db/meta: refused",
+        ),
     ],
 )
 def test_urls_lose_their_secrets_and_keep_the_rest(url: str, shown: str) -> None:
@@ -97,6 +111,22 @@ def test_an_unsupported_meta_store_url_is_named_without_its_password() -> None:
     with pytest.raises(ConfigError, match=r"unsupported meta store URL 'mysql://u:\*\*\*@h/d'") as raised:
         open_backend("mysql://u:pw7@h/d")
     assert "pw7" not in str(raised.value)
+
+
+def test_a_password_psycopg_cannot_parse_is_named_without_the_password() -> None:
+    """A '%' not followed by two hex digits: psycopg's ProgrammingError quotes the password; what
+    Epochal raises (and a traceback prints) names the problem and the fix, never the password."""
+    import traceback
+
+    from epochal.meta.backend import open_backend
+
+    password = f"pa%zz{uuid.uuid4().hex}"
+    backend = open_backend(f"postgresql://postgres:{password}@127.0.0.1:5432/postgres")
+    with pytest.raises(ConfigError, match="percent-encode special characters in the user and password") as raised:
+        backend.transaction(lambda cur: cur.execute("SELECT 1"))
+    shown = "".join(traceback.format_exception(raised.value))
+    assert "postgresql://postgres:***@127.0.0.1:5432/postgres" in shown
+    assert password not in shown and password[2:] not in shown, shown
 
 
 @dataclass
