@@ -16,7 +16,10 @@ MASK = "***"
 # (secret|password|token|access.key) widened to the names cloud connectors use
 # (fs.s3a.secret.key, fs.azure.account.key.<account>, ...oauth2.client.secret, sslpassword).
 _SECRET_NAME = re.compile(
-    r"secret|passw|pwd|token|credential|apikey|private[._-]?key|(?:^|[._-])key(?:$|[._-])",
+    r"secret|passw|pwd|token|credential|apikey|private[._-]?key|(?:^|[._-])key(?:$|[._-])"
+    # an Azure SAS (fs.azure.sas.<container>.<account>...: the value is the signed query), a URL's
+    # signature parameter (`sig=` of a SAS URL)
+    r"|(?:^|[._-])sas(?:$|[._-])|(?:^|[._-])sig(?:nature)?(?:$|[._-])",
     re.IGNORECASE,
 )
 
@@ -94,13 +97,35 @@ def scrub(text: str, secret_source: str) -> str:
     return redact_url(text)
 
 
+def is_secret_conf(key: str, value: object) -> bool:
+    """Whether a Spark conf entry holds a secret: by its key's name, or by its value, which may be a
+    URL with credentials under an innocent key (``javax.jdo.option.ConnectionURL`` =
+    ``jdbc:postgresql://db/hive?user=u&password=pw``, a catalog's ``uri`` = ``postgresql://u:pw@db/c``)."""
+    if is_secret_name(key):
+        return True
+    text = str(value)
+    if redact_url(text) != text:
+        return True
+    # JDBC URLs that are not URL-shaped (jdbc:oracle:thin:user/pw@host:1521/db)
+    return text.lower().startswith("jdbc:") and ("@" in text or "pass" in text.lower())
+
+
 def redact_conf(conf: Mapping[str, object]) -> dict[str, object]:
-    """A copy of a Spark conf whose secret keys' values are masked."""
-    return {k: (MASK if is_secret_name(k) else v) for k, v in conf.items()}
+    """A copy of a Spark conf whose secrets are masked: the whole value of a secret key, the
+    password of a URL value (the rest of it stays readable)."""
+    shown: dict[str, object] = {}
+    for key, value in conf.items():
+        if not is_secret_conf(key, value):
+            shown[key] = value
+        elif is_secret_name(key) or redact_url(str(value)) == str(value):
+            shown[key] = MASK
+        else:
+            shown[key] = redact_url(str(value))
+    return shown
 
 
 def split_secret_conf(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``conf`` split into the keys that may be shown and the ones that hold secrets."""
-    public = {k: v for k, v in conf.items() if not is_secret_name(k)}
-    secret = {k: v for k, v in conf.items() if is_secret_name(k)}
+    """``conf`` split into the entries that may be shown and the ones that hold secrets."""
+    public = {k: v for k, v in conf.items() if not is_secret_conf(k, v)}
+    secret = {k: v for k, v in conf.items() if is_secret_conf(k, v)}
     return public, secret
