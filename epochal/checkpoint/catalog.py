@@ -234,7 +234,7 @@ class SnapshotCatalog:
                 "INSERT INTO snapshots (location, table_name, epoch, state, distribution_key, spark_schema, "
                 "owner_host, owner_pid, started_at, heartbeat_at) VALUES (?, ?, ?, 'WRITING', ?, ?, ?, ?, ?, ?)",
                 [location, table, epoch, json.dumps(list(distribution_key)), schema]
-                + [Owner.host, os.getpid(), now if started_at is None else min(started_at, now), now],
+                + [Owner.token(), os.getpid(), now if started_at is None else min(started_at, now), now],
             )
 
         self.backend.transaction(begin)
@@ -338,7 +338,7 @@ class SnapshotCatalog:
                 "SELECT location, owner_host, owner_pid, started_at, heartbeat_at FROM snapshots "
                 "WHERE state = 'WRITING'"
             ).fetchall()
-            if (host == Owner.host and pid is not None and not Owner.pid_alive(pid))
+            if Owner.dead(host, pid)
             or now - (heartbeat if heartbeat is not None else started) > self.settings.epoch_timeout_s
         ]
         for loc in dead:

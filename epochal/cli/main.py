@@ -389,8 +389,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
 
             try:
                 report = warm_up(
-                    current.url, epochs, demo_epochs, current.pid, progress=lambda line: print(line, flush=True),
-                    conf=settings.spark_conf,
+                    current.connect_url, epochs, demo_epochs, current.pid,
+                    progress=lambda line: print(line, flush=True), conf=settings.spark_conf,
                 )
             except Exception as exc:  # speed only: the server is up and serves runs all the same
                 print(f"Spark server not warmed up ({type(exc).__name__}: {exc}); it runs and serves runs cold",

@@ -29,7 +29,6 @@ catches up from the change files, which retention keeps until they are delivered
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -295,7 +294,7 @@ class SinkCoordinator:
         delivered a snapshot at an earlier epoch meanwhile), the list misses epochs and this call
         leaves them to the next delivery instead of skipping them."""
         started = time.time()
-        owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        owner = Owner.tag(secrets.token_hex(4))
         if not self.claims.wait_for(target.name, owner):
             delivered = self.delivered_epoch(target.name)
             report = DeliveryReport(target.name, busy=True, delivered_epoch=delivered)
