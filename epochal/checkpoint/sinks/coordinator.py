@@ -244,7 +244,7 @@ class SinkCoordinator:
         """Finish the batches of a sink that left the pipeline (``recover`` under the sink's claim, so
         no run still delivering it runs beside): its PENDING batches are committed (the commit was
         decided), its other pre-commits thrown away. None when another run holds the claim."""
-        owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        owner = Owner.tag(secrets.token_hex(4))
         if not self.claims.take(target.name, owner):
             return None
         try:
