@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from epochal.checkpoint.backfills.state import BackfillPhase
 from epochal.checkpoint.records import StateCompacted
 from epochal.errors import EpochalError
+from epochal.query.time_travel import AsOf, resolve_as_of, system_time
 from epochal.sql import DUCKDB, duckdb_parquet, quote
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
@@ -55,14 +56,17 @@ def _columns_of(runtime: "EpochRuntime", table: str) -> list[tuple[str, str]]:
     return [(c, "string") for c in pipeline.views[table].columns]
 
 
-def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckdb.DuckDBPyConnection", int | None]:
-    """An in-memory DuckDB connection with one view per table, all cut at the same committed epoch.
-    ``sql``: the query, so that a SOURCE that stores nothing is read from its connector only if
-    the query names it."""
+def committed_connection(
+    runtime: "EpochRuntime", sql: str = "", epoch: int | None = None
+) -> tuple["duckdb.DuckDBPyConnection", int | None]:
+    """An in-memory DuckDB connection with one view per table, all cut at the same committed epoch:
+    ``epoch`` (one ``resolve_as_of`` accepted), default the newest. ``sql``: the query, so that a
+    SOURCE that stores nothing is read from its connector only if the query names it."""
     import duckdb
 
     controller, warehouse = runtime.controller, runtime.warehouse
-    epoch = controller.committed_epoch()
+    if epoch is None:
+        epoch = controller.committed_epoch()
     con = duckdb.connect()
     backfills = {b.view: b for b in controller.all_backfills() if b.phase is not BackfillPhase.JOINED}
     shown = controller.backfill_status() if backfills else {}
@@ -100,7 +104,7 @@ def committed_connection(runtime: "EpochRuntime", sql: str = "") -> tuple["duckd
                 f"SELECT {cols} FROM (SELECT {cols}, unnest(range(_n)) FROM net)"
             )
     for source in runtime.pipeline.sources:
-        locations = controller.committed_dead_letter_locations(source)
+        locations = controller.committed_dead_letter_locations(source, epoch)
         dlq = [f for loc in locations for f in warehouse.parquet_files(loc)]
         body = (
             f"SELECT * FROM {duckdb_parquet(dlq)}"
@@ -157,10 +161,19 @@ def _not_joined(backfill: "Backfill", shown: dict) -> str:
     )
 
 
-def run_query(runtime: "EpochRuntime", sql: str) -> tuple[list[str], list[tuple], int | None]:
-    """Columns, rows and the committed epoch the answer is cut at."""
+def run_query(
+    runtime: "EpochRuntime", sql: str, as_of: AsOf | None = None
+) -> tuple[list[str], list[tuple], int | None]:
+    """Columns, rows and the committed epoch the answer is cut at: ``as_of`` (an epoch or a
+    timestamp, ``resolve_as_of``), or the query's ``FOR SYSTEM_TIME AS OF``, or the newest."""
     import duckdb
 
+    sql, named = system_time(sql)
+    if named is not None and as_of is not None and resolve_as_of(runtime, named) != resolve_as_of(runtime, as_of):
+        raise EpochalError(
+            f"the query reads AS OF {named} and --as-of says {as_of}: a query reads one cut, give one of them"
+        )
+    epoch = None if named is None and as_of is None else resolve_as_of(runtime, as_of if as_of is not None else named)
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
@@ -170,7 +183,7 @@ def run_query(runtime: "EpochRuntime", sql: str) -> tuple[list[str], list[tuple]
     kind = statements[0].type.name
     if kind not in READ_ONLY:
         raise EpochalError(f"epochal query is read-only: {kind} is not allowed, only SELECT (and EXPLAIN)")
-    con, epoch = committed_connection(runtime, sql)
+    con, epoch = committed_connection(runtime, sql, epoch)
     try:
         result = con.execute(sql)
     except duckdb.Error as exc:
