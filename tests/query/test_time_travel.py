@@ -20,6 +20,7 @@ from epochal.cli.main import main
 from epochal.connectors.log import split_path
 from epochal.epoch import epoch_datetime, epoch_physical_ms
 from epochal.errors import EpochalError
+from epochal.query import api
 from epochal.query.changes import table_changes
 from epochal.query.cut import run_query
 from epochal.query.time_travel import retained
@@ -163,5 +164,12 @@ def test_sql_timestamps_and_both_commands(spark, tmp_path: Path, monkeypatch, ca
     change = json.loads(capsys.readouterr().out)
     assert change and {r["op"] for r in change} <= {"insert", "delete"}
     assert change == table_changes(runtime, "large", first, last).records()
+    assert main(["changes", "large", "--from", str(first)]) == 0  # a table, up to the committed epoch
+    shown = capsys.readouterr()
+    assert shown.out.split()[0] == "op" and f"of large from epoch {first} to {last}" in shown.err
     assert main(["query", "--as-of", str(first - 1), "SELECT 1"]) == 1
     assert f"the oldest epoch retained is {first}" in capsys.readouterr().err
+    # the Python API, with the settings of the environment
+    answer = api.query("SELECT * FROM large", as_of=epoch_datetime(first))
+    assert (answer.epoch, multiset(answer.rows)) == (first, expected)
+    assert api.changes("large", first).records() == change and api.retained_epochs() == (first, last)
