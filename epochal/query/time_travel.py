@@ -11,6 +11,7 @@ The change between two of them is ``epochal/query/changes.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -87,37 +88,44 @@ def resolve_as_of(runtime: "EpochRuntime", as_of: AsOf) -> int:
     return epoch
 
 
-def system_time(sql: str) -> tuple[str, AsOf | None]:
-    """``sql`` without its ``FOR SYSTEM_TIME AS OF x`` clauses (RisingWave's form), and ``x``: an
-    epoch, a timestamp, or an expression (``now() - INTERVAL '1 hour'``, ``PROCTIME()``) that DuckDB
+def system_time(
+    sql: str, resolve: Callable[[AsOf], int], tables: Iterable[str]
+) -> tuple[str, dict[str, tuple[str, int]]]:
+    """``sql`` with each ``table FOR SYSTEM_TIME AS OF x`` (RisingWave's form) read from a view of
+    ``table`` at epoch ``resolve(x)``, and those views: name -> (table, epoch). ``x``: an epoch, a
+    timestamp, or an expression (``now() - INTERVAL '1 hour'``, ``PROCTIME()``) that DuckDB
     evaluates. Parsed by sqlglot's DuckDB dialect; a query it cannot parse, or one without the
-    clause, comes back as it was. Every clause of one query must name the same moment: a query
-    reads one cut of every table."""
+    clause, comes back as it was. Tables without the clause stay at the query's cut."""
     import sqlglot
     from sqlglot import exp
 
     try:
         trees = sqlglot.parse(sql, read="duckdb")
     except sqlglot.errors.ParseError:
-        return sql, None
-    values: set[AsOf] = set()
+        return sql, {}
+    known = {t.lower(): t for t in tables}
+    views: dict[str, tuple[str, int]] = {}
     for tree in trees:
-        for table in tree.find_all(exp.Table) if tree else ():
+        for table in list(tree.find_all(exp.Table)) if tree else ():
             version = table.args.get("version")
             if version is None:
                 continue
             if str(version.args.get("kind", "")).upper() != "AS OF":
                 raise EpochalError(f"{version.sql('duckdb')}: only FOR SYSTEM_TIME AS OF <epoch | 'timestamp'> is read")
-            values.add(_moment(version.expression))
-            table.set("version", None)
-    if not values:
-        return sql, None
-    if len(values) > 1:
-        raise EpochalError(
-            f"the query reads AS OF {', '.join(map(str, values))}: a query reads one cut of every table, "
-            "so every FOR SYSTEM_TIME AS OF in it must name the same epoch"
-        )
-    return ";\n".join(t.sql("duckdb") for t in trees if t), values.pop()
+            name = known.get(table.name.lower())
+            if name is None:
+                raise EpochalError(
+                    f"FOR SYSTEM_TIME AS OF reads a table, source or view of the pipeline, not {table.name} "
+                    f"({', '.join(known.values())})"
+                )
+            epoch = resolve(_moment(version.expression))
+            view = f"__{name}__as_of_{epoch}"
+            views[view] = (name, epoch)
+            alias = table.args.get("alias") or exp.TableAlias(this=exp.to_identifier(table.name))
+            table.replace(exp.Table(this=exp.to_identifier(view, quoted=True), alias=alias))
+    if not views:
+        return sql, {}
+    return ";\n".join(t.sql("duckdb") for t in trees if t), views
 
 
 def _moment(value: "sqlglot.exp.Expression") -> AsOf:  # noqa: F821 - sqlglot is imported lazily
