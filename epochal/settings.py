@@ -193,6 +193,14 @@ class Settings:
         "flight when it was retired are done. `0`: only until then.",
         minimum=0,
     )
+    time_travel_s: int = setting(
+        "EPOCHAL_TIME_TRAVEL_S",
+        "3600",
+        "Seconds of committed epochs before the newest one that stay readable (`epochal query --as-of`, "
+        "`FOR SYSTEM_TIME AS OF`, `epochal changes`): compaction keeps the snapshots and change files "
+        "that reading them needs, and no more. `0`: only the committed epoch.",
+        minimum=0,
+    )
     sink_retry_s: int = setting(
         "EPOCHAL_SINK_RETRY_S",
         "30",

@@ -1,4 +1,4 @@
-"""The `epochal` command: status, query, produce, recover, compact, pause, resume, backfill, settings,
+"""The `epochal` command: status, query, changes, produce, recover, compact, pause, resume, backfill, settings,
 validate, spark.
 
 Every command exits non-zero with one clear line on bad input; tracebacks are for bugs only.
@@ -145,12 +145,26 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     from epochal.query.cut import run_query
 
-    columns, rows, epoch = run_query(_runtime(), args.sql)
+    columns, rows, epoch = run_query(_runtime(), args.sql, args.as_of)
+    _print_rows(args.format, columns, rows, f"at committed epoch {epoch}")
+    return 0
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    from epochal.query.changes import table_changes
+
+    change = table_changes(_runtime(), args.table, args.start, args.end)
+    where = f"of {change.table} from epoch {change.start} to {change.end}"
+    _print_rows(args.format, change.columns, change.rows, where)
+    return 0
+
+
+def _print_rows(format: str, columns: list[str], rows: list[tuple], where: str) -> None:
     out = sys.stdout
-    if args.format == "json":
+    if format == "json":
         json.dump([dict(zip(columns, r, strict=True)) for r in rows], out, default=str, indent=None)
         out.write("\n")
-    elif args.format == "csv":
+    elif format == "csv":
         writer = csv.writer(out)
         writer.writerow(columns)
         writer.writerows(rows)
@@ -161,8 +175,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         print("  ".join("-" * w for w in widths))
         for r in cells:
             print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''} at committed epoch {epoch})", file=sys.stderr)
-    return 0
+        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''} {where})", file=sys.stderr)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -420,7 +433,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("query", help="read-only SQL (DuckDB) over every table at the committed epoch")
     p.add_argument("sql")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument(
+        "--as-of", metavar="EPOCH|TIMESTAMP",
+        help="read every table at this committed epoch, or the last one at or before an ISO timestamp "
+        "(inside EPOCHAL_TIME_TRAVEL_S)",
+    )
     p.set_defaults(fn=cmd_query)
+    p = sub.add_parser("changes", help="net change of a table between two retained epochs (op: insert/delete)")
+    p.add_argument("table")
+    p.add_argument("--from", dest="start", required=True, metavar="EPOCH|TIMESTAMP", help="excluded")
+    p.add_argument("--to", dest="end", metavar="EPOCH|TIMESTAMP", help="included (default: the committed epoch)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(fn=cmd_changes)
     p = sub.add_parser("produce", help="append JSON Lines records to a log source (from --file or stdin)")
     p.add_argument("source")
     p.add_argument("--file", "-f", help="file of JSON lines; '-' or absent: stdin")
