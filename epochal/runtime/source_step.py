@@ -141,6 +141,8 @@ class SourceSteps:
                 "records_read": collected.rows_in,
                 "rows_out": collected.rows_out,
                 "dead_letters": collected.dead_letters,
+                # where this epoch's dead letters are (None, left out of the metadata, when it has none)
+                "dead_letter_location": collected.dead_letter_location,
                 "splits": len(ranges),
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
                 "seconds": round(time.time() - started, 3),
