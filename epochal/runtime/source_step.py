@@ -75,11 +75,15 @@ class SourceSteps:
                 release,
                 "driver (DuckDB)",
             )
+        declined = self.driver.declined_because(f"source {name}", epoch)
         batch = connector.read(self.ctx.spark, ranges)
         change = self._source_change(epoch, name, batch.rows)
-        return self._publish(
+        report = self._publish(
             epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
         )
+        if declined:  # why the driver path (epochal/driver/) left the step to Spark
+            report.metadata["driver_declined"] = declined
+        return report
 
     def _publish(
         self,
