@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -59,6 +60,14 @@ def test_dead_letters_warn_in_the_run_and_show_in_metadata_the_asset_check_and_s
     assert "orders__dead_letters/epoch=" in warned[0]
     assert 'epochal query "SELECT * FROM orders__dead_letters"' in warned[0]
 
+    # the run ends with one readable line: the epoch, records, views, sinks and time
+    finished = [e.message for e in result.all_events if e.event_type_value == "ENGINE_EVENT"][-1]
+    assert re.fullmatch(
+        rf"epoch_job: epoch {epoch} committed; 3 record\(s\) read, 1 view\(s\) written, "
+        r"0 sink\(s\) delivered 0 row\(s\); \d+\.\ds",
+        finished,
+    ), finished
+
     # numeric metadata the UI plots
     (materialization,) = [
         r.asset_materialization for r in instance.fetch_materializations(dg.AssetKey("orders"), limit=10).records
@@ -79,3 +88,22 @@ def test_dead_letters_warn_in_the_run_and_show_in_metadata_the_asset_check_and_s
     assert h.runtime(spark).controller.status()["dead_letters"] == {
         "orders": {"records": 2, "epochs": 1, "last_epoch": epoch}
     }
+
+
+def test_the_summary_counts_epochs_records_views_and_sinks_not_stages() -> None:
+    from platform_defs.run_summary import run_summary
+
+    done = [
+        ("epoch_commit", "7", {"state": "COMMITTED"}),
+        ("epoch_commit", "9", {"state": "COMMITTED"}),
+        ("bid", "7", {"records_read": 400}),
+        ("bid", "9", {"records_read": 0}),
+        ("per_item__stage1", "7", {"mode": "incremental"}),
+        ("per_item", "7", {"mode": "incremental"}),
+        ("per_item", "9", {"mode": "incremental"}),
+        ("out", "9", {"rows_delivered": 12}),
+    ]
+    assert run_summary(done, 12.34) == (
+        "epoch_job: 2 epochs committed (7..9); 400 record(s) read, 1 view(s) written, "
+        "1 sink(s) delivered 12 row(s); 12.3s"
+    )
