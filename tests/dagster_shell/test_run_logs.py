@@ -107,3 +107,23 @@ def test_the_summary_counts_epochs_records_views_and_sinks_not_stages() -> None:
         "epoch_job: 2 epochs committed (7..9); 400 record(s) read, 1 view(s) written, "
         "1 sink(s) delivered 12 row(s); 12.3s"
     )
+
+
+def test_materializing_a_source_in_the_ui_answers_its_dead_letters_check(spark, tmp_path: Path) -> None:
+    from resources.checkpoint import EPOCHS_PARTITIONS, CheckpointControllerResource
+    from resources.spark import EpochalSparkResource
+
+    h = make_harness(tmp_path, ORDERS_ONLY)
+    h.produce(['{"id": 1, "customer": "a", "amount": 12}', "not json"])
+    record, _ = h.runtime(spark).start_epoch(None, None)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(EPOCHS_PARTITIONS, [str(record.epoch)])
+    source = next(a for a in h.definitions().assets if dg.AssetKey("orders") in a.keys)
+    resource = EpochalSparkResource(spark_config={}, master="local[2]", stop_on_teardown=False)
+    checkpoint = CheckpointControllerResource(spark=resource, home=str(h.home), pipeline_dir=str(h.pipeline_dir))
+    result = dg.materialize(
+        [source], partition_key=str(record.epoch), instance=instance, resources={"checkpoint": checkpoint}
+    )
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.check_name == "dead_letters" and evaluation.passed is False
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN
