@@ -6,6 +6,7 @@ keys mirror the meta store.
 """
 
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
     AssetsDefinition,
     DynamicPartitionsDefinition,
@@ -13,7 +14,13 @@ from dagster import (
     asset,
 )
 
-from assets.materialization import to_metadata
+from assets.materialization import (
+    DEAD_LETTERS_CHECK,
+    dead_letters_check_spec,
+    dead_letters_evaluation,
+    dead_letters_warning,
+    to_metadata,
+)
 from epochal.pipeline.model import Pipeline, ViewDef
 from epochal.runtime.facade import StepReport
 from epochal.sinks.spec import shown_options
@@ -29,10 +36,31 @@ def _epoch(context: AssetExecutionContext) -> int:
 
 
 def _source_asset(name: str, description: str) -> AssetsDefinition:
-    @asset(name=name, partitions_def=EPOCHS, group_name="sources", kinds={"spark", "parquet"}, description=description)
+    @asset(
+        name=name,
+        partitions_def=EPOCHS,
+        group_name="sources",
+        kinds={"spark", "parquet"},
+        description=description,
+        check_specs=[dead_letters_check_spec(name)],
+    )
     def _source(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
         report = checkpoint.runtime.run_source(_epoch(context), name, context.run_id, release=True)
-        return MaterializeResult(metadata=to_metadata(report))
+        warning = dead_letters_warning(report)
+        if warning:
+            context.log.warning(warning)
+        evaluation = dead_letters_evaluation(report)
+        # the declared check is always answered: a step with nothing to read (a retired source) passes
+        check = AssetCheckResult(check_name=DEAD_LETTERS_CHECK, passed=True, description="no records read")
+        if evaluation is not None:
+            check = AssetCheckResult(
+                check_name=DEAD_LETTERS_CHECK,
+                passed=evaluation.passed,
+                severity=evaluation.severity,
+                metadata=evaluation.metadata,
+                description=evaluation.description,
+            )
+        return MaterializeResult(metadata=to_metadata(report), check_results=[check])
 
     return _source
 

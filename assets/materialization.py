@@ -4,10 +4,61 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import AssetKey, AssetMaterialization, MetadataValue, OpExecutionContext
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetMaterialization,
+    MetadataValue,
+    OpExecutionContext,
+)
 
 from epochal.epoch import epoch_datetime
 from epochal.runtime.facade import StepReport
+from epochal.storage.warehouse import dead_letter_table
+
+#: The asset check every source carries: warns when an epoch had records it could not parse.
+DEAD_LETTERS_CHECK = "dead_letters"
+
+
+def dead_letters_check_spec(source: str) -> AssetCheckSpec:
+    return AssetCheckSpec(
+        DEAD_LETTERS_CHECK,
+        asset=source,
+        description=f"Warns when an epoch of {source} had records it could not read (dead letters); "
+        f'read them with epochal query "SELECT * FROM {dead_letter_table(source)}".',
+    )
+
+
+def dead_letters_warning(report: StepReport) -> str | None:
+    """What a run logs at WARNING when a source's epoch had dead letters: the source, how many,
+    where they are and how to read them; None when it had none (or the step is not a source's)."""
+    dead = report.metadata.get("dead_letters")
+    if not dead:
+        return None
+    table = dead_letter_table(report.asset)
+    return (
+        f"source {report.asset} epoch {report.epoch}: {dead} record(s) could not be read and went to the dead "
+        f"letters ({report.metadata.get('dead_letter_location')}); read them, with the reason for each, with "
+        f'epochal query "SELECT * FROM {table}", fix them at the producer and produce them again'
+    )
+
+
+def dead_letters_evaluation(report: StepReport) -> AssetCheckEvaluation | None:
+    """The source's dead_letters check for the epoch partition (None for a step that is not a source's)."""
+    dead = report.metadata.get("dead_letters")
+    if dead is None:
+        return None
+    return AssetCheckEvaluation(
+        asset_key=AssetKey(report.asset),
+        check_name=DEAD_LETTERS_CHECK,
+        passed=dead == 0,
+        severity=AssetCheckSeverity.WARN,
+        partition=str(report.epoch),
+        metadata={"dead_letters": dead, "dead_letter_table": dead_letter_table(report.asset)},
+        description=dead_letters_warning(report) or "every record was read",
+    )
 
 
 def to_metadata(report: StepReport) -> dict[str, Any]:
@@ -31,3 +82,9 @@ def record_materialization(context: OpExecutionContext, report: StepReport) -> N
         )
     )
     context.log.info(str(report))
+    warning = dead_letters_warning(report)
+    if warning:
+        context.log.warning(warning)
+    evaluation = dead_letters_evaluation(report)
+    if evaluation is not None:
+        context.log_event(evaluation)

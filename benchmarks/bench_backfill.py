@@ -130,8 +130,9 @@ def measure(args: argparse.Namespace, knobs: dict[str, str], root: Path) -> int:
         from epochal.spark.server import ServerConfig, ensure
 
         conf = {"spark.driver.memory": args.driver_memory}
-        url = ensure(ServerConfig(home, 0, "local[*]", conf, 3600.0)).url
-        log(f"Spark Connect server at {url}")
+        server = ensure(ServerConfig(home, 0, "local[*]", conf, 3600.0))
+        url = server.connect_url  # with its token: never logged
+        log(f"Spark Connect server at {server.url}")
     spark = build_spark_session("local[*]", "bench-backfill", {"spark.driver.memory": args.driver_memory}, url)
     result: dict = {
         "rows": args.rows,

@@ -88,7 +88,6 @@ class CliRun:
 
 def run_cli(kind: str, env: dict[str, str], cwd: Path, dagster_home: Path, n: int) -> CliRun:
     from dagster import DagsterEventType, DagsterInstance
-    from dagster._core.instance.ref import InstanceRef
 
     if kind == "in_process":
         target = ["-m", "platform_defs", "-j", "epoch_job"]
@@ -126,7 +125,7 @@ def run_cli(kind: str, env: dict[str, str], cwd: Path, dagster_home: Path, n: in
         "\n".join(f"{pid} (parent {parents.get(pid)}) {cmd}" for pid, cmd in sorted(seen.items()))
     )
 
-    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    instance = DagsterInstance.from_config(str(dagster_home))
     try:
         run = instance.get_runs(limit=1)[0]
         records = instance.all_logs(run.run_id)

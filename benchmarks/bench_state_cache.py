@@ -56,6 +56,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     from epochal.spark.server import ServerConfig, start, stop
+    from epochal.spark.server import status as server_status
     from epochal.storage.state_cache import SnapshotPlan, StateCache
     from epochal.storage.state_reader import StateReader
 
@@ -75,7 +76,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
 
     def run(keep: bool) -> float:
         """One run: a new session; its first keyed read of the cached snapshot, in seconds."""
-        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        session = SparkSession.builder.remote(server_status(home).connect_url).create()  # type: ignore[union-attr]
         try:
             cache = StateCache(registry=home / "spark" / "state_cache.json" if keep else None)
             reader = StateReader(lambda: session, None, None, cache, None)  # type: ignore[arg-type]
@@ -89,7 +90,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
             session.stop()
 
     def reset() -> None:
-        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        session = SparkSession.builder.remote(server_status(home).connect_url).create()  # type: ignore[union-attr]
         session.catalog.clearCache()
         session.stop()
         (home / "spark" / "state_cache.json").unlink(missing_ok=True)

@@ -122,6 +122,8 @@ def bench(kind: str, root: Path, reps: int, dagster_home: bool) -> dict[str, Any
               f"local/server {ratio:.2f}x", flush=True)
 
         print("where a warm-server run's time goes (medians, each in a fresh process):", flush=True)
+        # (timed, never called: the module `dagster job execute` loads first, so its import cost is
+        # the CLI's; no public name stands for it)
         parts = {
             "interpreter start": "pass",
             "+ import Dagster's CLI": "import dagster._cli.job",

@@ -22,7 +22,7 @@ from typing import Any
 
 from epochal.errors import ConfigError
 from epochal.faults import FAULT_POINTS
-from epochal.redaction import is_secret_name, redact_conf, redact_url
+from epochal.redaction import is_secret_conf, is_secret_name, redact_conf, redact_url
 
 DEMO_PIPELINE = Path(__file__).parent / "demo_pipeline"
 #: the FAIR pool backfills run in (epochal/spark/fairscheduler.xml defines it)
@@ -82,14 +82,23 @@ def parse_spark_conf(raw: str) -> dict[str, str]:
         if not isinstance(parsed, dict):
             raise ConfigError('EPOCHAL_SPARK_CONF is JSON but not an object: use {"key": "value"}')
         return {str(k): str(v) for k, v in parsed.items()}
-    conf = {}
+    conf: dict[str, str] = {}
+    previous: tuple[str, str] | None = None
     for number, item in enumerate(raw.split(","), 1):
         if "=" not in item:
-            # named by position, and shown only when it cannot be a secret's name and value run together
-            shown = "" if is_secret_name(item) else f" ({item.strip()!r})"
-            raise ConfigError(f"EPOCHAL_SPARK_CONF item {number}{shown} has no '=': use key=value,key=value")
+            # Named by position, and shown only when it can be neither a secret's name and value run
+            # together nor the tail of the previous item's secret value (a value that holds a ',').
+            hidden = is_secret_name(item) or (
+                previous is not None and is_secret_conf(previous[0], f"{previous[1]},{item.strip()}")
+            )
+            shown = "" if hidden else f" ({item.strip()!r})"
+            raise ConfigError(
+                f"EPOCHAL_SPARK_CONF item {number}{shown} has no '=': use key=value,key=value, or the JSON "
+                'form {"key": "value"} for a value that holds a comma'
+            )
         key, value = item.split("=", 1)
         conf[key.strip()] = value.strip()
+        previous = (key.strip(), value.strip())
     return conf
 
 
@@ -182,6 +191,14 @@ class Settings:
         "Seconds a file that compaction retired (an older snapshot, change files) stays on disk at least, for "
         "readers tied to no epoch (`epochal query`, a sink's snapshot read); it also stays until the epochs in "
         "flight when it was retired are done. `0`: only until then.",
+        minimum=0,
+    )
+    time_travel_s: int = setting(
+        "EPOCHAL_TIME_TRAVEL_S",
+        "3600",
+        "Seconds of committed epochs before the newest one that stay readable (`epochal query --as-of`, "
+        "`FOR SYSTEM_TIME AS OF`, `epochal changes`): compaction keeps the snapshots and change files "
+        "that reading them needs, and no more. `0`: only the committed epoch.",
         minimum=0,
     )
     sink_retry_s: int = setting(

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 
 from dagster import DagsterEvent, DagsterExecutionInterruptedError, Executor, Field, Int, Selector, executor
 
-# Dagster has no public API for running a plan's steps; its private names are in one module, with why.
 from platform_defs.dagster_internals import (
     EngineEventData,
     ExecuteRunWithPlanIterable,
@@ -45,6 +44,9 @@ from platform_defs.dagster_internals import (
     create_compute_log_file_key,
     dagster_event_sequence_for_step,
 )
+
+# Dagster has no public API for running a plan's steps; its private names are in one module, with why.
+from platform_defs.run_summary import Materialized, plain_metadata, run_summary
 
 if TYPE_CHECKING:
     from platform_defs.dagster_internals import ExecutionPlan, PlanExecutionContext, PlanOrchestrationContext
@@ -231,7 +233,9 @@ class ThreadedExecutor(Executor):
         def iterator(job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
             return threaded_plan_iterator(job_context, execution_plan, self.max_concurrent)
 
-        yield from iter(
+        started = time.monotonic()
+        materialized: list[Materialized] = []  # for the summary line the run ends with
+        for event in iter(
             ExecuteRunWithPlanIterable(
                 execution_plan=plan_context.execution_plan,
                 iterator=iterator,
@@ -246,10 +250,14 @@ class ThreadedExecutor(Executor):
                     output_capture=plan_context.output_capture,
                 ),
             )
-        )
+        ):
+            if event.is_step_materialization:
+                done = event.step_materialization_data.materialization
+                materialized.append((done.asset_key.to_user_string(), done.partition, plain_metadata(done.metadata)))
+            yield event
         yield DagsterEvent.engine_event(
             plan_context,
-            f"Finished steps in process (pid: {os.getpid()})",
+            run_summary(materialized, time.monotonic() - started),
             event_specific_data=EngineEventData.in_process(os.getpid(), step_keys),
         )
 

@@ -16,6 +16,7 @@ same assets, so the UI's partition view shows its epochs like any other material
 """
 
 from dagster import (
+    DagsterLogManager,
     DynamicOut,
     DynamicOutput,
     In,
@@ -30,6 +31,7 @@ from dagster import (
 
 from assets.epoch_assets import COMMIT_ASSET, COMPACTION_ASSET
 from assets.materialization import record_materialization
+from epochal.checkpoint.records import RecoveryReport
 from epochal.pipeline.model import Pipeline
 from platform_defs.executor import mapping_key, threaded_executor_def
 from resources.checkpoint import CheckpointControllerResource
@@ -52,11 +54,7 @@ def barrier(context: OpExecutionContext, checkpoint: CheckpointControllerResourc
     )
     recovery = taken.recovery
     if recovery is not None:
-        context.log.warning(
-            f"recovery ({recovery.reason}): back to committed epoch {recovery.committed_epoch}, aborted "
-            f"{recovery.aborted or 'nothing'}, discarded {len(recovery.discarded_locations)} location(s), "
-            f"{recovery.attempts} attempt(s), {recovery.seconds:.2f}s"
-        )
+        log_recovery(context.log, recovery)
     if taken.stood_by_s:
         context.log.info(f"stood by {taken.stood_by_s:.1f}s while another run worked on its epochs")
     for epoch in taken.epochs:
@@ -72,6 +70,20 @@ def barrier(context: OpExecutionContext, checkpoint: CheckpointControllerResourc
         context.log.info(f"epoch {taken.epochs[0]}")
     for epoch in taken.epochs:
         yield DynamicOutput(epoch, mapping_key=mapping_key(epoch))
+
+
+def log_recovery(log: DagsterLogManager, recovery: RecoveryReport) -> None:
+    """A recovery that threw work away is a WARNING; one that found nothing to undo (every first
+    run's bootstrap, a clean restart) is routine, so INFO."""
+    message = (
+        f"recovery ({recovery.reason}): back to committed epoch {recovery.committed_epoch}, aborted "
+        f"{recovery.aborted or 'nothing'}, discarded {len(recovery.discarded_locations)} location(s), "
+        f"{recovery.attempts} attempt(s), {recovery.seconds:.2f}s"
+    )
+    if recovery.aborted or recovery.discarded_locations:
+        log.warning(message)
+    else:
+        log.info(message)
 
 
 def _step_op(op_name: str, asset: str, step: str, after: int = 0) -> OpDefinition:

@@ -129,7 +129,7 @@ class EpochalSparkResource(ConfigurableResource):
             server = ServerConfig(
                 Path(self.server_home), self.server_port, self.master, conf, float(self.server_idle_stop_s)
             )
-            remote = ensure(server).url
+            remote = ensure(server).connect_url
         if remote and self.session_slots and self.session_slots_dir:
             self._spark_session, self._slot = build_slotted_session(
                 Path(self.session_slots_dir), self.session_slots, self.app_name, conf, remote

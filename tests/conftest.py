@@ -14,6 +14,9 @@ os.environ.setdefault("EPOCHAL_SPARK_MODE", "local")
 # epoch and compaction rules, and tests that check files are deleted need not wait a minute. The
 # tests of the grace time itself set it.
 os.environ.setdefault("EPOCHAL_RETENTION_GRACE_S", "0")
+# Compaction keeps no history for time travel unless a test asks (the retention tests count files);
+# the time-travel tests set their window.
+os.environ.setdefault("EPOCHAL_TIME_TRAVEL_S", "0")
 
 
 #: The shared session's conf over Epochal's defaults. Whole-stage code generation off: the tests' tiny

@@ -81,6 +81,7 @@ class Harness:
         ``take_waiting``: run it as the barrier sensor does, taking every epoch waiting for a run."""
         from resources.checkpoint import CheckpointControllerResource
         from resources.spark import EpochalSparkResource
+        from tests.dagster_internals import execute_with_own_executor
 
         spark = EpochalSparkResource(spark_config={}, master="local[2]", stop_on_teardown=False)
         checkpoint = CheckpointControllerResource(spark=spark, home=str(self.home), pipeline_dir=str(self.pipeline_dir))
@@ -123,32 +124,6 @@ class Harness:
         from epochal.connectors.log import append_records
 
         append_records(self.home / "data" / "orders", lines, split)
-
-
-def execute_with_own_executor(
-    job: dg.JobDefinition, resources: dict, instance: dg.DagsterInstance, tags: dict[str, str]
-) -> dg.ExecuteInProcessResult:
-    """``job.execute_in_process``, but with the job's own executor (Epochal's threads), which
-    ``execute_in_process`` always replaces with the one-step-at-a-time in-process executor: the
-    tests run steps as real runs do."""
-    from dagster._core.definitions.job_base import InMemoryJob
-    from dagster._core.execution.build_resources import wrap_resources_for_execution
-    from dagster._core.execution.execute_in_process import core_execute_in_process
-
-    own = job.graph.to_job(
-        name=job.name,
-        executor_def=job.executor_def,
-        resource_defs=wrap_resources_for_execution(resources),
-        tags=job.tags,
-    )
-    return core_execute_in_process(
-        run_config={},
-        job=InMemoryJob(own),
-        instance=instance,
-        output_capturing_enabled=True,
-        raise_on_error=False,
-        run_tags=tags,
-    )
 
 
 def make_harness(root: Path, files: dict[str, str] | None = None) -> Harness:

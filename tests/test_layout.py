@@ -173,3 +173,21 @@ def test_steps_depend_on_the_step_context_not_on_the_runtime() -> None:
     leaning = [f"{m} imports the facade" for m in sorted(steps) if "epochal.runtime.facade" in graph[m]]
     leaning += [f"{m} imports the runtime package" for m in sorted(steps) if "epochal.runtime" in graph[m]]
     assert not leaning, leaning
+
+
+def test_private_dagster_names_are_imported_in_one_module_each_for_the_code_and_the_tests() -> None:
+    """Dagster's private ``dagster._*`` modules move between releases: the code imports them only in
+    ``platform_defs/dagster_internals.py`` and the tests only in ``tests/dagster_internals.py``,
+    each name with why no public API does it; everything else uses public names."""
+    allowed = {REPO / "platform_defs" / "dagster_internals.py", REPO / "tests" / "dagster_internals.py"}
+    roots = ["epochal", "platform_defs", "resources", "assets", "tests", "benchmarks"]
+    found = []
+    for path in (p for root in roots for p in (REPO / root).rglob("*.py")):
+        if path in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.startswith("dagster._")]
+    assert not found, "private Dagster imports outside the internals modules:\n" + "\n".join(found)

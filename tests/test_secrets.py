@@ -47,6 +47,20 @@ CREATE MATERIALIZED VIEW big_bids AS SELECT auction, price FROM bid WHERE price 
         ("sc://host:15002/;token=tk1;user_id=bob", "sc://host:15002/;token=***;user_id=bob"),
         ("postgresql://alice@db/meta?application_name=a@b", "postgresql://alice@db/meta?application_name=a@b"),
         ("duckdb:////tmp/x/meta.duckdb", "duckdb:////tmp/x/meta.duckdb"),
+        # a password is everything between the user's ':' and the last '@' before the host
+        ("postgresql://alice:pa;ss@db/meta", "postgresql://alice:***@db/meta"),
+        ("postgresql://alice:pa?ss@db/meta?sslmode=require", "postgresql://alice:***@db/meta?sslmode=require"),
+        ("postgresql://alice:a#b;c?d@e@db:5432,db2/meta", "postgresql://alice:***@db:5432,db2/meta"),
+        ("postgresql://alice:pa%ss@db/meta", "postgresql://alice:***@db/meta"),
+        ("postgresql://db/meta?sslmode=require&password=pa%ss", "postgresql://db/meta?sslmode=require&password=***"),
+        ("postgresql://db:5432/meta", "postgresql://db:5432/meta"),
+        # libpq conninfo, bare and quoted, and a URL inside a message
+        ("host=db user=alice password=pa;ss dbname=meta", "host=db user=alice password=*** dbname=meta"),
+        ("host=db password = 'a b\\' c' dbname=meta", "host=db password = *** dbname=meta"),
+        (
+            "cannot reach postgresql://alice:pw1@db/meta: refused",
+            "cannot reach postgresql://alice:***@db/meta: refused",
+        ),
     ],
 )
 def test_urls_lose_their_secrets_and_keep_the_rest(url: str, shown: str) -> None:
@@ -99,6 +113,22 @@ def test_an_unsupported_meta_store_url_is_named_without_its_password() -> None:
     assert "pw7" not in str(raised.value)
 
 
+def test_a_password_psycopg_cannot_parse_is_named_without_the_password() -> None:
+    """A '%' not followed by two hex digits: psycopg's ProgrammingError quotes the password; what
+    Epochal raises (and a traceback prints) names the problem and the fix, never the password."""
+    import traceback
+
+    from epochal.meta.backend import open_backend
+
+    password = f"pa%zz{uuid.uuid4().hex}"
+    backend = open_backend(f"postgresql://postgres:{password}@127.0.0.1:5432/postgres")
+    with pytest.raises(ConfigError, match="percent-encode special characters in the user and password") as raised:
+        backend.transaction(lambda cur: cur.execute("SELECT 1"))
+    shown = "".join(traceback.format_exception(raised.value))
+    assert "postgresql://postgres:***@127.0.0.1:5432/postgres" in shown
+    assert password not in shown and password[2:] not in shown, shown
+
+
 @dataclass
 class SecretPg:
     role: str
@@ -141,10 +171,10 @@ def _leaks(text: str, secrets: list[str]) -> list[str]:
 
 
 def test_dagster_shows_variable_names_not_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster._core.remote_representation.external_data import RepositorySnap
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
 
     from platform_defs.definitions import build_definitions
+    from tests.dagster_internals import RepositorySnap
 
     h = make_harness(tmp_path, TINY_PIPELINE)
     secrets = ["sk" + uuid.uuid4().hex, "tk" + uuid.uuid4().hex, "pw" + uuid.uuid4().hex]
@@ -196,7 +226,7 @@ def test_an_unreachable_meta_store_is_named_without_its_password(tmp_path: Path,
 def test_a_real_run_keeps_every_secret_out(tmp_path: Path, secret_pg: SecretPg) -> None:
     """`dagster job execute` on PostgreSQL with a password and a secret Spark key: neither shows in
     its output, in anything the Dagster instance recorded, or in `epochal status`; Spark gets the key."""
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
 
     h = make_harness(tmp_path, TINY_PIPELINE)
     dagster_home, spark_events = tmp_path / "dagster_home", tmp_path / "spark_events"
@@ -281,3 +311,66 @@ def test_a_sink_password_in_the_pipeline_file_never_reaches_the_asset_graph(tmp_
     described = " ".join(a.descriptions_by_key[k] or "" for a in assets for k in a.keys)
     assert "hunter2-literal" not in described and "password = '***'" in described
     assert "password = '${PG_PASSWORD}'" in described
+
+
+def test_spark_conf_values_that_hold_secrets_under_innocent_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Azure SAS key, a metastore JDBC URL and a catalog URI with credentials are secrets by their
+    key or value: the settings as shown and the Spark resource's config (what the UI shows) hold none of them."""
+    from resources.spark import EpochalSparkResource
+
+    conf = {
+        "spark.hadoop.fs.azure.sas.logs.acct.blob.core.windows.net": "sv=2022-11-02&sp=r&sig=sas1",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": "jdbc:postgresql://db/hive?user=hive&password=jdbc2",
+        "spark.sql.catalog.lake.uri": "postgresql://alice:uri3@db/catalog",
+        "spark.hadoop.javax.jdo.option.ConnectionURL2": "jdbc:oracle:thin:hive/ora4@db:1521/hive",
+        "spark.executor.memory": "2g",
+        "spark.sql.catalog.hms.uri": "thrift://metastore:9083",
+    }
+    secrets = ["sas1", "jdbc2", "uri3", "ora4"]
+    raw = json.dumps(conf)
+    monkeypatch.setenv("EPOCHAL_SPARK_CONF", raw)
+    settings = Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_SPARK_CONF": raw})
+    assert not _leaks(repr(settings), secrets), repr(settings)
+    shown = redact_conf(conf)
+    assert shown["spark.sql.catalog.lake.uri"] == "postgresql://alice:***@db/catalog"  # the rest stays readable
+    assert shown["spark.executor.memory"] == "2g" and shown["spark.sql.catalog.hms.uri"] == "thrift://metastore:9083"
+    resource = EpochalSparkResource.from_settings(settings)
+    assert not _leaks(json.dumps(resource.spark_config), secrets)
+    assert set(resource.spark_config) == {"spark.executor.memory", "spark.sql.catalog.hms.uri"}
+    assert resource.session_conf() == conf, "a run still gets every value, from the environment"
+
+
+def test_a_secret_value_holding_a_comma_is_not_echoed_by_the_conf_parser() -> None:
+    with pytest.raises(ConfigError, match=r"item 3 has no '='.*JSON form") as raised:
+        Settings.from_env({"EPOCHAL_SPARK_CONF": "spark.executor.memory=2g,fs.s3a.secret.key=ab,tail5"})
+    assert "tail5" not in str(raised.value)
+    with pytest.raises(ConfigError, match=r"item 2 has no '='") as raised:  # a URL's password, too
+        Settings.from_env({"EPOCHAL_SPARK_CONF": "spark.sql.catalog.c.uri=postgresql://u:pw,tail6@db/c"})
+    assert "tail6" not in str(raised.value)
+    with pytest.raises(ConfigError, match=r"item 2 \('b.jar'\) has no '='"):  # nothing secret: shown
+        Settings.from_env({"EPOCHAL_SPARK_CONF": "spark.jars=a.jar,b.jar"})
+
+
+def test_a_sink_option_cannot_read_epochals_own_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`${NAME}` reads the environment for a sink's secrets; `${EPOCHAL_META_URL}` (or any EPOCHAL_* or
+    DAGSTER_* name) would hand the meta store's password to a target the pipeline file names."""
+    from epochal.errors import EpochalError
+    from epochal.pipeline.loader import load_pipeline
+    from epochal.sinks.spec import resolve_env
+
+    monkeypatch.setenv("EPOCHAL_META_URL", "postgresql://u:meta7@db/meta")
+    (tmp_path / "p.sql").write_text(
+        "CREATE SOURCE orders (id BIGINT) WITH (connector = 'log', path = 'data/orders', format = 'json');\n"
+        "CREATE SINK a FROM orders WITH (connector = 'postgres', host = 'db', user = 'u', database = 'd',\n"
+        "    table = 't', password = '${EPOCHAL_META_URL}');\n"
+    )
+    with pytest.raises(EpochalError, match=r"option password = '\$\{EPOCHAL_META_URL\}' reads EPOCHAL_META_URL.*"
+                       r"may not read: export the value under a name of its own") as raised:
+        load_pipeline(tmp_path)
+    assert "meta7" not in str(raised.value)
+    with pytest.raises(EpochalError, match="sink a: option table = '.*DAGSTER_PG_PASSWORD"):
+        resolve_env("a", {"table": "${DAGSTER_PG_PASSWORD}"})
+    monkeypatch.setenv("PG_PASSWORD", "pg8")
+    assert resolve_env("a", {"password": "${PG_PASSWORD}"}) == {"password": "pg8"}  # the user's own names work

@@ -31,6 +31,7 @@ from epochal.checkpoint.records import StateCompacted
 from epochal.faults import fault_point
 from epochal.incremental.binding import sql_over
 from epochal.sql import quote, unquote
+from epochal.storage.durability import sync_written
 from epochal.storage.schemas import cast_like
 from epochal.storage.vnode import vnode_column, vnodes_per_directory, write_laid_out
 
@@ -134,6 +135,7 @@ def run(runner: PhaseRunner, backfill: Backfill, deadline: float, progress: Prog
     # The schema Spark wrote (a partial aggregate's hidden columns included), from one footer.
     written = warehouse.written_schema([files[0].rsplit("/", 1)[0]]) if files else None
     schema = written or runner.runtime.query_schema(view)
+    sync_written(warehouse, [published])  # on the disk (moves included) before it is published
     runner.controller.finish_backfill_snapshot(view, published, key, schema.json(), rows, len(files))
     # (what is left in target is a taken-over runner's unrecorded range)
     warehouse.delete([f"{root}/staging", target])

@@ -22,6 +22,7 @@ from epochal.checkpoint.records import (
     StateCompacted,
     StateParts,
 )
+from epochal.epoch import epoch_from_ms, epoch_physical_ms
 from epochal.errors import EpochalError
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.meta.backend import Backend, Cursor
@@ -65,6 +66,31 @@ def _drop_changes(cur: Cursor, table: str, horizon: int) -> list[str]:
         [table, horizon],
     )
     return [r[0] for r in changes]
+
+
+def _window_start(cur: Cursor, seconds: int) -> int | None:
+    """The oldest committed epoch inside the time-travel window: allocated at most ``seconds``
+    before the newest committed epoch (None before the first commit)."""
+    committed = q.committed_epoch(cur)
+    if committed is None:
+        return None
+    since = epoch_from_ms(epoch_physical_ms(committed) - seconds * 1000)
+    return cur.execute(
+        "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch >= ?", [since]
+    ).fetchone()[0]
+
+
+def _readable_from(cur: Cursor, table: str) -> int | None:
+    """The oldest epoch ``table``'s state can still be read at: its oldest snapshot that retention
+    left change files after (None: every change file is kept, any epoch reads)."""
+    dropped = _dropped_upto(cur, table)
+    if dropped is None:
+        return None
+    row = cur.execute(
+        "SELECT min(epoch) FROM snapshots WHERE table_name = ? AND state = 'READY' AND epoch >= ?", [table, dropped]
+    ).fetchone()
+    # (no snapshot past what was dropped: only epochs after it; cannot happen, retention keeps one)
+    return row[0] if row[0] is not None else dropped + 1
 
 
 def _check_not_compacted(cur: Cursor, table: str, after: int | None, what: str) -> None:
@@ -169,15 +195,57 @@ class SnapshotCatalog:
 
         return self.backend.transaction(read)
 
-    def committed_dead_letter_locations(self, source: str) -> list[str]:
+    def committed_dead_letter_locations(self, source: str, upto: int | None = None) -> list[str]:
         rows = self.backend.transaction(
             lambda cur: cur.execute(
                 "SELECT c.dead_letter_location FROM collected c JOIN epochs e ON e.epoch = c.epoch "
-                "WHERE c.asset = ? AND e.state = 'COMMITTED' AND c.dead_letter_location IS NOT NULL ORDER BY c.epoch",
-                [source],
+                "WHERE c.asset = ? AND e.state = 'COMMITTED' AND c.dead_letter_location IS NOT NULL "
+                "AND c.epoch <= ? ORDER BY c.epoch",
+                [source, upto if upto is not None else (1 << 62)],
             ).fetchall()
         )
         return [r[0] for r in rows]
+
+    # ------------------------------------------------------------------ time travel
+
+    def retained_epochs(self, tables: Iterable[str]) -> tuple[int | None, int | None]:
+        """(oldest, newest) committed epoch every table in ``tables`` can be read at: inside the
+        time-travel window (``EPOCHAL_TIME_TRAVEL_S``) and not compacted away; (None, None) before
+        the first commit."""
+        tables = list(tables)
+
+        def read(cur: Cursor) -> tuple[int | None, int | None]:
+            committed = q.committed_epoch(cur)
+            if committed is None:
+                return None, None
+            floor = _window_start(cur, self.settings.time_travel_s)
+            for table in tables:
+                readable = _readable_from(cur, table)
+                floor = floor if readable is None else max(floor, readable)
+            oldest = cur.execute(
+                "SELECT min(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch >= ? AND epoch <= ?",
+                [floor, committed],
+            ).fetchone()[0]
+            return (oldest if oldest is not None else committed), committed
+
+        return self.backend.transaction(read)
+
+    def committed_at_or_before(self, epoch: int) -> int | None:
+        """The newest committed epoch <= ``epoch`` (None: none is)."""
+        return self.backend.transaction(
+            lambda cur: cur.execute(
+                "SELECT max(epoch) FROM epochs WHERE state = 'COMMITTED' AND epoch <= ?", [epoch]
+            ).fetchone()[0]
+        )
+
+    def is_committed(self, epoch: int) -> bool:
+        return bool(
+            self.backend.transaction(
+                lambda cur: cur.execute(
+                    "SELECT count(*) FROM epochs WHERE state = 'COMMITTED' AND epoch = ?", [epoch]
+                ).fetchone()[0]
+            )
+        )
 
     # ------------------------------------------------------------------ snapshots
 
@@ -234,7 +302,7 @@ class SnapshotCatalog:
                 "INSERT INTO snapshots (location, table_name, epoch, state, distribution_key, spark_schema, "
                 "owner_host, owner_pid, started_at, heartbeat_at) VALUES (?, ?, ?, 'WRITING', ?, ?, ?, ?, ?, ?)",
                 [location, table, epoch, json.dumps(list(distribution_key)), schema]
-                + [Owner.host, os.getpid(), now if started_at is None else min(started_at, now), now],
+                + [Owner.token(), os.getpid(), now if started_at is None else min(started_at, now), now],
             )
 
         self.backend.transaction(begin)
@@ -304,8 +372,15 @@ class SnapshotCatalog:
             # A backfill reading the table at its snapshot epoch needs the newest snapshot at or
             # before it, and every change file after it: retention keeps both until it is past them.
             needed = backfill_log.needed_from(cur, table)
-            pinned = None if needed is None else next((e for e, _ in ready if e <= needed), -1)
-            garbage = [loc for e, loc in ready[keep:] if e != pinned]
+            pins = set() if needed is None else {next((e for e, _ in ready if e <= needed), -1)}
+            # Time travel: an epoch in the window reads the newest snapshot at or before it plus the
+            # change files after that, so the snapshot at or before the window's start stays too,
+            # with the change files after it (-1: there is none yet, every change file stays).
+            oldest = _window_start(cur, self.settings.time_travel_s)
+            if oldest is not None:
+                pins.add(next((e for e, _ in ready if e <= oldest), -1))
+            pinned = min(pins) if pins else None
+            garbage = [loc for e, loc in ready[keep:] if e not in pins]
             for loc in garbage:
                 cur.execute("DELETE FROM snapshots WHERE location = ?", [loc])
             kept = ready[:keep]
@@ -338,7 +413,7 @@ class SnapshotCatalog:
                 "SELECT location, owner_host, owner_pid, started_at, heartbeat_at FROM snapshots "
                 "WHERE state = 'WRITING'"
             ).fetchall()
-            if (host == Owner.host and pid is not None and not Owner.pid_alive(pid))
+            if Owner.dead(host, pid)
             or now - (heartbeat if heartbeat is not None else started) > self.settings.epoch_timeout_s
         ]
         for loc in dead:

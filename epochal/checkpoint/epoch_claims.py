@@ -36,7 +36,7 @@ class EpochClaims:
             rows = cur.execute(
                 "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
                 "WHERE state = 'INJECTED' AND failure IS NULL AND owner_pid IS NULL RETURNING epoch",
-                [Owner.host, os.getpid(), run_id, time.time()],
+                [Owner.token(), os.getpid(), run_id, time.time()],
             ).fetchall()
             return sorted(r[0] for r in rows)
 
@@ -69,13 +69,13 @@ class EpochClaims:
         )
         working = []
         for host, pid, run, heartbeat in rows:
-            if host == Owner.host and pid == os.getpid():
+            if host == Owner.token() and pid == os.getpid():
                 continue
-            if host == Owner.host and not Owner.pid_alive(pid):
+            if Owner.dead(host, pid):
                 continue
             if heartbeat is not None and now - heartbeat > self.settings.epoch_timeout_s:
                 continue
-            working.append(f"run {run}" if run else f"pid {pid} on {host}")
+            working.append(f"run {run}" if run else f"pid {pid} on {Owner.hostname(host)}")
         return working
 
     def stand_by(self, runs: int, on_wait: Callable[[list[str]], None] | None = None) -> float:
@@ -146,5 +146,5 @@ class EpochClaims:
         # The epoch now waits for other steps, bounded by the epoch timeout, not by this process.
         cur.execute(
             "UPDATE epochs SET owner_pid = NULL, heartbeat_at = ? WHERE epoch = ? AND owner_pid = ? AND owner_host = ?",
-            [time.time(), epoch, os.getpid(), Owner.host],
+            [time.time(), epoch, os.getpid(), Owner.token()],
         )

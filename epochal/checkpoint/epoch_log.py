@@ -171,7 +171,7 @@ class EpochLog(EpochClaims):
                     "INSERT INTO epochs (epoch, prev_epoch, kind, state, injected_at, "
                     "owner_host, owner_pid, owner_run, heartbeat_at) "
                     "VALUES (?, ?, ?, 'INJECTED', ?, ?, ?, ?, ?)",
-                    [epoch, prev, kind.value, now, Owner.host if claim else None, os.getpid() if claim else None]
+                    [epoch, prev, kind.value, now, Owner.token() if claim else None, os.getpid() if claim else None]
                     + [run_id, now],
                 )
                 ranges = [(source, r) for source, rs in planned.items() for r in rs]
@@ -287,7 +287,7 @@ class EpochLog(EpochClaims):
                 cur.execute(
                     "UPDATE epochs SET owner_host = ?, owner_pid = ?, owner_run = ?, heartbeat_at = ? "
                     f"WHERE epoch = ? AND state IN {q.IN_FLIGHT}",
-                    [Owner.host, os.getpid(), run_id, time.time(), epoch],
+                    [Owner.token(), os.getpid(), run_id, time.time(), epoch],
                 )
             ranges = q.offsets(cur, epoch, source) if source is not None else []
             written = self._written_before(cur, table, epoch) if table is not None else None
@@ -357,7 +357,7 @@ class EpochLog(EpochClaims):
                 return f"epoch {epoch} failed: {failure.splitlines()[0][:300]}"
             if state != EpochState.INJECTED.value:
                 continue
-            if pid is not None and host == Owner.host and not Owner.pid_alive(pid):
+            if Owner.dead(host, pid):
                 return f"epoch {epoch}: its run (pid {pid}) died"
             if heartbeat is not None and now - heartbeat > self.settings.epoch_timeout_s:
                 return f"epoch {epoch}: no progress for {now - heartbeat:.0f}s (EPOCHAL_EPOCH_TIMEOUT_S)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epochal.connectors.base import SplitRange
@@ -152,10 +153,102 @@ class RecoveryReport:
     paused: bool
 
 
+@dataclass(frozen=True)
+class Machine:
+    """Where a pid means something: the kernel's boot (``/proc/sys/kernel/random/boot_id``) and the
+    PID namespace (``/proc/self/ns/pid``). Two containers with one hostname share neither across
+    machines, and on one kernel share the boot but not the namespace."""
+
+    hostname: str
+    boot_id: str
+    pid_ns: str
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def this_machine() -> Machine:
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        pid_ns = ""
+    return Machine(socket.gethostname(), _read("/proc/sys/kernel/random/boot_id"), pid_ns)
+
+
+def process_start(pid: int) -> str | None:
+    """When ``pid`` started (field 22 of ``/proc/<pid>/stat``, clock ticks after boot), or None if
+    unknown: with the pid, it names one process, not whoever reuses the number later."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    return fields[19] if len(fields) > 19 else None  # fields[0] is field 3 (the state)
+
+
+def judged_dead(
+    host: str | None,
+    pid: int | str | None,
+    here: Machine,
+    alive: Callable[[int], bool],
+    started: Callable[[int], str | None],
+) -> bool:
+    """Whether the owner ``host`` (as ``Owner.token()`` wrote it) with ``pid`` is known to be gone.
+
+    ``hostname/boot_id/pid_ns/start``: judged by its pid only when it ran on this boot in this PID
+    namespace; then dead when the pid is not alive or now names a process that started at another
+    time. An owner of another boot or namespace (another container, even with our hostname) is
+    never judged by pid: its lease's timeout decides. A plain ``hostname`` (written before boot ids):
+    judged as then, dead when on our hostname and the pid is not alive."""
+    if host is None or pid is None or not str(pid).isdigit():
+        return False
+    number = int(pid)
+    parts = host.split("/")
+    if len(parts) != 4:
+        return host == here.hostname and not alive(number)
+    _hostname, boot_id, pid_ns, start = parts
+    if not boot_id or boot_id != here.boot_id or pid_ns != here.pid_ns:
+        return False
+    if not alive(number):
+        return True
+    now = started(number)
+    return now is not None and now != start
+
+
 class Owner:
     """Who is working on an epoch, so a crashed run can be told from a slow one."""
 
+    #: this machine's name; an owner also names its boot, PID namespace and start (token())
     host = socket.gethostname()
+    _token: tuple[int, str] | None = None
+
+    @classmethod
+    def token(cls) -> str:
+        """This process as an owner: ``hostname/boot_id/pid_ns/start`` (or the hostname alone where
+        /proc cannot tell them). Per pid: a forked child is another owner."""
+        pid = os.getpid()
+        if cls._token is None or cls._token[0] != pid:
+            here, start = this_machine(), process_start(pid)
+            token = f"{here.hostname}/{here.boot_id}/{here.pid_ns}/{start}" if here.boot_id and start else here.hostname
+            cls._token = (pid, token)
+        return cls._token[1]
+
+    @classmethod
+    def tag(cls, nonce: str) -> str:
+        """A claim's owner string for this process: ``token:pid:nonce`` (sink claims, backfill runners)."""
+        return f"{cls.token()}:{os.getpid()}:{nonce}"
+
+    @staticmethod
+    def hostname(host: str | None) -> str:
+        """The hostname part of an owner ``host``, to show."""
+        return (host or "").split("/", 1)[0]
+
+    @classmethod
+    def dead(cls, host: str | None, pid: int | str | None) -> bool:
+        """Whether the owner ``host`` with ``pid`` is known to be gone (:func:`judged_dead` on this machine)."""
+        return judged_dead(host, pid, _HERE, cls.pid_alive, process_start)
 
     @staticmethod
     def pid_alive(pid: int) -> bool:
@@ -171,3 +264,6 @@ class Owner:
                 return fh.read().split(")")[-1].split()[0] != "Z"
         except OSError:
             return True
+
+
+_HERE = this_machine()

@@ -48,7 +48,9 @@ class Recovery:
         mismatch is not, because retrying cannot fix it."""
         started = time.time()
         recovery_id = self.backend.transaction(lambda cur: self._start(cur, reason, started))
-        log.warning("recovery #%s started: %s", recovery_id, reason)
+        # every first run bootstraps: routine, unlike a recovery after a failure
+        level = logging.INFO if reason == "bootstrap" else logging.WARNING
+        log.log(level, "recovery #%s started: %s", recovery_id, reason)
         attempts = 0
         # What earlier attempts aborted: their transaction committed before a later step failed, and
         # a retry finds nothing in flight, but the report must still say what this recovery aborted.
@@ -65,7 +67,9 @@ class Recovery:
             swept = sweep(self.live_locations, latest) if sweep else []
             self.backend.transaction(lambda cur: self._finish(cur, recovery_id, committed, aborted, attempts))
             seconds = time.time() - started
-            log.warning(
+            # a WARNING only when it threw work away: a clean start aborts nothing
+            log.log(
+                logging.WARNING if aborted or locations or swept else logging.INFO,
                 "recovery #%s done in %.2fs after %d attempt(s): committed epoch %s, aborted %s, paused=%s",
                 recovery_id,
                 seconds,

@@ -45,6 +45,15 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
         ).fetchall():
             snapshots[table] = {"epoch": epoch, "rows": rows_out, "files": files_out, "at": finished}
         retention = dict(cur.execute("SELECT table_name, changes_dropped_upto FROM table_retention").fetchall())
+        # Records a source could not parse, per source, over its committed epochs (epochal query reads them).
+        dead_letters = {
+            asset: {"records": int(records), "epochs": epochs, "last_epoch": last}
+            for asset, records, epochs, last in cur.execute(
+                "SELECT c.asset, sum(c.dead_letters), count(*), max(c.epoch) FROM collected c "
+                "JOIN epochs e ON e.epoch = c.epoch WHERE e.state = 'COMMITTED' AND c.dead_letters > 0 "
+                "GROUP BY c.asset"
+            ).fetchall()
+        }
         return {
             "committed_epoch": committed,
             "tables": {t: table_epochs.get(t) for t in tables},
@@ -60,6 +69,7 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
                 for t in tables
             },
             "epoch_counts": {s.value: counts.get(s.value, 0) for s in EpochState},
+            "dead_letters": dead_letters,
             "last_recovery": None
             if last is None
             else {

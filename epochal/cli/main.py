@@ -1,4 +1,4 @@
-"""The `epochal` command: status, query, produce, recover, compact, pause, resume, backfill, settings,
+"""The `epochal` command: status, query, changes, produce, recover, compact, pause, resume, backfill, settings,
 validate, spark.
 
 Every command exits non-zero with one clear line on bad input; tracebacks are for bugs only.
@@ -74,29 +74,68 @@ def cmd_status(args: argparse.Namespace) -> int:
     status["sources_storing_nothing"] = sorted(sources_storing_nothing(runtime.pipeline))
     # The store's URL may carry a password (user:pw@ or ?password=): never print it.
     status["meta_store"] = redact_url(str(status.get("meta_store", "")))
+    # every source, with none as zero: the dead letters of its committed epochs
+    found = status.get("dead_letters", {})
+    status["dead_letters"] = {
+        source: found.get(source, {"records": 0, "epochs": 0, "last_epoch": None})
+        for source in runtime.pipeline.sources
+    }
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
+    print("\n".join(status_lines(status)))
+    return 0
+
+
+def _epoch_counts(counts: dict[str, int]) -> str:
+    """``3 committed, 1 aborted``: the states that have epochs, in the order an epoch passes them."""
+    order = ("COMMITTED", "COLLECTED", "INJECTED", "ABORTED")
+    shown = [f"{counts[state]} {state.lower()}" for state in order if counts.get(state)]
+    shown += [f"{n} {state.lower()}" for state, n in counts.items() if state not in order and n]
+    return ", ".join(shown) or "none yet"
+
+
+def _dead_letters(dead: dict[str, dict]) -> list[str]:
+    """One line per source: its dead letters over committed epochs, and how to read them."""
+    from epochal.storage.warehouse import dead_letter_table
+
+    lines = ["dead letters    : records a source could not read, over committed epochs"]
+    for source, d in dead.items():
+        if not d["records"]:
+            lines.append(f"  {source:<28} none")
+            continue
+        lines.append(
+            f"  {source:<28} {d['records']} in {d['epochs']} epoch(s), last in {d['last_epoch']}: "
+            f'epochal query "SELECT * FROM {dead_letter_table(source)}"'
+        )
+    return lines
+
+
+def status_lines(status: dict) -> list[str]:
+    """What `epochal status` prints: a short readable summary of ``status`` (controller.status(),
+    plus the CLI's own keys)."""
     from epochal.epoch import epoch_datetime
 
+    out: list[str] = []
+
     committed = status["committed_epoch"]
-    print(
+    out.append(
         f"committed epoch : {committed}"
         + (f"  ({epoch_datetime(committed):%Y-%m-%d %H:%M:%S} UTC)" if committed else "")
     )
-    print(
+    out.append(
         f"injection       : {'PAUSED' if status['paused'] else 'running'}"
         + ("  (pause on next start)" if status["pause_on_next_start"] else "")
     )
     if status["recovery_requested"]:
-        print(f"recovery pending: {status['recovery_requested']}")
-    print(f"in flight       : {len(status['in_flight'])}")
+        out.append(f"recovery pending: {status['recovery_requested']}")
+    out.append(f"in flight       : {len(status['in_flight'])}")
     for e in status["in_flight"]:
-        print(
+        out.append(
             f"  {e['epoch']} {e['kind']:<10} {e['state']:<9} collected: {', '.join(e['collected']) or '-'}"
             + (f"  FAILED: {e['failure']}" if e["failure"] else "")
         )
-    print("tables          : committed epoch, newest snapshot")
+    out.append("tables          : committed epoch, newest snapshot")
     for table, epoch in status["tables"].items():
         snap = status["snapshots"].get(table)
         shown = "no snapshot"
@@ -104,53 +143,69 @@ def cmd_status(args: argparse.Namespace) -> int:
             shown = "stores nothing (no view reads it as state): read from its connector"
         elif snap is not None:
             shown = f"snapshot @ {snap['epoch']} ({snap['rows']} rows, {snap['files']} files)"
-        print(f"  {table:<28} {epoch}  {shown}")
+        out.append(f"  {table:<28} {epoch}  {shown}")
     if status["sinks"]:
-        print("sinks           : delivered epoch, lag")
+        out.append("sinks           : delivered epoch, lag")
         for sink, lag in status["sinks"].items():
             behind = "up to date"
             if lag["lag_epochs"]:
                 behind = f"{lag['lag_epochs']} epoch(s), {lag['lag_seconds']:.0f}s behind"
             error = f"; last failure: {lag['last_error']}" if lag["last_error"] and lag["lag_epochs"] else ""
-            print(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{_sink_start(lag.get('start'))}{error}")
+            out.append(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{_sink_start(lag.get('start'))}{error}")
     if status["backfills"]:
-        print("backfills       : phase, vnodes, rows, epochs behind (epochal backfill for more)")
+        out.append("backfills       : phase, vnodes, rows, epochs behind (epochal backfill for more)")
         for view, b in status["backfills"].items():
-            print(
+            out.append(
                 f"  {view:<28} {b['phase']:<9} {b['vnodes_done']}/{b['vnodes_total']}  {b['rows']} rows  "
                 f"{b['epochs_behind'] if b['epochs_behind'] is not None else '-'} behind{_splits_shown(b)}"
             )
             rebuild = b.get("rebuild")
             if rebuild:
                 how = {"maintained": ", maintained", "frozen": ", frozen"}.get(rebuild.get("old_rows", ""), "")
-                print(
+                out.append(
                     f"  {'':<28} rebuilding: serving the {rebuild['serving']}{how} "
                     f"(changed after epoch {rebuild['frozen_epoch']})"
                 )
                 if rebuild.get("held"):
-                    print(f"  {'':<28} switch held: {rebuild['held']}")
+                    out.append(f"  {'':<28} switch held: {rebuild['held']}")
             if b.get("error"):
-                print(f"  {'':<28} last failure: {b['error']}")
+                out.append(f"  {'':<28} last failure: {b['error']}")
     last = status["last_recovery"]
     if last:
         outcome = f"FAILED: {last['error']}" if last["error"] else f"aborted {last['aborted_epochs'] or 'nothing'}"
-        print(f"last recovery   : #{last['id']} {_when(last['started_at'])} ({last['reason']}): {outcome}")
+        out.append(f"last recovery   : #{last['id']} {_when(last['started_at'])} ({last['reason']}): {outcome}")
     else:
-        print("last recovery   : none")
-    print(f"epochs          : {status['epoch_counts']}")
-    print(f"meta store      : {status['meta_store']}")
-    return 0
+        out.append("last recovery   : none")
+    if status.get("dead_letters"):
+        out.extend(_dead_letters(status["dead_letters"]))
+    out.append(f"epochs          : {_epoch_counts(status['epoch_counts'])}")
+    out.append(f"meta store      : {status['meta_store']}")
+    return out
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     from epochal.query.cut import run_query
 
-    columns, rows, epoch = run_query(_runtime(), args.sql)
+    columns, rows, epoch = run_query(_runtime(), args.sql, args.as_of)
+    _print_rows(args.format, columns, rows, f"at committed epoch {epoch}")
+    return 0
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    from epochal.query.changes import table_changes
+
+    change = table_changes(_runtime(), args.table, args.start, args.end)
+    where = f"of {change.table} from epoch {change.start} to {change.end}"
+    _print_rows(args.format, change.columns, change.rows, where)
+    return 0
+
+
+def _print_rows(format: str, columns: list[str], rows: list[tuple], where: str) -> None:
     out = sys.stdout
-    if args.format == "json":
+    if format == "json":
         json.dump([dict(zip(columns, r, strict=True)) for r in rows], out, default=str, indent=None)
         out.write("\n")
-    elif args.format == "csv":
+    elif format == "csv":
         writer = csv.writer(out)
         writer.writerow(columns)
         writer.writerows(rows)
@@ -161,8 +216,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         print("  ".join("-" * w for w in widths))
         for r in cells:
             print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''} at committed epoch {epoch})", file=sys.stderr)
-    return 0
+        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''} {where})", file=sys.stderr)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -394,8 +448,8 @@ def cmd_spark(args: argparse.Namespace) -> int:
 
             try:
                 report = warm_up(
-                    current.url, epochs, demo_epochs, current.pid, progress=lambda line: print(line, flush=True),
-                    conf=settings.spark_conf,
+                    current.connect_url, epochs, demo_epochs, current.pid,
+                    progress=lambda line: print(line, flush=True), conf=settings.spark_conf,
                 )
             except Exception as exc:  # speed only: the server is up and serves runs all the same
                 print(f"Spark server not warmed up ({type(exc).__name__}: {exc}); it runs and serves runs cold",
@@ -425,7 +479,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("query", help="read-only SQL (DuckDB) over every table at the committed epoch")
     p.add_argument("sql")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument(
+        "--as-of", metavar="EPOCH|TIMESTAMP",
+        help="read every table at this committed epoch, or the last one at or before an ISO timestamp "
+        "(inside EPOCHAL_TIME_TRAVEL_S)",
+    )
     p.set_defaults(fn=cmd_query)
+    p = sub.add_parser("changes", help="net change of a table between two retained epochs (op: insert/delete)")
+    p.add_argument("table")
+    p.add_argument("--from", dest="start", required=True, metavar="EPOCH|TIMESTAMP", help="excluded")
+    p.add_argument("--to", dest="end", metavar="EPOCH|TIMESTAMP", help="included (default: the committed epoch)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(fn=cmd_changes)
     p = sub.add_parser("produce", help="append JSON Lines records to a log source (from --file or stdin)")
     p.add_argument("source")
     p.add_argument("--file", "-f", help="file of JSON lines; '-' or absent: stdin")

@@ -39,6 +39,29 @@ class DriverEngine:
         #: steps computed here, and ones handed to Spark (shown by benchmarks and step reports)
         self.answered = 0
         self.declined = 0
+        #: why the driver left a step to Spark, by (step, epoch), until the Spark step reports it
+        #: (steps run on threads: each reads its own entry)
+        self._why: dict[tuple[str, int], str] = {}
+
+    def decline(self, step: str, epoch: int, reason: str) -> None:
+        """Leave ``step`` to Spark for ``reason``, which the step's report and the log then give."""
+        self.declined += 1
+        self._why[(step, epoch)] = reason
+        log.info("%s epoch %s: runs on Spark, the driver path declined: %s", step, epoch, reason)
+
+    def declined_because(self, step: str, epoch: int) -> str | None:
+        """Why the driver declined ``step`` of ``epoch`` (once: the entry is dropped), or None."""
+        return self._why.pop((step, epoch), None)
+
+    def too_big(self, rows: int, what: str) -> str | None:
+        """Why a change of ``rows`` is not taken here at all, or None when it may be."""
+        if self.max_rows <= 0:
+            return "the driver path is off (EPOCHAL_DRIVER_ROWS = 0)"
+        if rows > self.max_rows:
+            return f"{rows} {what}, more than EPOCHAL_DRIVER_ROWS ({self.max_rows})"
+        if not self.warehouse.is_local:
+            return "the warehouse is not on the local disk (the driver path reads local files only)"
+        return None
 
     def state_before(
         self,
@@ -61,16 +84,14 @@ class DriverEngine:
         try:
             result = compute()
         except NotOnDriver as why:
-            self.declined += 1
-            log.debug("%s epoch %s: Spark %s: %s", step, epoch, spark_does, why)
+            self.decline(step, epoch, str(why))
             return None
         except duckdb.Error as error:  # Spark does it, and raises its own error if it has one
-            self.declined += 1
-            log.info("%s epoch %s: DuckDB stopped (%s); Spark %s", step, epoch, error, spark_does)
+            self.decline(step, epoch, f"DuckDB stopped ({error}); Spark {spark_does}")
             return None
-        except Exception:  # a fault of the driver path's own: nothing was written
-            self.declined += 1
+        except Exception as error:  # a fault of the driver path's own: nothing was written
             log.warning("%s epoch %s: the driver path failed; Spark %s", step, epoch, spark_does, exc_info=True)
+            self.decline(step, epoch, f"the driver path failed ({type(error).__name__}: {error}); Spark {spark_does}")
             return None
         self.answered += 1
         return result

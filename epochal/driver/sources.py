@@ -38,12 +38,12 @@ class DriverSources(DriverEngine):
         Spark must read it."""
         from epochal.connectors.log import LogSource
 
-        if (
-            self.max_rows <= 0
-            or not self.warehouse.is_local
-            or not isinstance(connector, LogSource)
-            or sum(r.count for r in ranges) > self.max_rows
-        ):
+        step = f"source {source.name}"
+        why = self.too_big(sum(r.count for r in ranges), "records in the epoch")
+        if why is None and not isinstance(connector, LogSource):
+            why = f"the driver path reads log sources only, not {source.connector}"
+        if why is not None:
+            self.decline(step, epoch, why)
             return None
         from epochal.connectors.log_driver import read_on_driver
 
@@ -59,7 +59,7 @@ class DriverSources(DriverEngine):
             with connect() as con:
                 return self._upserts(con, epoch, source, schema, records)
 
-        return self.attempt(f"source {source.name}", epoch, "reads it", compute)
+        return self.attempt(step, epoch, "reads it", compute)
 
     def _upserts(
         self, con: duckdb.DuckDBPyConnection, epoch: int, source: SourceDef, schema: StructType, records: pa.Table

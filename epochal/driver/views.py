@@ -61,13 +61,19 @@ class DriverChange:
 
 
 class DriverViews(DriverEngine):
-    def takes(self, view: ViewDef, rows_in: int) -> bool:
-        """Whether to try ``view``'s step here at all (cheap: no file is opened)."""
-        if self.max_rows <= 0 or rows_in > self.max_rows or not self.warehouse.is_local:
-            return False
-        if view.refresh == "full":
-            return False
-        return view.plan is None or view.plan.kind == "linear" or view.plan.rule in (PARTIAL_RULE, "delta join")
+    def takes(self, view: ViewDef, rows_in: int, epoch: int | None = None) -> bool:
+        """Whether to try ``view``'s step here at all (cheap: no file is opened). With ``epoch``, a
+        step not taken is declined with its reason (:meth:`declined_because`)."""
+        why = self.too_big(rows_in, "rows of change in")
+        if why is None and view.refresh == "full":
+            why = "refresh = 'full' recomputes the whole view, which Spark does"
+        if why is None and not (
+            view.plan is None or view.plan.kind == "linear" or view.plan.rule in (PARTIAL_RULE, "delta join")
+        ):
+            why = f"its plan ({view.plan.rule}) is not one the driver computes"
+        if why is not None and epoch is not None:
+            self.decline(f"view {view.name}", epoch, why)
+        return why is None
 
     def change(
         self, epoch: int, view: ViewDef, stored: StructType, collected: Mapping[str, Collected]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from epochal.errors import ConfigError, EpochalError
-from epochal.redaction import redact_url
+from epochal.redaction import redact_url, scrub
 from epochal.retry import retrying
 
 log = logging.getLogger("epochal.meta")
@@ -269,10 +269,19 @@ class PostgresBackend:
             # autocommit: BEGIN and COMMIT are ours, so a failed BEGIN is known to have run nothing
             return psycopg.connect(self.url, connect_timeout=10, autocommit=True)
         except psycopg.OperationalError as exc:
+            # `from None`: a traceback prints the cause's text, which is the driver's, unredacted
             raise EpochalError(
                 f"cannot reach the PostgreSQL meta store at {redact_url(self.url)}: "
-                f"{str(exc).strip().splitlines()[0]}; start the server or fix EPOCHAL_META_URL"
-            ) from exc
+                f"{_first_line(exc, self.url)}; start the server or fix EPOCHAL_META_URL"
+            ) from None
+        except psycopg.Error as exc:
+            # psycopg refuses the URL itself (ProgrammingError), quoting the bad piece: the password
+            raise ConfigError(
+                f"EPOCHAL_META_URL {redact_url(self.url)} is not a PostgreSQL URL psycopg can read "
+                f"({type(exc).__name__}: {_first_line(exc, self.url)}): percent-encode special characters "
+                "in the user and password (% as %25, @ as %40, : as %3A, / as %2F, ? as %3F, ; as %3B, "
+                "# as %23; urllib.parse.quote(password, safe='') does it)"
+            ) from None
 
     def _checkin(self, conn: Any) -> None:
         from psycopg.pq import TransactionStatus
@@ -372,3 +381,9 @@ def open_backend(url: str) -> Backend:
     raise ConfigError(
         f"unsupported meta store URL '{redact_url(url)}': use duckdb:///path/to/meta.duckdb or postgresql://user@host/db"
     )
+
+
+def _first_line(exc: BaseException, url: str) -> str:
+    """The first line of a driver's error about ``url``, without any secret ``url`` holds."""
+    lines = scrub(str(exc), url).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

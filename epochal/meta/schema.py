@@ -296,6 +296,10 @@ DDL = (
         refused VARCHAR
     )""",
     "ALTER TABLE sink_declarations ADD COLUMN IF NOT EXISTS refused VARCHAR",
+    # How to reach the target again once the sink left the pipeline with batches not finished (its
+    # connector, options as written, ``${NAME}`` references unresolved and literal secrets left out,
+    # and columns): JSON of ``SinkRecipe``, kept current by every delivery step.
+    "ALTER TABLE sink_declarations ADD COLUMN IF NOT EXISTS recipe VARCHAR",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

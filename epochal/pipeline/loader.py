@@ -116,8 +116,9 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
 
     named = _unique(definitions, issues)
     sources = _sources(named, issues, connector_spec)
-    views = _views(named, sources, issues)
-    sinks = _sinks(named, sources, views, issues)
+    failed: set[str] = set()
+    views = _views(named, sources, issues, failed)
+    sinks = _sinks(named, sources, views, issues, failed)
     if issues.items:
         order = {str(path): index for index, path in enumerate(files)}
         issues.items.sort(key=lambda issue: (order.get(issue.file, -1), issue.line))
@@ -288,7 +289,11 @@ def _internal_view_columns(name: str, columns: tuple[str, ...]) -> list[str]:
     return problems
 
 
-def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues) -> dict[str, ViewDef]:
+def _views(
+    named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues, failed: set[str]
+) -> dict[str, ViewDef]:
+    """The views, planned; ``failed`` gets the name of every view that did not load (its own error is
+    reported, or that of a view it reads), so that nothing downstream reasons from a broken view."""
     # sqlglot is imported here so that importing the loader stays cheap
     from epochal.pipeline.query_checks import analyze_query, resolve_columns
 
@@ -298,6 +303,7 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
         parsed = definition.parsed
         require(isinstance(parsed, ParsedView), "a view definition holds a parsed view")
         where = definition.location
+        reported = len(issues.items)
         messages = _view_option_problems(parsed.options)
         refresh = _refresh_mode(parsed.options)
         if refresh not in REFRESH_MODES:
@@ -328,9 +334,12 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
             message = _unknown_table(ref.name, f"view {name}", named)
             if message:
                 issues.add(where.file, ref.line, message)
+        if len(issues.items) > reported:
+            failed.add(name)
 
     upstreams = {name: [ref.name for ref in a.tables] for name, a in analyses.items()}
     for cycle in view_cycles(list(parsed_views), upstreams):
+        failed.update(cycle)
         first = parsed_views[cycle[0]].location
         issues.add(
             first.file,
@@ -365,6 +374,8 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
                 schema[name] = columns[name] = resolution.columns
                 for message in _internal_view_columns(name, resolution.columns):
                     issues.add(definition.location.file, definition.location.line, message)
+                    failed.add(name)
+    failed.update(name for name in parsed_views if name not in columns)  # unresolved: it or an upstream failed
 
     views: dict[str, ViewDef] = {}
     for name, definition in parsed_views.items():
@@ -381,10 +392,16 @@ def _views(named: dict[str, _Definition], sources: dict[str, SourceDef], issues:
         )
         tree = analyses[name].tree
         if view.refresh == "incremental" and tree is not None and name in columns:
+            reported = len(issues.items)
             planned = _planned_views(view, tree, parsed, schema, issues)
             views.update(planned)
+            if len(issues.items) > reported:
+                failed.add(name)
         else:
             views[name] = view
+    # A view that reads a failed view fails with it (its columns may resolve, its plan cannot run).
+    while spread := {n for n in parsed_views if n not in failed and failed.intersection(upstreams[n])}:
+        failed.update(spread)
     return views
 
 
@@ -489,14 +506,33 @@ def _unknown_table(name: str, reader: str, named: dict[str, _Definition]) -> str
     return f"{reader}: unknown table '{name}' (not a table, source or materialized view): {hint}"
 
 
+#: How alike a missing name and a defined one must be to be offered as a typo (difflib's ratio).
+SINK_TYPO_CUTOFF = 0.8
+
+
+def _sink_reads_nothing(sink: str, table: str, named: dict[str, _Definition]) -> str:
+    """A sink reads a name nothing defines: most often its view was removed, sometimes a typo. A loose
+    "did you mean" (an unrelated table) would point the sink at other data, so only a close one is offered."""
+    readable = sorted(n for n, d in named.items() if d.kind in ("source", "view"))
+    close = difflib.get_close_matches(table, readable, n=1, cutoff=SINK_TYPO_CUTOFF)
+    typo = f"did you mean '{close[0]}'? " if close else ""
+    return (
+        f"sink {sink}: reads '{table}', which is not defined (no table, source or materialized view has that "
+        f"name): {typo}if you removed that view, remove this sink too (its CREATE SINK statement), or point its "
+        f"FROM at another table (defined: {', '.join(readable) or 'none'})"
+    )
+
+
 def _sinks(
     named: dict[str, _Definition],
     sources: dict[str, SourceDef],
     views: dict[str, ViewDef],
     issues: _Issues,
+    failed: set[str],
 ) -> dict[str, SinkDef]:
     sinks: dict[str, SinkDef] = {}
-    keys = _ProvenKeys(sources, views)
+    # A view that failed to load proves nothing, and its columns would mislead the proof of the others.
+    keys = _ProvenKeys(sources, {name: view for name, view in views.items() if name not in failed})
     for definition in named.values():
         if definition.kind != "sink":
             continue
@@ -505,6 +541,8 @@ def _sinks(
         where = definition.location
         prefix = f"sink {parsed.name}"
         message = _unknown_table(parsed.from_table, prefix, named)
+        if message and parsed.from_table not in named:
+            message = _sink_reads_nothing(parsed.name, parsed.from_table, named)
         if message:
             issues.add(where.file, parsed.from_line, message)
         if parsed.from_table in sources:
@@ -524,8 +562,14 @@ def _sinks(
             )
         else:
             problems = validate_sink(connector, parsed.options.values, upstream_columns, parsed.name)
-            if not problems and parsed.options.values.get("type") == "upsert" and parsed.from_table in keys.tables:
+            upsert = parsed.options.values.get("type") == "upsert"
+            if not problems and upsert and parsed.from_table in keys.tables:
                 problems += _sink_key_problems(parsed.from_table, primary_key_columns(parsed.options.values), keys)
+            elif not problems and upsert and parsed.from_table in failed:
+                problems.append(
+                    f"waits on view {parsed.from_table}, which did not load (the error is reported on it or on a "
+                    f"view it reads): fix that, and the sink's primary_key is checked against {parsed.from_table} then"
+                )
             issues.options(where, parsed.options, problems, prefix)
         sinks[parsed.name] = SinkDef(
             name=parsed.name,

@@ -53,6 +53,7 @@ from epochal.runtime.view_step import ViewSteps
 from epochal.settings import Settings
 from epochal.sinks.base import SinkTarget
 from epochal.storage.driver_lookup import DriverLookup
+from epochal.storage.durability import sync_written
 from epochal.storage.state_cache import StateCache
 from epochal.storage.state_reader import StateReader
 from epochal.storage.warehouse import Warehouse, dead_letter_table
@@ -239,8 +240,10 @@ class EpochRuntime:
 
     def collect(self, epoch: int, collected: Collected, garbage: list[str], release: bool) -> bool:
         if self._record_backfill is not None:
-            self._record_backfill(collected)
+            self._record_backfill(collected)  # (its snapshot is synced when it is published)
             return True
+        # on the disk before the meta store records them: a committed epoch never names lost files
+        sync_written(self.warehouse, [collected.location, collected.dead_letter_location])
         result = self.controller.collect(epoch, collected, release=release)
         if not result.recorded:
             # Someone committed this epoch first (committed data is immutable, ours is a duplicate),

@@ -11,6 +11,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from epochal.checkpoint.statements import rebuilds
+from epochal.redaction import redact_url
+from epochal.sinks.spec import sink_spec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,6 +49,7 @@ class PipelineEdits:
         (the loader already refused the pipeline if anything still reads them)."""
         # (without the shadows ``add_shadows`` put in: whether one is still needed is the meta store's call)
         tables = {t for t in self.ctx.pipeline.tables if rebuilds.rebuilt_view(t) is None}
+        self.finish_removed_sinks()
         gone, garbage = self.ctx.controller.retire_removed(
             tables, self.ctx.pipeline.sinks, self.ctx.pipeline.loaded_at
         )
@@ -60,6 +63,66 @@ class PipelineEdits:
         if [g for g in gone if rebuilds.rebuilt_view(g) is None]:
             log.warning("retired %s: no longer in the pipeline; deleted %d location(s)", gone, len(garbage))
         return gone
+
+    def finish_removed_sinks(self) -> list[str]:
+        """Finish the batches of sinks that left the pipeline with some not finished, through their
+        recorded recipe: a PENDING batch is committed (its commit was decided), any other pre-commit
+        thrown away, so no prepared transaction keeps its locks and the VACUUM horizon downstream,
+        and the sink's records can go. A target out of reach is told, with the fix, and tried again
+        at the next injection. Returns the sinks finished."""
+        controller = self.ctx.controller
+        finished = []
+        for sink, count, recipe in controller.unfinished_removed_sinks(
+            self.ctx.pipeline.sinks, self.ctx.pipeline.loaded_at
+        ):
+            if recipe is None or recipe.withheld:
+                # recorded before recipes were, or a literal secret (not kept) is needed to reach the
+                # target (without it the target could be another one): only its statement reaches it
+                because = f"its {', '.join(recipe.withheld)} was written literally and is not kept" if recipe else (
+                    "it was last delivered by an older Epochal"
+                )
+                log.warning(
+                    "sink %s left the pipeline with %d batch(es) not finished (pre-commits may hold locks in "
+                    "its target), and %s: add its statement back for one run to finish them, then remove it "
+                    "again (write secrets as ${NAME} so that Epochal can finish a removed sink itself)",
+                    sink,
+                    count,
+                    because,
+                )
+                continue
+            try:
+                spec = sink_spec(recipe.connector)
+                if spec is None:
+                    raise ValueError(f"Epochal has no sink connector {recipe.connector!r} any more")
+                settings = self.ctx.settings
+                target = spec.create(sink, dict(recipe.options), recipe.columns, settings.home, settings.meta_url)
+                try:
+                    report = controller.finish_removed_sink(target)
+                finally:
+                    close = getattr(target, "close", None)
+                    if close is not None:
+                        close()
+            except Exception as exc:  # the target is down, an unset ${NAME}...: tried again next time
+                log.warning(
+                    "sink %s left the pipeline with %d batch(es) not finished, and its target could not be "
+                    "reached to finish them: %s. Each injection tries again; to finish now, add its statement "
+                    "back for one run, then remove it",
+                    sink,
+                    count,
+                    redact_url(f"{type(exc).__name__}: {exc}").splitlines()[0],
+                )
+                continue
+            if report is not None:
+                log.warning(
+                    "sink %s left the pipeline: finished its %d batch(es) (%d committed, %d pre-commit(s) thrown "
+                    "away); its records go now, and its target keeps what it received",
+                    sink,
+                    count,
+                    report.recommitted,
+                    report.orphans_aborted,
+                )
+                finished.append(sink)
+        return finished
 
     def delete_dropped(self) -> int:
         """Delete the files of views whose statement changed (``backfill_rows.drop_for_rebuild``

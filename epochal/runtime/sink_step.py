@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolation, StateCompacted
 from epochal.checkpoint.sinks.batches import DeliveryReport, SinkStart
-from epochal.checkpoint.statements.sinks import SinkDeclaration
+from epochal.checkpoint.statements.sinks import SinkDeclaration, SinkRecipe
 from epochal.errors import require
 from epochal.runtime.report import StepReport
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
@@ -106,6 +106,7 @@ class SinkSteps:
                 {"epoch": epoch, "waiting_for_backfill": definition.from_table, "phase": backfill.phase.shown},
             )
         target = self.sink(name)
+        _check_writable(target)
         committed = controller.committed_epoch()
         upto = min(epoch, committed) if committed is not None else None
 
@@ -119,6 +120,7 @@ class SinkSteps:
             epoch,
             sink_declaration(definition.from_table, definition.connector, definition.options),
             self.ctx.pipeline.loaded_at,
+            SinkRecipe.of(definition.connector, definition.options, target.columns).to_json(),
         )
 
         def deliver() -> DeliveryReport:
@@ -312,3 +314,19 @@ class SinkSteps:
         arrow = to_arrow_schema(schema, timezone="UTC")
         target.prepare_target(pa.schema([f.with_nullable(True) for f in arrow]))
         self._prepared_targets.add(target.name)
+
+
+def _check_writable(target: SinkTarget) -> None:
+    """Refuse at once, naming the user's option and path, a local target this process can never
+    write: the delivery's retries would fail the same way for EPOCHAL_SINK_RETRY_S."""
+    from epochal.sinks.base import SinkConfigError
+    from epochal.sinks.writable import unwritable
+
+    for option, path in target.local_paths():
+        why = unwritable(path)
+        if why is not None:
+            raise SinkConfigError(
+                f"sink {target.name}: cannot write {option} = '{path}': {why}. Fix: set {option} to a path in a "
+                "directory this user can write (or make that directory writable), then run again; the committed "
+                "epochs wait for the sink, nothing is lost"
+            )

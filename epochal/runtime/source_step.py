@@ -75,11 +75,15 @@ class SourceSteps:
                 release,
                 "driver (DuckDB)",
             )
+        declined = self.driver.declined_because(f"source {name}", epoch)
         batch = connector.read(self.ctx.spark, ranges)
         change = self._source_change(epoch, name, batch.rows)
-        return self._publish(
+        report = self._publish(
             epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
         )
+        if declined:  # why the driver path (epochal/driver/) left the step to Spark
+            report.metadata["driver_declined"] = declined
+        return report
 
     def _publish(
         self,
@@ -141,6 +145,8 @@ class SourceSteps:
                 "records_read": collected.rows_in,
                 "rows_out": collected.rows_out,
                 "dead_letters": collected.dead_letters,
+                # where this epoch's dead letters are (None, left out of the metadata, when it has none)
+                "dead_letter_location": collected.dead_letter_location,
                 "splits": len(ranges),
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
                 "seconds": round(time.time() - started, 3),

@@ -154,6 +154,8 @@ class ViewSteps:
                 "epoch": epoch,
                 "mode": "incremental",
                 "engine": "spark",
+                # why the driver path (epochal/driver/) left the step to Spark, when it was asked
+                "driver_declined": self.driver.declined_because(f"view {name}", epoch),
                 "plan": f"{view.plan.rule} keyed by {', '.join(view.plan.key_classes) or 'nothing (one partition)'}",
                 "rows_in": rows_in,
                 "rows_changed": rows,
@@ -305,6 +307,8 @@ class ViewSteps:
                 "epoch": epoch,
                 "mode": "incremental",
                 "engine": "spark",
+                # why the driver path (epochal/driver/) left the step to Spark, when it was asked
+                "driver_declined": self.driver.declined_because(f"view {name}", epoch),
                 "rows_in": rows_in,
                 "rows_out": rows,
                 "seconds": round(time.time() - started, 3),
@@ -325,7 +329,7 @@ class ViewSteps:
         """The step computed on the driver by DuckDB (:mod:`epochal.driver.views`) when the epoch's
         change is small and the view's plan is one the driver computes exactly; None: Spark's."""
         driver = self.driver
-        if not driver.takes(view, rows_in):
+        if not driver.takes(view, rows_in, epoch):
             return None
         change = driver.change(epoch, view, self.ctx.view_schema(view), collected)
         if change is None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.errors import EpochalError
@@ -203,6 +204,11 @@ class SinkTarget(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """Where the sink writes, for status and logs: never a password."""
+
+    def local_paths(self) -> list[tuple[str, Path]]:
+        """What the target writes on this machine's disk, each with the option that names it (checked
+        before a delivery: :mod:`epochal.sinks.writable`); none for a remote target."""
+        return []
 
     @abc.abstractmethod
     def prepare_target(self, schema: pa.Schema) -> None:

@@ -88,6 +88,9 @@ class DeltaTarget(SinkTarget):
     def describe(self) -> str:
         return f"delta:{redact_url(self.location)}"
 
+    def local_paths(self) -> list[tuple[str, Path]]:
+        return [] if _URI.match(self.location) else [("location", Path(self.location))]
+
     # ------------------------------------------------------------------ helpers
 
     def _filesystem(self) -> tuple[pafs.FileSystem, str]:

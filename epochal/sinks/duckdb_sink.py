@@ -74,6 +74,9 @@ class DuckDBTarget(SinkTarget):
     def describe(self) -> str:
         return f"duckdb:{self.database}:{self.table}"
 
+    def local_paths(self) -> list[tuple[str, Path]]:
+        return [("database", self.database)]
+
     # ------------------------------------------------------------------ progress
 
     @staticmethod

@@ -23,12 +23,21 @@ OVERWRITE snapshot that deletes the old files and adds the rewritten and the new
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.redaction import redact_url
-from epochal.sinks.base import BatchId, SinkConfigError, SinkError, SinkSchemaError, SinkTarget, WriterTask
+from epochal.sinks.base import (
+    BatchId,
+    PrecommitLost,
+    SinkConfigError,
+    SinkError,
+    SinkSchemaError,
+    SinkTarget,
+    WriterTask,
+)
 from epochal.sinks.lake_files import (
     STAGING_DIR,
     RollingParquetWriter,
@@ -59,6 +68,10 @@ _POSTGRES = re.compile(r"^postgres(?:ql)?://")
 #: the table property that records a sink's last delivered epoch (``epochal.sink.<sink>.epoch``)
 PROGRESS_PROPERTY = "epochal.sink.{}.epoch"
 NAME_MAPPING = "schema.name-mapping.default"
+#: pyiceberg retries a conflicting commit on the new head without asking whether the batch is there
+COMMIT_RETRIES_PROPERTY = "commit.retry.num-retries"
+#: commits of one batch tried before the coordinator gets the failure (each reloads and checks)
+COMMIT_ATTEMPTS = 8
 
 
 def catalog_uri(uri: str | None, home: Path, meta_url: str | None) -> str:
@@ -283,16 +296,68 @@ class IcebergTarget(SinkTarget):
         return files
 
     def commit(self, batch: BatchId, metadata: Sequence[Mapping[str, Any]]) -> None:
-        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+        """Commit the batch in one catalog commit, conditional on the table's head: another committer
+        of the same batch (a claim taken over) may land first, and a commit retried on the new head
+        would land the batch twice. pyiceberg's own retry does exactly that (it rebuilds the snapshot
+        on the new head without asking whether the batch is there), so it is turned off on the table;
+        on a conflict the table is loaded again and the delivered check asked again before a retry."""
+        from pyiceberg.exceptions import CommitFailedException
 
-        table = self._open(batch)
-        self._locations = self._locations_of(table)
-        done = self._delivered(table)
-        if done is not None and done >= batch.last_epoch:
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            table = self._open(batch)
+            self._locations = self._locations_of(table)
+            if self._holds(table, batch):
+                self._drop_staging(batch)
+                return
+            paths = [f.path for f in self._files_of(batch, metadata)]
+            try:
+                check_precommit(
+                    batch, paths + [m["keys_file"] for m in metadata if m.get("keys_file")], self.describe()
+                )
+            except PrecommitLost:
+                # the files go when a commit of the batch lands: by another committer since the load?
+                fresh = self._load()
+                if fresh is not None and self._holds(fresh, batch):
+                    return
+                raise
+            if table.properties.get(COMMIT_RETRIES_PROPERTY) != "0":
+                table = self._without_blind_retries(table)
+                if table is None:
+                    continue  # the table moved under the property change: look again
+            try:
+                self._commit_on(table, batch, paths, metadata)
+            except CommitFailedException:
+                # the head moved since the table was loaded: maybe the same batch, by another committer
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
             self._drop_staging(batch)
             return
-        paths = [f.path for f in self._files_of(batch, metadata)]
-        check_precommit(batch, paths + [m["keys_file"] for m in metadata if m.get("keys_file")], self.describe())
+        raise SinkError(
+            f"{batch.describe()}: the Iceberg table {self.describe()} changed under each of {COMMIT_ATTEMPTS} commits "
+            "(another writer commits to it all the time); nothing of the batch is visible, and the coordinator "
+            "retries it. Give the sink a table no other writer commits to"
+        )
+
+    def _holds(self, table: Table, batch: BatchId) -> bool:
+        done = self._delivered(table)
+        return done is not None and done >= batch.last_epoch
+
+    def _without_blind_retries(self, table: Table) -> Table | None:
+        """Set ``commit.retry.num-retries`` to 0 on the table (a commit of its own, with no snapshot: a
+        conflict just fails it). Returns the table after it, or None when another commit won the race."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        try:
+            return table.transaction().set_properties(**{COMMIT_RETRIES_PROPERTY: "0"}).commit_transaction()
+        except CommitFailedException:
+            return None
+
+    def _commit_on(self, table: Table, batch: BatchId, paths: list[str], metadata: Sequence[Mapping[str, Any]]) -> None:
+        """One conditional commit of the batch on ``table`` (as loaded): raises CommitFailedException
+        when the table's head is no longer the one it was built on, and changes nothing then."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
         summary = {
             "epochal.sink": self.name,
             "epochal.first_epoch": str(batch.first_epoch),
@@ -303,8 +368,9 @@ class IcebergTarget(SinkTarget):
             # the writers' files carry no Iceberg field ids: readers resolve their columns by name
             tx.set_properties(**{NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
         tx.set_properties(**{PROGRESS_PROPERTY.format(self.name): str(batch.last_epoch)})
+        removed: list[Any] = []
+        rewritten: list[str] = []
         try:
-            removed, rewritten = [], []
             if self.type == "upsert":
                 keys_files = [m["keys_file"] for m in metadata if m.get("keys_file")]
                 removed, rewritten = self._rewrite(table, batch, keys_files)
@@ -322,6 +388,12 @@ class IcebergTarget(SinkTarget):
                 # replays never reach here (checked above), so the duplicate scan of every manifest is skipped
                 tx.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
             tx.commit_transaction()
+        except CommitFailedException:
+            # the files rewritten for this attempt are nobody's: the next one rewrites what it finds
+            for path in rewritten:
+                directory, name = path.rsplit("/", 1)
+                self._delete(directory, [name])
+            raise
         except SinkError:
             raise
         except Exception as exc:
@@ -330,7 +402,6 @@ class IcebergTarget(SinkTarget):
                 f"({redact_url(str(exc)).splitlines()[0] if str(exc) else type(exc).__name__}); nothing of the batch "
                 "is visible, and the coordinator retries it"
             ) from exc
-        self._drop_staging(batch)
 
     def _rewrite(self, table: Table, batch: BatchId, keys_files: list[str]) -> tuple[list[Any], list[str]]:
         """The table's data files holding any of the batch's keys, and the paths of those files

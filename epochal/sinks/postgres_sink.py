@@ -185,6 +185,13 @@ class PostgresTarget(SinkTarget):
                 f"{context}: cannot connect to PostgreSQL at {where} as {self.user} ({cause}): is the server "
                 "running, and does it accept TCP connections there? Check the sink's host and port options"
             ) from None
+        except psycopg.Error as exc:
+            # any other refusal (an option psycopg cannot pass on): its text is scrubbed, its cause dropped
+            raise SinkConfigError(
+                f"{context}: psycopg refused the connection options for PostgreSQL at {where} "
+                f"({type(exc).__name__}: {self._scrub(' '.join(str(exc).split()))}): check the sink's host, "
+                "port, user, database and password options"
+            ) from None
 
     def _prepared(self, conn: psycopg.Connection, prefix: str) -> list[str]:
         """gids of this database's prepared transactions that start with ``prefix``, oldest first."""

@@ -35,6 +35,20 @@ DEFAULT_WRITERS = 2
 # `${NAME}` in an option value is read from the environment when the sink runs: how a password
 # stays out of the pipeline's files, `epochal status` and the Dagster UI.
 _ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+#: Variables a sink option may not read: Epochal's and Dagster's own settings (EPOCHAL_META_URL, the
+#: Dagster instance's storage), so a pipeline file cannot send their secrets to a target it names.
+RESERVED_ENV_PREFIXES = ("EPOCHAL_", "DAGSTER_")
+
+
+def reserved_env_problem(key: str, name: str) -> str | None:
+    """Why option ``key`` may not read environment variable ``name``, or None."""
+    if not name.upper().startswith(RESERVED_ENV_PREFIXES):
+        return None
+    return (
+        f"option {key} = '${{{name}}}' reads {name}, one of Epochal's or Dagster's own settings "
+        f"({'*, '.join(RESERVED_ENV_PREFIXES)}*), which a sink may not read: export the value under a name "
+        f"of its own (e.g. SINK_{key.upper().replace('.', '_')}) and write '${{SINK_{key.upper().replace('.', '_')}}}'"
+    )
 
 
 @dataclass(frozen=True)
@@ -200,6 +214,8 @@ def resolve_env(sink: str, options: Mapping[str, str]) -> dict[str, str]:
     for key, value in options.items():
         match = _ENV_REFERENCE.match(value.strip())
         if match:
+            if problem := reserved_env_problem(key, match[1]):
+                raise EpochalError(f"sink {sink}: {problem}")
             if match[1] not in os.environ:
                 raise EpochalError(
                     f"sink {sink}: option {key} = '${{{match[1]}}}' names environment variable {match[1]}, "
@@ -226,6 +242,10 @@ def validate_sink(
     if spec is None:
         return [f"unknown sink connector '{connector}': supported sink connectors are: {', '.join(SINK_CONNECTORS)}"]
     problems = unknown_option_problems(f"{spec.name} sink", options, (*COMMON_OPTIONS, *spec.options))
+    for key, value in options.items():
+        match = _ENV_REFERENCE.match(value.strip())
+        if match and (problem := reserved_env_problem(key, match[1])):
+            problems.append(problem)
     for required in spec.required:
         if not options.get(required):
             problems.append(f"{spec.name} sink needs option {required} = '...'")

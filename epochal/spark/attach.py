@@ -23,7 +23,7 @@ def spark_remote_for(settings: Settings) -> str | None:
     if settings.spark_mode == "server":
         from epochal.spark.server import ServerConfig, ensure
 
-        return ensure(ServerConfig.from_settings(settings)).url
+        return ensure(ServerConfig.from_settings(settings)).connect_url
     return None
 
 

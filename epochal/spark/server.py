@@ -8,10 +8,12 @@ run only attaches to it over gRPC. The server's files live in ``$EPOCHAL_HOME/sp
 * ``server.log``: its output (the previous one kept as ``server.log.prev``, to see why it died);
 * ``spark.conf``: its Spark conf, passed as a properties file so that secret keys of
   ``EPOCHAL_SPARK_CONF`` never show in ``ps`` (the file is readable by its owner only);
+* ``token``: the server's Spark Connect token, new at each start (owner-only, like ``spark.conf``);
 * ``lock``: held while starting or stopping, so concurrent runs start one server, not two.
 
 The server is a separate process group (it outlives the run or command that started it) that
-listens on 127.0.0.1 only: a Connect server runs any code its clients send. Linux only (``/proc``).
+listens on 127.0.0.1 only, and answers only clients that present its token: a Connect server runs
+any code its clients send, as the user who started it. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -132,17 +135,29 @@ class ServerStatus:
     #: it stops itself after this long unused (0: never), and how long it has been unused now
     idle_stop_s: float = 0.0
     idle_s: float | None = None
+    #: the Spark Connect token clients present ("" for a server started before tokens): never shown
+    token: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
+        """Where the server listens, to show: without its token."""
         return f"sc://{HOST}:{self.port}"
+
+    @property
+    def connect_url(self) -> str:
+        """The URL a client attaches with: it carries the token, so never print or log it.
+
+        ``localhost``, not 127.0.0.1: pyspark sends a token over TLS to any other host, and gRPC's
+        local credentials (plain TCP, checked to be loopback) only to ``localhost``."""
+        return f"sc://localhost:{self.port}/;token={self.token}" if self.token else self.url
 
     @property
     def uptime_s(self) -> float:
         return max(0.0, time.time() - self.started_at)
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "url": self.url, "uptime_s": round(self.uptime_s, 1)}
+        shown = {k: v for k, v in asdict(self).items() if k != "token"}
+        return {**shown, "url": self.url, "uptime_s": round(self.uptime_s, 1)}
 
 
 def server_directory(home: Path) -> Path:
@@ -186,6 +201,7 @@ def status(home: Path) -> ServerStatus | None:
         conf_fingerprint=str(state.get("conf_fingerprint", "")),
         idle_stop_s=float(state.get("idle_stop_s", 0.0)),
         idle_s=spark_idle.idle_seconds(server_directory(home)),
+        token=_read_token(server_directory(home)),
     )
 
 
@@ -285,6 +301,7 @@ def _launch(config: ServerConfig) -> ServerStatus:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         for key, value in config.spark_conf().items():
             out.write(f"{key} {_escape_property(value)}\n")
+    token = _new_token(directory)
     home = spark_home()
     command = [
         str(home / "bin" / "spark-submit"),
@@ -296,6 +313,8 @@ def _launch(config: ServerConfig) -> ServerStatus:
         "SPARK_HOME": str(home),
         # the server's Python workers (a sink's writer tasks) run Epochal's code: this interpreter has it
         "PYSPARK_PYTHON": sys.executable,
+        # the token in the environment (readable by its owner only, in /proc), not the command line
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN": token,
     }
     with open(log_path, "wb") as out:
         process = subprocess.Popen(
@@ -378,6 +397,29 @@ def _locked(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _new_token(directory: Path) -> str:
+    """A new random token for a server about to start, kept in ``directory/token`` (owner-only)."""
+    token = secrets.token_urlsafe(32)
+    path = directory / "token"
+    path.unlink(missing_ok=True)  # O_EXCL below: a file someone else made (other mode) is never reused
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(token)
+    return token
+
+
+def _read_token(directory: Path) -> str:
+    try:
+        return (directory / "token").read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise SparkServerError(
+            f"cannot read the Spark server's token {directory / 'token'} ({exc.strerror}): runs of another "
+            "user cannot use this EPOCHAL_HOME's server; run as its owner, or `epochal spark stop` and start again"
+        ) from None
 
 
 def _read_state(directory: Path) -> dict | None:

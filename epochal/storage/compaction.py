@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from epochal.storage.durability import sync_written
 from epochal.storage.mirror import build_mirror
 from epochal.storage.state_reader import StateReader
 from epochal.storage.vnode import DEFAULT_DIRECTORY_ROWS, vnodes_per_directory, write_laid_out
@@ -174,6 +175,7 @@ def compact_table(reader: StateReader, layout: Layout, table: str, epoch: int) -
         rows = warehouse.files_row_count(files)
         if layout.mirrors and warehouse.is_local:  # before it is published: readers find it whole
             build_mirror(warehouse.file_path(location), [warehouse.file_path(f) for f in files], rows)
+        sync_written(warehouse, [location])  # on the disk before it is published
         result = catalog.publish_snapshot(location, rows, len(files), layout.sinks_of(table), KEEP_SNAPSHOTS)
     except BaseException:
         warehouse.delete([location], prune_parents=True)

@@ -31,7 +31,8 @@ VIEWS = ["v1", "v2"]
 
 def settings(home: Path, meta_url: str | None = None, **env: str) -> Settings:
     extra = {"EPOCHAL_META_URL": meta_url} if meta_url else {}
-    return Settings.from_env({"EPOCHAL_HOME": str(home), **extra, **env})
+    # (no time-travel window, as tests/conftest.py sets: the retention tests count what is released)
+    return Settings.from_env({"EPOCHAL_HOME": str(home), "EPOCHAL_TIME_TRAVEL_S": "0", **extra, **env})
 
 
 def controller(home: Path, meta_url: str | None = None, **env: str) -> CheckpointController:

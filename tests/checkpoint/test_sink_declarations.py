@@ -161,3 +161,15 @@ def test_a_declaration_is_recorded_until_the_sink_delivers_then_kept(tmp_path: P
         lambda cur: cur.execute("SELECT declaration FROM sink_declarations WHERE sink = 's'").fetchone()[0]
     )
     assert recorded == new
+
+
+def test_the_recipe_of_a_sink_keeps_references_and_never_a_literal_secret() -> None:
+    """What the meta store keeps to finish a removed sink's batches: its options as written, a
+    ``${NAME}`` reference included, but a literal password left out (and named)."""
+    from epochal.checkpoint.statements.sinks import SinkRecipe
+
+    literal = SinkRecipe.of("postgres", {**PG, "password": "hunter2"}, ["customer", "total"])
+    assert "hunter2" not in literal.to_json() and literal.withheld == ("password",)
+    referenced = SinkRecipe.of("postgres", {**PG, "password": " ${PG_PASSWORD} "}, ["customer", "total"])
+    assert dict(referenced.options)["password"] == " ${PG_PASSWORD} " and referenced.withheld == ()
+    assert SinkRecipe.from_json(referenced.to_json()) == referenced

@@ -73,8 +73,6 @@ def test_dagster_loads_the_demo_and_reports_a_broken_pipeline(tmp_path: Path) ->
 
 
 def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, monkeypatch) -> None:
-    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
-
     monkeypatch.setenv("EPOCHAL_MAX_IN_FLIGHT", "3")
     h = make_harness(tmp_path)
     defs = h.definitions()
@@ -97,10 +95,10 @@ def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, mon
             cursor[0] = result.cursor  # as the daemon keeps it between ticks
         return result
 
-    runs: list[DagsterRun] = []
+    runs: list[dg.DagsterRun] = []
 
     def started_run() -> None:  # an epoch_job run the daemon launched and that is working
-        runs.append(DagsterRun(job_name="epoch_job", status=DagsterRunStatus.STARTED))
+        runs.append(dg.DagsterRun(job_name="epoch_job", status=dg.DagsterRunStatus.STARTED))
         instance.add_run(runs[-1])
 
     first = tick()

@@ -191,9 +191,8 @@ def test_persistent_dagster_home_records_partitioned_materializations(tmp_path: 
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-    from dagster._core.instance.ref import InstanceRef
 
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
     keys = instance.get_dynamic_partitions("epochs")
     assert len(keys) == 2
     for asset in ("bid", "big_bids", "epoch_commit", "big_bids_out"):

@@ -161,3 +161,41 @@ def test_a_run_of_small_epochs_starts_no_spark(spark, tmp_path: Path) -> None:
     engines = _epoch(runtime, [order(2, op="delete"), order(3, 1, "b", 2, 0.5, 3)], [customer(1, "apac")], h.home)
     assert set(engines.values()) == {"driver (DuckDB)", 0}, engines
     assert_views_match_batch(h.runtime(spark), views)
+
+
+def test_a_step_the_driver_declines_says_why_in_its_metadata_and_the_log(spark, tmp_path: Path, caplog) -> None:
+    import logging
+
+    h = make_harness(
+        tmp_path,
+        {
+            "p.sql": SOURCES.split("CREATE TABLE customers")[0]
+            + "CREATE MATERIALIZED VIEW big_orders AS SELECT id, qty FROM orders WHERE qty > 1;\n"
+        },
+    )
+    runtime = h.runtime(spark, env={"EPOCHAL_DRIVER_ROWS": "2"})
+    caplog.set_level(logging.INFO, logger="epochal.driver")
+
+    def epoch(lines: list[str]) -> dict[str, dict]:
+        append_records(h.home / "data" / "orders", lines)
+        record, _ = runtime.start_epoch(None, None)
+        reports = [runtime.run_source(record.epoch, "orders"), runtime.run_view(record.epoch, "big_orders")]
+        runtime.commit(record.epoch)
+        return {r.asset: r.metadata for r in reports}
+
+    # three records, over EPOCHAL_DRIVER_ROWS = 2: both steps on Spark, each saying so
+    big = epoch([order(1, qty=2), order(2, qty=3), order(3)])
+    for name, rows in (("orders", "3 records in the epoch"), ("big_orders", "3 rows of change in")):
+        assert big[name]["engine"] == "spark"
+        assert big[name]["driver_declined"] == f"{rows}, more than EPOCHAL_DRIVER_ROWS (2)", big[name]
+    # a record the driver does not parse as Spark does (a dead letter): the source's step says that
+    bad = epoch(["{not json"])
+    assert bad["orders"]["engine"] == "spark" and "not one the driver parses" in bad["orders"]["driver_declined"]
+    # a small epoch it takes says nothing of the kind
+    small = epoch([order(4, qty=5)])
+    assert small["orders"]["engine"] == small["big_orders"]["engine"] == "driver (DuckDB)"
+    assert "driver_declined" not in small["orders"] and "driver_declined" not in small["big_orders"]
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    logged = [m for m in logged if "driver path declined" in m]
+    assert any("source orders" in m and "3 records in the epoch" in m for m in logged), logged
+    assert any("view big_orders" in m and "3 rows of change in" in m for m in logged), logged

@@ -652,8 +652,20 @@ def test_sink_from_unknown_table_suggests_the_closest(tmp_path: Path) -> None:
     )
     assert at(issue) == ("a.sql", 5)
     assert issue.message == (
-        "sink s: unknown table 'bids' (not a table, source or materialized view): did you mean 'bid'?"
+        "sink s: reads 'bids', which is not defined (no table, source or materialized view has that name): "
+        "did you mean 'bid'? if you removed that view, remove this sink too (its CREATE SINK statement), or "
+        "point its FROM at another table (defined: bid)"
     )
+
+
+def test_sink_whose_view_was_removed_is_told_to_go_too_not_pointed_at_an_unrelated_table(tmp_path: Path) -> None:
+    # The view customer_totals was dropped; its sink stayed. difflib's default cutoff offered 'customers'.
+    sink = "CREATE SINK s\nFROM customer_totals\nWITH (connector = 'duckdb', database = 'd', table = 't');"
+    customers = "CREATE MATERIALIZED VIEW customers AS SELECT auction FROM bid;\n"
+    issue = only_issue(tmp_path, {"a.sql": BID_SOURCE + customers + sink})
+    assert "did you mean" not in issue.message
+    assert "if you removed that view, remove this sink too" in issue.message
+    assert "point its FROM at another table (defined: bid, customers)" in issue.message
 
 
 # -- views ---------------------------------------------------------------------------------------

@@ -109,3 +109,32 @@ CREATE SINK by_customer FROM spend WITH (connector = 'duckdb', database = 'o.duc
                                          type = 'upsert', primary_key = 'customer, total');
 """
     assert set(_load(tmp_path, sql).sinks) == {"by_id", "by_customer"}
+
+
+def test_an_error_in_an_unrelated_view_reports_only_that_error(tmp_path: Path) -> None:
+    # A typo in another view used to add a false "Epochal can prove no key" for this sink.
+    sql = ORDERS + """
+CREATE MATERIALIZED VIEW customer_totals AS SELECT customer, sum(amount) AS total FROM orders GROUP BY customer;
+CREATE MATERIALIZED VIEW typo AS SELECT id, amout FROM orders;
+CREATE SINK s FROM customer_totals WITH (connector = 'duckdb', database = 'o.duckdb', table = 't',
+                                         type = 'upsert', primary_key = 'customer');
+"""
+    with pytest.raises(PipelineError) as raised:
+        _load(tmp_path, sql)
+    (issue,) = raised.value.issues
+    assert "unknown column 'amout'" in issue.message
+
+
+def test_an_upsert_sink_on_a_failed_view_waits_on_it_instead_of_a_false_key_error(tmp_path: Path) -> None:
+    sql = ORDERS + """
+CREATE MATERIALIZED VIEW customer_totals AS SELECT customer, sum(amout) AS total FROM orders GROUP BY customer;
+CREATE MATERIALIZED VIEW big AS SELECT customer, total FROM customer_totals WHERE total > 10;
+CREATE SINK s FROM big WITH (connector = 'duckdb', database = 'o.duckdb', table = 't',
+                             type = 'upsert', primary_key = 'customer');
+"""
+    with pytest.raises(PipelineError) as raised:
+        _load(tmp_path, sql)
+    messages = [issue.message for issue in raised.value.issues]
+    assert len(messages) == 2 and "unknown column 'amout'" in messages[0]
+    assert messages[1].startswith("sink s: waits on view big, which did not load")
+    assert not any("not a unique key" in m for m in messages)

@@ -141,6 +141,38 @@ def test_append_only_is_one_snapshot_per_batch_and_opens_in_a_fresh_catalog(tmp_
         assert found == [("epochal", "sales", "orders")]
 
 
+@pytest.mark.parametrize("sink_type", ["append-only", "upsert"])
+def test_two_committers_of_one_batch_land_it_once(tmp_path, targets, sink_type):
+    """After a claim takeover two runs commit the same PENDING batch. The second loads the table
+    before the first commits, so its delivered check says no; its catalog commit must not then land
+    the batch a second time on the new head (pyiceberg's own retry would)."""
+    first = make(targets, tmp_path, sink_type=sink_type)
+    first.prepare_target(SCHEMA)
+    deliver(first, BatchId("orders_out", 1, 1), [rows((1, "a", 1.0, 1), (5, "e", 5.0, 1))])
+    batch = BatchId("orders_out", 2, 2, nonce="r1")
+    metadata = write(first, batch, [rows((1, "a2", 1.5, 1), (2, "b", 2.0, 1))] if sink_type == "upsert" else
+                     [rows((2, "b", 2.0, 1), (3, "c", 3.0, 1))])
+    second = make(targets, tmp_path, sink_type=sink_type)
+    loaded = second._open(batch)  # the second committer's view: the batch is not there yet
+
+    def stale_open(b: BatchId):  # noqa: ANN202
+        # the first committer lands the batch between the second's load and its commit
+        if not landed:
+            landed.append(True)
+            first.commit(batch, metadata)
+            return loaded
+        return second._load()
+
+    landed: list[bool] = []
+    second._open = stale_open  # type: ignore[method-assign]
+    second.commit(batch, metadata)
+    table = reopen(first)
+    assert [s.summary["epochal.epoch"] for s in table.snapshots()] == ["1", "2"], "the batch landed once"
+    expected = [1, 2, 5] if sink_type == "upsert" else [1, 2, 3, 5]
+    assert [r["k"] for r in table_rows(first)] == expected
+    assert table.properties["commit.retry.num-retries"] == "0"
+
+
 def test_an_empty_batch_records_its_epoch_without_a_snapshot(tmp_path, targets):
     t = make(targets, tmp_path)
     t.prepare_target(SCHEMA)

@@ -464,13 +464,13 @@ def test_options_are_checked_at_load() -> None:
     with pytest.raises(SinkConfigError, match="port"):
         PostgresTarget("s", {**base, "port": "abc"}, ["id"], None, None)
     # the spec builds the target with ${ENV} resolved
-    os.environ["EPOCHAL_TEST_PG_PASSWORD"] = "from-env-secret"
+    os.environ["SINK_TEST_PG_PASSWORD"] = "from-env-secret"
     try:
         built = sink_spec("postgres").create(
-            "s", {**base, "password": "${EPOCHAL_TEST_PG_PASSWORD}"}, ["id"], Path("."), None
+            "s", {**base, "password": "${SINK_TEST_PG_PASSWORD}"}, ["id"], Path("."), None
         )
     finally:
-        del os.environ["EPOCHAL_TEST_PG_PASSWORD"]
+        del os.environ["SINK_TEST_PG_PASSWORD"]
     assert isinstance(built, PostgresTarget) and built.describe() == "postgres://u@h:5432/d/public.t"
     assert "from-env-secret" not in repr(built) + str(vars(built))
 
@@ -643,10 +643,10 @@ def test_a_long_name_from_the_environment_is_refused_before_the_server(monkeypat
     from epochal.sql import POSTGRES_MAX_IDENTIFIER_BYTES
 
     assert max(len(n.encode()) for n in POSTGRES_OWN_NAMES) <= POSTGRES_MAX_IDENTIFIER_BYTES
-    monkeypatch.setenv("EPOCHAL_TEST_PG_TABLE", "t" * 64)
+    monkeypatch.setenv("SINK_TEST_PG_TABLE", "t" * 64)
     options = {"connector": "postgres", "host": "127.0.0.1", "port": "1", "user": "postgres", "database": "d"}
     with pytest.raises(SinkConfigError, match="sink long: option 'table' = 't{64}' is 64 bytes, over PostgreSQL's"):
-        sink_spec("postgres").create("long", {**options, "table": "${EPOCHAL_TEST_PG_TABLE}"}, ["id"], Path("."), None)
+        sink_spec("postgres").create("long", {**options, "table": "${SINK_TEST_PG_TABLE}"}, ["id"], Path("."), None)
     with pytest.raises(SinkConfigError, match="column 'é{32}' is 64 bytes"):
         PostgresTarget("wide", {**options, "table": "t"}, ["id", "é" * 32], None, None)
 

@@ -183,3 +183,67 @@ def test_a_stopped_server_never_holds_epochs_back_and_the_sink_catches_up(spark,
     finally:
         scratch.stop()
         shutil.rmtree(scratch.root, ignore_errors=True)
+
+
+def test_a_sink_removed_with_a_batch_not_finished_is_finished_and_its_name_can_come_back(
+    spark,  # noqa: ANN001
+    tmp_path: Path,
+    database: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sink removed from the SQL files while a batch is PENDING (its writers' transactions are
+    prepared in PostgreSQL, holding their locks and the VACUUM horizon) is finished at the next
+    injection through what the meta store kept of its options: the decided commit lands, nothing
+    stays prepared, and its records go, so the name can come back for another table."""
+    source = (
+        "CREATE SOURCE orders (id BIGINT, customer STRING, amount BIGINT)\n"
+        "WITH (connector = 'log', path = 'data/orders', format = 'json');\n"
+    )
+
+    def sink(table: str) -> str:
+        return (
+            f"CREATE SINK orders_pg FROM orders WITH (connector = 'postgres', host = '127.0.0.1', "
+            f"user = 'postgres', password = '${{TEST_PG_PASSWORD}}', database = '{database}', "
+            f"table = '{table}');\n"
+        )
+
+    h = make_harness(tmp_path, {"p.sql": source + sink("orders")})
+    monkeypatch.setenv("TEST_PG_PASSWORD", "")  # (trust auth; a reference is what the meta store keeps)
+    runtime = h.runtime(spark, {"EPOCHAL_SINK_RETRY_S": "1", "EPOCHAL_SINK_DRIVER_ROWS": "0"})
+    produced: list[tuple] = []
+
+    def produce(i: int) -> None:
+        rows = [(10 * i + j, f"c{j}", j) for j in range(3)]
+        produced.extend(rows)
+        h.produce([json.dumps({"id": r[0], "customer": r[1], "amount": r[2]}) for r in rows])
+
+    produce(0)
+    run_epoch(runtime)
+    produce(1)
+    second = run_epoch(runtime, sinks=False)
+    target = runtime.sink("orders_pg")
+
+    def server_went_away(*args: object) -> None:
+        raise SinkError("the server went away")
+
+    target.commit = server_went_away  # type: ignore[method-assign]
+    with pytest.raises(SinkError, match="went away"):
+        runtime.run_sink(second, "orders_pg")
+    assert prepared(database), "the batch's writers are prepared, its commit decided"
+    assert [b.state.value for b in runtime.controller.sink_batches("orders_pg")][-1] == "PENDING"
+
+    # The user removes the sink; the next injection finishes the batch, then retires the sink.
+    (h.pipeline_dir / "p.sql").write_text(source)
+    runtime = h.runtime(spark)
+    produce(2)
+    run_epoch(runtime)
+    assert prepared(database) == []
+    assert Counter(sql_rows(database, "SELECT id, customer, amount FROM orders")) == Counter(produced[:6])
+    assert runtime.controller.sink_batches("orders_pg") == []
+
+    # Added back for another table, it is a new sink: a snapshot of the source, not a refusal.
+    (h.pipeline_dir / "p.sql").write_text(source + sink("orders_again"))
+    runtime = h.runtime(spark)
+    produce(3)
+    run_epoch(runtime)
+    assert Counter(sql_rows(database, "SELECT id, customer, amount FROM orders_again")) == Counter(produced)

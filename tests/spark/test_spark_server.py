@@ -88,6 +88,7 @@ def test_start_reuse_death_restart_and_stop(tmp_path: Path) -> None:
         described = json.loads(shown.stdout)
         assert (described["pid"], described["url"], described["healthy"]) == (first.pid, first.url, True)
         assert described["uptime_s"] >= 0
+        _only_clients_with_the_token_get_in(home, port, first.token, shown.stdout + started.stdout)
 
         # a second start (and ensure) reuses the healthy server
         again, was_started = start(config)
@@ -107,11 +108,43 @@ def test_start_reuse_death_restart_and_stop(tmp_path: Path) -> None:
         assert restarted.healthy and restarted.pid != first.pid and restarted.port == port
         assert (home / "spark" / "server.log.prev").exists(), "the dead server's log is kept"
         assert oct((home / "spark" / "spark.conf").stat().st_mode & 0o777) == "0o600", "the conf may hold secrets"
+        assert restarted.token and restarted.token != first.token, "a new token for each start"
+        _only_clients_with_the_token_get_in(home, port, restarted.token, "")
     finally:
         stopped = _cli(home, port, "stop")
     assert stopped.returncode == 0 and "stopped the Spark server" in stopped.stdout, stopped
     assert status(home) is None and not _alive(restarted.pid)
     assert "no Spark server was running" in _cli(home, port, "stop").stdout
+
+
+def _only_clients_with_the_token_get_in(home: Path, port: int, token: str, shown: str) -> None:
+    """The managed server runs any Python its clients send: a local process without the token (in
+    the URL or in SPARK_CONNECT_AUTHENTICATE_TOKEN) is refused; with it, it gets in. The token is
+    in an owner-only file, not in what the CLI printed, nor on the JVM's command line."""
+    probe = (
+        "import sys\n"
+        "from pyspark.sql.connect.session import SparkSession\n"
+        "try:\n"
+        "    print(SparkSession.builder.remote(sys.argv[1]).create().range(3).count())\n"
+        "except Exception as exc:\n"
+        "    print('refused', type(exc).__name__, str(exc).splitlines()[0][:300])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+
+    def attach(url: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe, url], env=env, capture_output=True, text=True, timeout=120)
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+
+    for url in (f"sc://127.0.0.1:{port}", f"sc://localhost:{port}", f"sc://localhost:{port}/;token=wrong{token[:4]}"):
+        answer = attach(url)
+        assert answer.startswith("refused"), (url, answer)
+    assert attach(f"sc://localhost:{port}/;token={token}") == "3"
+    path = home / "spark" / "token"
+    assert path.read_text() == token and oct(path.stat().st_mode & 0o777) == "0o600"
+    current = status(home)
+    assert current is not None and token not in repr(current) and token not in json.dumps(current.to_json())
+    assert token not in shown
+    assert token not in Path(f"/proc/{current.pid}/cmdline").read_text()
 
 
 def test_port_taken_by_another_process_names_it_and_the_fix(tmp_path: Path) -> None:
@@ -284,7 +317,14 @@ def test_runs_in_server_mode_attach_to_one_warm_server_and_match_batch(spark, tm
         stop(h.home)
 
 
-def _cached_on_server(port: int, plan) -> bool:  # noqa: ANN001
+def _client_url(home: Path) -> str:
+    """The managed server's URL with its token, as runs attach."""
+    current = status(home)
+    assert current is not None and current.token, "the server was started with a token"
+    return current.connect_url
+
+
+def _cached_on_server(url: str, plan) -> bool:  # noqa: ANN001
     """Whether a fresh session's read of ``plan``'s files is answered from the server's cache (its
     physical plan scans memory; every file read also names an InMemoryFileIndex, so match the scan)."""
     import contextlib as _contextlib
@@ -294,7 +334,7 @@ def _cached_on_server(port: int, plan) -> bool:  # noqa: ANN001
 
     from epochal.storage.state_reader import StateReader
 
-    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    session = ConnectSession.builder.remote(url).create()
     out = io.StringIO()
     try:
         with _contextlib.redirect_stdout(out):
@@ -338,7 +378,7 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
 
     def run(cache_it: str | None, then=None, table: str = "t") -> None:  # noqa: ANN001
         """One run: its own Connect session and cache; it caches snapshot ``cache_it`` of ``table``."""
-        session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        session = ConnectSession.builder.remote(_client_url(home)).create()
         try:
             cache = StateCache(registry=registry)
             reader = StateReader(lambda: session, None, None, cache, None)  # type: ignore[arg-type]
@@ -355,7 +395,7 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
 
     def adopted(location: str) -> bool:
         """Whether a new run's cache answers a read of ``location`` of t with what an earlier run left."""
-        session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        session = ConnectSession.builder.remote(_client_url(home)).create()
         try:
             cache = StateCache(registry=registry)
             reader = StateReader(lambda: session, None, None, cache, None)  # type: ignore[arg-type]
@@ -369,10 +409,10 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
     try:
         start(ServerConfig(home, port, "local[2]", {"spark.driver.memory": "1g"}))
         run("s1")
-        assert _cached_on_server(port, plans["s1"]), "left to the next run"
+        assert _cached_on_server(_client_url(home), plans["s1"]), "left to the next run"
         assert json.loads(registry.read_text())["t"]["location"] == str(tmp_path / "s1")
         # The next run knows it is cached (no job to choose vnodes, no caching again) ...
-        assert adopted(str(tmp_path / "s1")) and _cached_on_server(port, plans["s1"])
+        assert adopted(str(tmp_path / "s1")) and _cached_on_server(_client_url(home), plans["s1"])
         assert not adopted(str(tmp_path / "s2")), "another snapshot of the table is not the cached one"
         # ... unless another server (one started since) cached it: that one's cache went with it.
         kept = json.loads(registry.read_text())
@@ -380,18 +420,18 @@ def test_a_snapshot_cached_by_one_run_serves_the_next_and_is_released_by_a_newer
         assert not adopted(str(tmp_path / "s1"))
         registry.write_text(json.dumps(kept))
         run("s2")
-        assert not _cached_on_server(port, plans["s1"]), "released by the run that cached a newer snapshot"
-        assert _cached_on_server(port, plans["s2"])
+        assert not _cached_on_server(_client_url(home), plans["s1"]), "released by the run that cached a newer snapshot"
+        assert _cached_on_server(_client_url(home), plans["s2"])
         # Compaction releases a snapshot (here: the table's directory) before it deletes the files.
         run(None, then=lambda reader: reader.release_snapshots([str(tmp_path)]))
-        assert not _cached_on_server(port, plans["s2"]) and json.loads(registry.read_text()) == {}
+        assert not _cached_on_server(_client_url(home), plans["s2"]) and json.loads(registry.read_text()) == {}
         # s3's files go without a release (a crash between): the next snapshot clears the whole cache.
         run("s3")
         run("s1", table="u")
         shutil.rmtree(tmp_path / "s3")
         run("s4")
-        assert not _cached_on_server(port, plans["s1"]), "the clear took every cached snapshot, u's too"
-        assert _cached_on_server(port, plans["s4"]), "cached after the clear"
+        assert not _cached_on_server(_client_url(home), plans["s1"]), "the clear took every cached snapshot, u's too"
+        assert _cached_on_server(_client_url(home), plans["s4"]), "cached after the clear"
         assert json.loads(registry.read_text())["t"]["location"] == str(tmp_path / "s4"), "one snapshot per table"
         # A registry that cannot be written costs the cross-run cache, never the read.
         (tmp_path / "not-a-directory").write_text("")
@@ -424,11 +464,14 @@ def test_runs_take_a_warm_session_slot_and_a_session_the_server_closed_is_replac
     killed inside a backfill is reset; a session the server has closed is replaced, without failing."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+    from epochal.spark.slots import with_session_id
+
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     home, port = tmp_path / "home", _free_port()
-    url, slots = f"sc://127.0.0.1:{port}", tmp_path / "slots"
+    slots = tmp_path / "slots"
 
     def run(how: str = "ends") -> dict:
+        url = _client_url(home)
         done = subprocess.run(
             [sys.executable, "-c", _SLOT_RUN, url, str(slots), how], capture_output=True, text=True, timeout=300
         )
@@ -444,7 +487,7 @@ def test_runs_take_a_warm_session_slot_and_a_session_the_server_closed_is_replac
         assert second["pool"] is None, "the killed run's pool is reset when the slot is taken"
         assert run()["id"] == first["id"]
         # The server closes the session (released elsewhere, or idle past its timeout).
-        ConnectSession.builder.remote(f"{url}/;session_id={first['id']}").create().stop()
+        ConnectSession.builder.remote(with_session_id(_client_url(home), first["id"])).create().stop()
         third = run()
         assert third["id"] != first["id"] and third["rows"] == 3
         assert json.loads((slots / "slot-0.json").read_text())["session_id"] == third["id"]

@@ -405,7 +405,9 @@ def plan_one(source: str, starts: dict[str, int]) -> list[SplitRange]:
 def committed_src(tmp_path: Path, meta_url: str, epochs: int, sinks: list[str] | None = None):  # noqa: ANN201
     """A controller of one source ``src`` with ``epochs`` committed epochs (returned with it)."""
     ctl = CheckpointController(
-        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url}), ["src"], [],
+        Settings.from_env({"EPOCHAL_HOME": str(tmp_path), "EPOCHAL_META_URL": meta_url, "EPOCHAL_TIME_TRAVEL_S": "0"}),
+        ["src"],
+        [],
         sinks=sinks or [],
     )
     ctl.recover("bootstrap", discard=lambda locs: None)

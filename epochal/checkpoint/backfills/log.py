@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -157,7 +156,7 @@ class BackfillLog(BackfillControl):
     def __init__(self, backend: Backend, claim_timeout_s: float):
         self.backend = backend
         self.claim_timeout_s = claim_timeout_s
-        self.owner = f"{Owner.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = Owner.tag(uuid.uuid4().hex[:8])
 
     # ------------------------------------------------------------------ reading
 
@@ -228,8 +227,7 @@ class BackfillLog(BackfillControl):
         if not owner or beat is None or time.time() - beat > self.claim_timeout_s:
             return False
         host, _, rest = owner.partition(":")
-        pid = rest.partition(":")[0]
-        return not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid)))
+        return not Owner.dead(host, rest.partition(":")[0])
 
     def held(self, views: Iterable[str]) -> list[str]:
         """Of ``views``, those whose backfill a live runner holds now (it may be writing one of

@@ -30,9 +30,24 @@ class CatalogMethods:
         also epochs without a file. Raises StateCompacted when compaction deleted some of them."""
         return self.catalog.committed_locations(table, upto, after, idle)
 
-    def committed_dead_letter_locations(self, source: str) -> list[str]:
-        """Where ``source``'s dead letters of committed epochs are, oldest first."""
-        return self.catalog.committed_dead_letter_locations(source)
+    def committed_dead_letter_locations(self, source: str, upto: int | None = None) -> list[str]:
+        """Where ``source``'s dead letters of committed epochs (up to ``upto``) are, oldest first."""
+        return self.catalog.committed_dead_letter_locations(source, upto)
+
+    # ------------------------------------------------------------------ time travel
+
+    def retained_epochs(self, tables: Iterable[str]) -> tuple[int | None, int | None]:
+        """(oldest, newest) committed epoch every table in ``tables`` can be read at, inside the
+        time-travel window; (None, None) before the first commit."""
+        return self.catalog.retained_epochs(tables)
+
+    def committed_at_or_before(self, epoch: int) -> int | None:
+        """The newest committed epoch <= ``epoch``, or None."""
+        return self.catalog.committed_at_or_before(epoch)
+
+    def is_committed(self, epoch: int) -> bool:
+        """Whether ``epoch`` was committed (and its record is still kept)."""
+        return self.catalog.is_committed(epoch)
 
     # ------------------------------------------------------------------ compaction
 

@@ -19,11 +19,22 @@ class SinkMethods:
     sink_coordinator: SinkCoordinator
 
     def sink_start(
-        self, sink: str, snapshot: bool, join_epoch: int, declaration: str | None = None, loaded_at: float | None = None
+        self,
+        sink: str,
+        snapshot: bool,
+        join_epoch: int,
+        declaration: str | None = None,
+        loaded_at: float | None = None,
+        recipe: str | None = None,
     ) -> SinkStart:
         """Where ``sink`` starts, decided at its first delivery step and kept: from the first epoch,
-        after the table's history, or with a snapshot of it."""
-        return self.sink_coordinator.start(sink, snapshot, join_epoch, declaration, loaded_at)
+        after the table's history, or with a snapshot of it. ``recipe``: how to reach the target
+        should the sink leave the pipeline with batches not finished (``SinkRecipe`` JSON)."""
+        return self.sink_coordinator.start(sink, snapshot, join_epoch, declaration, loaded_at, recipe)
+
+    def finish_removed_sink(self, target: SinkTarget) -> DeliveryReport | None:
+        """Finish the batches of a sink that left the pipeline; None while another run delivers it."""
+        return self.sink_coordinator.finish(target)
 
     def move_sink_snapshot(self, sink: str, stale: int, epoch: int) -> SinkStart:
         """Move a snapshot start whose state retention released to ``epoch``, while the target holds

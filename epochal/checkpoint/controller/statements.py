@@ -16,6 +16,7 @@ from epochal.checkpoint.statements import views as definitions
 
 if TYPE_CHECKING:
     from epochal.checkpoint.backfills.state import Backfill
+    from epochal.checkpoint.statements.sinks import SinkRecipe
     from epochal.connectors.base import SplitRange
     from epochal.meta.backend import Backend, Cursor
 
@@ -135,6 +136,12 @@ class StatementMethods:
         """Retire what the SQL files no longer name (``retirement.retire_removed``); returns what left
         and the locations of its files."""
         return self.backend.transaction(lambda cur: retirement.retire_removed(cur, tables, sinks, loaded_at))
+
+    def unfinished_removed_sinks(
+        self, sinks: Iterable[str], loaded_at: float
+    ) -> list[tuple[str, int, SinkRecipe | None]]:
+        """Sinks the SQL files no longer name with batches not finished: (sink, batches, its recipe)."""
+        return self.backend.transaction(lambda cur: retirement.unfinished_removed_sinks(cur, sinks, loaded_at))
 
     def dropped_files(self) -> tuple[list[str], list[tuple[str, int]]]:
         """Change files and backfill roots of views whose statement changed, listed to delete."""

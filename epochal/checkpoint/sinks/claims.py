@@ -85,8 +85,7 @@ class SinkClaims:
 
 
 def owner_alive(owner: str) -> bool:
-    """False when a claim's owner ("host:pid:nonce") is a process of this host that is gone: a
-    killed run's claim is taken over at once, not after the timeout."""
+    """False when a claim's owner ("host:pid:nonce", host as ``Owner.token()`` wrote it) is a process
+    known to be gone (``Owner.dead``): a killed run's claim is taken over at once, not after the timeout."""
     host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    return not (host == Owner.host and pid.isdigit() and not Owner.pid_alive(int(pid)))
+    return not Owner.dead(host, rest.partition(":")[0])

@@ -29,7 +29,6 @@ catches up from the change files, which retention keeps until they are delivered
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -104,13 +103,15 @@ class SinkCoordinator:
         join_epoch: int,
         declaration: str | None = None,
         loaded_at: float | None = None,
+        recipe: str | None = None,
     ) -> SinkStart:
         """Where ``sink`` starts: decided at its first call (a delivery step of ``join_epoch``) and
         recorded. A sink moved to another target under the same name raises ``SinkTargetChanged``,
-        and the refusal is kept for ``epochal status``."""
+        and the refusal is kept for ``epochal status``. ``recipe`` (``SinkRecipe`` JSON) is kept to
+        finish the sink's batches should it leave the pipeline with some not finished."""
         try:
             return self.backend.transaction(
-                lambda cur: sink_starts.decide(cur, sink, snapshot, join_epoch, declaration, loaded_at)
+                lambda cur: sink_starts.decide(cur, sink, snapshot, join_epoch, declaration, loaded_at, recipe)
             )
         except sink_declarations.SinkTargetChanged as refused:
             reason = str(refused)
@@ -239,6 +240,18 @@ class SinkCoordinator:
             )
         return report
 
+    def finish(self, target: SinkTarget) -> DeliveryReport | None:
+        """Finish the batches of a sink that left the pipeline (``recover`` under the sink's claim, so
+        no run still delivering it runs beside): its PENDING batches are committed (the commit was
+        decided), its other pre-commits thrown away. None when another run holds the claim."""
+        owner = Owner.tag(secrets.token_hex(4))
+        if not self.claims.take(target.name, owner):
+            return None
+        try:
+            return self.recover(target)
+        finally:
+            self.claims.release(target.name, owner)
+
     def _commit(self, target: SinkTarget, batch: BatchId, results: Sequence[WriterResult]) -> bool:
         """Commit a PENDING batch into the target and mark it COMMITTED; False when its pre-commit
         was lost (it is then ABORTED and its epochs are delivered again)."""
@@ -281,7 +294,7 @@ class SinkCoordinator:
         delivered a snapshot at an earlier epoch meanwhile), the list misses epochs and this call
         leaves them to the next delivery instead of skipping them."""
         started = time.time()
-        owner = f"{Owner.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        owner = Owner.tag(secrets.token_hex(4))
         if not self.claims.wait_for(target.name, owner):
             delivered = self.delivered_epoch(target.name)
             report = DeliveryReport(target.name, busy=True, delivered_epoch=delivered)

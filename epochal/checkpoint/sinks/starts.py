@@ -23,7 +23,13 @@ def _live_batches(cur: Cursor, sink: str) -> int:
 
 
 def decide(
-    cur: Cursor, sink: str, snapshot: bool, join_epoch: int, declaration: str | None, loaded_at: float | None
+    cur: Cursor,
+    sink: str,
+    snapshot: bool,
+    join_epoch: int,
+    declaration: str | None,
+    loaded_at: float | None,
+    recipe: str | None = None,
 ) -> SinkStart:
     """The start of ``sink``, recorded now if this is its first delivery. The history is the committed
     epochs before ``join_epoch``; a sink that already has batches (from before starts were recorded)
@@ -33,6 +39,8 @@ def decide(
     batches = _live_batches(cur, sink)
     if declaration is not None:
         sink_declarations.check_sink(cur, sink, declaration, loaded_at, known is not None or batches > 0)
+        if recipe is not None:
+            sink_declarations.record_recipe(cur, sink, recipe)
     if known is not None:
         return SinkStart(*known)
     upto = None

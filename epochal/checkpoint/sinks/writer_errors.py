@@ -5,6 +5,7 @@ counts."""
 
 from __future__ import annotations
 
+import errno
 import re
 
 from epochal.redaction import redact_url
@@ -23,12 +24,25 @@ _KINDS: dict[str, type[SinkError]] = {
 }
 
 
+#: filesystem refusals that fail the same way however often a write is tried: not retried
+_DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR})
+_DENIED_TEXT = re.compile(r"\b(?:PermissionError|NotADirectoryError): |Read-only file system|\[Errno (?:13|30|20)\]")
+
+
 def error_kind(error: Exception) -> type[SinkError]:
-    """The SinkError class of ``error``, also when a writer raised it inside a Spark task."""
+    """The SinkError class of ``error``, also when a writer raised it inside a Spark task. A
+    permission or not-a-directory error is a :class:`SinkConfigError`: retrying cannot fix it."""
     if isinstance(error, SinkError):
         return type(error)
     found = _WRITER_ERROR.findall(str(error))
-    return _KINDS.get(found[-1][0], SinkError) if found else SinkError
+    if found:
+        return _KINDS.get(found[-1][0], SinkError)
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in _DENIED_ERRNOS:
+            return SinkConfigError
+        cause = cause.__cause__ or cause.__context__
+    return SinkConfigError if _DENIED_TEXT.search(str(error)) else SinkError
 
 
 def describe_error(batch: BatchId, error: Exception) -> str:

@@ -10,11 +10,45 @@ from epochal.checkpoint import queries as q
 from epochal.checkpoint.backfills import log as backfill_log
 from epochal.checkpoint.backfills import rows as backfill_rows
 from epochal.checkpoint.statements import rebuilds
+from epochal.checkpoint.statements import sinks as sink_statements
 from epochal.checkpoint.statements import views as definitions
+from epochal.checkpoint.statements.sinks import SinkRecipe
 from epochal.meta.backend import Cursor
 from epochal.pipeline.model import OLD_VERSION_SEPARATOR
 
 log = logging.getLogger("epochal.runtime")
+
+
+def _removed_sinks(cur: Cursor, sinks: Iterable[str], loaded_at: float) -> list[str]:
+    """Sinks with delivery records that the SQL files read at ``loaded_at`` no longer name (a sink
+    first delivered after this process read its files is newer than they are, not removed)."""
+    recorded = {
+        r[0]
+        for r in cur.execute("SELECT sink, min(created_at) FROM sink_batches GROUP BY sink").fetchall()
+        if r[1] <= loaded_at
+    } | {r[0] for r in cur.execute("SELECT sink, decided_at FROM sink_starts").fetchall() if r[1] <= loaded_at}
+    return sorted(recorded - set(sinks))
+
+
+def _unfinished_batches(cur: Cursor, sink: str) -> int:
+    """Batches whose pre-commit may still be in the target (a prepared transaction, staged files)."""
+    return cur.execute(
+        "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "
+        "AND state <> 'COMMITTED'",
+        [sink],
+    ).fetchone()[0]
+
+
+def unfinished_removed_sinks(
+    cur: Cursor, sinks: Iterable[str], loaded_at: float
+) -> list[tuple[str, int, SinkRecipe | None]]:
+    """Removed sinks (``_removed_sinks``) with batches not finished: (sink, how many, its recipe)."""
+    found = []
+    for sink in _removed_sinks(cur, sinks, loaded_at):
+        count = _unfinished_batches(cur, sink)
+        if count:
+            found.append((sink, count, sink_statements.recipe(cur, sink)))
+    return found
 
 
 def retire_removed(
@@ -42,20 +76,16 @@ def retire_removed(
     # A removed sink's delivery records go too (its target keeps what it received), its start
     # with them: a sink added back under the name is a new one, starting from a snapshot, not
     # from history compaction may have released.
-    # (a sink first delivered after this process read its files is newer)
-    recorded = {
-        r[0]
-        for r in cur.execute("SELECT sink, min(created_at) FROM sink_batches GROUP BY sink").fetchall()
-        if r[1] <= loaded_at
-    } | {r[0] for r in cur.execute("SELECT sink, decided_at FROM sink_starts").fetchall() if r[1] <= loaded_at}
-    for sink in sorted(recorded - set(sinks)):
-        open_batches = cur.execute(
-            "SELECT count(*) FROM sink_batches WHERE sink = ? AND (state = 'PENDING' OR NOT cleaned) "
-            "AND state <> 'COMMITTED'",
-            [sink],
-        ).fetchone()[0]
-        if open_batches:  # a pre-commit may still hold locks downstream: kept for its recovery
-            log.warning("sink %s left the pipeline with %d batch(es) not finished", sink, open_batches)
+    for sink in _removed_sinks(cur, sinks, loaded_at):
+        open_batches = _unfinished_batches(cur, sink)
+        if open_batches:
+            # a pre-commit may still hold locks downstream: kept until ``unfinished_removed_sinks``'
+            # caller finished them
+            log.warning(
+                "sink %s left the pipeline with %d batch(es) not finished; its records stay until they are",
+                sink,
+                open_batches,
+            )
             continue
         cur.execute("DELETE FROM sink_batches WHERE sink = ?", [sink])
         cur.execute("DELETE FROM sink_claims WHERE sink = ?", [sink])

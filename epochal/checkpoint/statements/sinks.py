@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,6 +105,60 @@ class SinkDeclaration:
         )
 
 
+@dataclass(frozen=True)
+class SinkRecipe:
+    """What builds a sink's target without its statement: kept so that a sink removed from the
+    pipeline with batches not finished (a prepared transaction holding locks downstream, staged
+    files) can still be finished. Literal secrets are not kept (a ``${NAME}`` reference is)."""
+
+    connector: str
+    options: tuple[tuple[str, str], ...]
+    columns: tuple[str, ...]
+    #: options whose literal secret value was left out
+    withheld: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, connector: str, options: Mapping[str, str], columns: Sequence[str]) -> SinkRecipe:
+        from epochal.redaction import is_secret_name
+        from epochal.sinks.spec import sink_spec
+
+        spec = sink_spec(connector)
+        # (the connector's own list: a name test would take ``primary_key`` for a secret)
+        secret = spec.secret if spec is not None else tuple(k for k in options if is_secret_name(k))
+        kept, withheld = [], []
+        for key, value in sorted(options.items()):
+            if key in secret and not _REFERENCE.fullmatch(value.strip()):
+                withheld.append(key)
+            else:
+                kept.append((key, value))
+        return cls(connector, tuple(kept), tuple(columns), tuple(withheld))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "connector": self.connector,
+                "options": dict(self.options),
+                "columns": list(self.columns),
+                "withheld": list(self.withheld),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SinkRecipe:
+        data = json.loads(text)
+        return cls(
+            data["connector"],
+            tuple(sorted(data["options"].items())),
+            tuple(data["columns"]),
+            tuple(data.get("withheld", ())),
+        )
+
+
+#: an option value that only names an environment variable (read when the sink runs)
+_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
 def changes(old: SinkDeclaration, new: SinkDeclaration) -> list[str]:
     """What ``new`` changes of ``old``, one phrase each (empty: the same stream and target)."""
     found = []
@@ -163,6 +218,18 @@ def check_sink(cur: Cursor, sink: str, declaration: str, loaded_at: float | None
         "INSERT INTO sink_declarations (sink, declaration, recorded_at) VALUES (?, ?, ?)",
         [sink, declaration, time.time()],
     )
+
+
+def record_recipe(cur: Cursor, sink: str, recipe: str) -> None:
+    """Keep ``sink``'s recipe (JSON of :class:`SinkRecipe`) beside its declaration."""
+    cur.execute(
+        "UPDATE sink_declarations SET recipe = ? WHERE sink = ? AND recipe IS DISTINCT FROM ?", [recipe, sink, recipe]
+    )
+
+
+def recipe(cur: Cursor, sink: str) -> SinkRecipe | None:
+    row = cur.execute("SELECT recipe FROM sink_declarations WHERE sink = ?", [sink]).fetchone()
+    return SinkRecipe.from_json(row[0]) if row and row[0] else None
 
 
 def note_refusal(cur: Cursor, sink: str, reason: str) -> None:

@@ -1,0 +1,43 @@
+"""The one line a run of epoch_job ends with: the epochs it committed, the records its sources read,
+the views it wrote, what its sinks delivered and the time it took, from the materializations its
+steps reported (the 140 lines before it are Dagster's own)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: (asset, partition, metadata as plain values) of one materialization
+Materialized = tuple[str, str | None, Mapping[str, Any]]
+
+
+def plain_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Dagster's MetadataValues as the plain values the steps reported."""
+    return {key: getattr(value, "value", value) for key, value in metadata.items()}
+
+
+def run_summary(materialized: Iterable[Materialized], seconds: float, commit_asset: str = "epoch_commit") -> str:
+    epochs: set[int] = set()
+    records = sinks_rows = 0
+    views: set[str] = set()
+    sinks: set[str] = set()
+    for asset, partition, metadata in materialized:
+        if asset == commit_asset and partition is not None and metadata.get("state") == "COMMITTED":
+            epochs.add(int(partition))
+        elif "records_read" in metadata:  # a source's step
+            records += int(metadata["records_read"] or 0)
+        elif "rows_delivered" in metadata:  # a sink's step
+            sinks.add(asset)
+            sinks_rows += int(metadata["rows_delivered"] or 0)
+        elif "mode" in metadata and "__" not in asset:  # a view's step (not a planner's stage)
+            views.add(asset)
+    if not epochs:
+        committed = "no epoch committed"
+    elif len(epochs) == 1:
+        committed = f"epoch {min(epochs)} committed"
+    else:
+        committed = f"{len(epochs)} epochs committed ({min(epochs)}..{max(epochs)})"
+    return (
+        f"epoch_job: {committed}; {records} record(s) read, {len(views)} view(s) written, "
+        f"{len(sinks)} sink(s) delivered {sinks_rows} row(s); {seconds:.1f}s"
+    )
