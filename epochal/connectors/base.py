@@ -37,6 +37,8 @@ class SplitRange:
 
 #: Schema of the dead-letter rows a connector returns (Spark DDL).
 DEAD_LETTER_SCHEMA = "split STRING, offset BIGINT, raw STRING, reason STRING"
+#: The boolean column of ``SourceBatch.marked``: whether the line is a row (else it was rejected).
+FITS = "__epochal_fits"
 
 
 @dataclass
@@ -51,6 +53,11 @@ class SourceBatch:
     #: rejected: the log connector's reasons are dozens of expressions, about 0.1-0.2 s of Py4J calls
     #: to build, and almost every epoch has no dead letter.
     explain: "Callable[[DataFrame], DataFrame] | None" = None
+    #: every line parsed once: ``rows``' columns and FITS. ``rows`` is its lines where FITS, and
+    #: ``rejected`` holds a line iff FITS is false. A reader that asks both (the source step writes
+    #: the rows, then asks whether any line was rejected) keeps this in Spark's cache, so the lines
+    #: are read and parsed once, not once per question (``marked_rows``).
+    marked: "DataFrame | None" = None
 
     @property
     def dead_letters(self) -> "DataFrame | None":
@@ -60,6 +67,20 @@ class SourceBatch:
         if self.explain is None:
             raise TypeError("a SourceBatch with rejected lines needs explain to turn them into dead letters")
         return self.explain(self.rejected)
+
+
+def marked_rows(marked: "DataFrame") -> "DataFrame":
+    """The rows of a ``SourceBatch.marked``: its lines that fit, without FITS."""
+    from pyspark.sql import functions as F
+
+    return marked.where(F.col(FITS)).drop(FITS)
+
+
+def any_rejected(marked: "DataFrame") -> bool:
+    """Whether a ``SourceBatch.marked`` has a line that does not fit (a Spark job)."""
+    from pyspark.sql import functions as F
+
+    return not marked.where(~F.col(FITS)).isEmpty()
 
 
 class SourceConnector(Protocol):

@@ -21,7 +21,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.base import FITS, SourceBatch, SplitRange
 from epochal.connectors.log_lines import LineIndex, LinePiece, open_index
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
@@ -223,13 +223,15 @@ class LogSource:
         # from_json puts the whole line in the corrupt column for malformed JSON, non-objects and
         # values that do not convert to the declared type; it never returns NULL for a non-blank line
         good = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
-        rows = parsed.where(good).select(*[F.col("_parsed").getField(c.key).alias(c.name) for c in self.columns])
+        values = [F.col("_parsed").getField(c.key).alias(c.name) for c in self.columns]
+        rows = parsed.where(good).select(*values)
         columns = self.columns
 
         def explain(rejected: "DataFrame") -> "DataFrame":
             return rejected.select("split", "offset", "raw", _reason(F.col("raw"), columns).alias("reason"))
 
-        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain)
+        marked = parsed.select(*values, good.alias(FITS))
+        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain, marked=marked)
 
     def line_pieces(self, ranges: list[SplitRange]) -> list[tuple[str, LinePiece]]:
         """``(path, piece)`` for the lines of ``ranges``: what ``read`` reads (and the driver path,
@@ -300,12 +302,13 @@ class LogSource:
             else F.when(~is_delete, F.col("_parsed").getField(c.key)).alias(c.name)
             for c in self.columns
         ]
-        rows = parsed.where(good).select(
+        record = [
             *values,
             op.alias(OP_COLUMN),
             F.col("split").alias(SPLIT_COLUMN),
             F.col("offset").cast("bigint").alias(OFFSET_COLUMN),
-        )
+        ]
+        rows = parsed.where(good).select(*record)
 
         columns = self.columns
 
@@ -333,7 +336,8 @@ class LogSource:
             )
             return rejected.select("split", "offset", "raw", reason.alias("reason"))
 
-        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain)
+        marked = parsed.select(*record, good.alias(FITS))
+        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain, marked=marked)
 
 
 def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 from epochal.checkpoint.records import Collected, EpochAborted
 from epochal.checkpoint.statements import sources as source_declarations
 from epochal.checkpoint.statements.sources import Declaration
-from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.base import SourceBatch, SplitRange, any_rejected, marked_rows
 from epochal.connectors.registry import connector_spec
 from epochal.faults import fault_point
 from epochal.runtime.report import StepReport, retired_report
+from epochal.storage.parts import StateCompacted
 from epochal.storage.state_reader import quoted
 from epochal.storage.warehouse import WEIGHT, dead_letter_table
 
@@ -77,13 +78,51 @@ class SourceSteps:
             )
         declined = self.driver.declined_because(f"source {name}", epoch)
         batch = connector.read(self.ctx.spark, ranges)
-        change = self._source_change(epoch, name, batch.rows)
-        report = self._publish(
-            epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
-        )
+        report = self._run_on_spark(epoch, name, ranges, batch, started, run_id, release)
         if declined:  # why the driver path (epochal/driver/) left the step to Spark
             report.metadata["driver_declined"] = declined
         return report
+
+    def _run_on_spark(
+        self,
+        epoch: int,
+        name: str,
+        ranges: list[SplitRange],
+        batch: SourceBatch,
+        started: float,
+        run_id: str | None,
+        release: bool,
+    ) -> StepReport:
+        warehouse = self.ctx.warehouse
+        if batch.marked is None:
+            change = self._source_change(epoch, name, batch.rows, sum(r.count for r in ranges))
+            return self._publish(
+                epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
+            )
+        # Every line is read and parsed once, into Spark's cache: the change's write (and a keyed
+        # source's lookup of the keys it touches: their vnodes, the restriction of the earlier rows)
+        # and the question whether any line was rejected each read it again otherwise, the lines
+        # re-read and re-parsed per question (a 300,000-line keyed epoch read them five times).
+        from pyspark import StorageLevel
+
+        marked = batch.marked.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            lines = sum(r.count for r in ranges)
+            change = self._source_change(epoch, name, marked_rows(marked), lines)
+            return self._publish(
+                epoch,
+                name,
+                ranges,
+                lambda at: warehouse.write(change, at),
+                batch,
+                started,
+                run_id,
+                release,
+                "spark",
+                rejected=lambda: any_rejected(marked),
+            )
+        finally:
+            marked.unpersist()
 
     def _publish(
         self,
@@ -96,9 +135,11 @@ class SourceSteps:
         run_id: str | None,
         release: bool,
         engine: str,
+        rejected: Callable[[], bool] | None = None,
     ) -> StepReport:
         """Write the epoch's change (``write`` at a fresh location) and its dead letters, if
-        ``batch`` has any, then collect them."""
+        ``batch`` has any (``rejected`` says whether it has, else its rejected lines are asked),
+        then collect them."""
         location = self.ctx.warehouse.new_location(name, epoch)
         written: list[str] = [location]
         try:
@@ -107,7 +148,9 @@ class SourceSteps:
             dlq_location = None
             # Almost every epoch has no dead letters: asking first (a job over the epoch's lines that
             # writes nothing) is cheaper than writing an empty Parquet dataset and deleting it again.
-            if batch is not None and batch.rejected is not None and not batch.rejected.isEmpty():
+            if rejected is None and batch is not None and batch.rejected is not None:
+                rejected = lambda: not batch.rejected.isEmpty()  # noqa: E731
+            if batch is not None and rejected is not None and rejected():
                 dlq_location = self.ctx.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
                 dead = self.ctx.warehouse.write(batch.dead_letters, dlq_location)
@@ -154,9 +197,10 @@ class SourceSteps:
             },
         )
 
-    def _source_change(self, epoch: int, name: str, records: "DataFrame") -> "DataFrame":
+    def _source_change(self, epoch: int, name: str, records: "DataFrame", lines: int) -> "DataFrame":
         """The epoch's change of a source: its records as inserts, or, for a source with a PRIMARY
-        KEY, upserts and deletes resolved against the source's state before this epoch."""
+        KEY, upserts and deletes resolved against the source's state before this epoch (``lines``:
+        how many records there are at most)."""
         from pyspark.sql import functions as F
 
         source = self.ctx.pipeline.sources[name]
@@ -169,7 +213,27 @@ class SourceSteps:
         # source's distribution key: the read opens just those keys' vnodes of the snapshot.
         touched = records.select(*quoted(source.primary_key))
         restrict = (tuple(source.primary_key), touched)
+        if self._state_at_most(name, epoch, lines):
+            # A state no larger than the epoch's records (an initial load, a table's first big
+            # epochs): restricting it to their keys (the keys' vnodes collected, the keys broadcast
+            # to filter every part) costs more than reading it whole; the join below matches only
+            # the touched keys' rows either way.
+            restrict = None
         previous, _ = self.ctx.read_state(name, epoch, inclusive=False, restrict=restrict)
         if previous is None:
             previous = self.ctx.spark.createDataFrame([], records.select(*quoted(columns)).schema)
         return upsert_changes(records, previous, source.primary_key, columns)
+
+    def _state_at_most(self, name: str, epoch: int, rows: int) -> bool:
+        """Whether ``name``'s stored rows before ``epoch`` (its snapshot's and its change files',
+        counted from the catalog and the files' footers, no Spark job) are at most ``rows``."""
+        try:
+            parts = self.ctx.controller.state_parts(name, epoch, inclusive=False)
+        except StateCompacted:
+            return False
+        stored = 0 if parts.snapshot is None else parts.snapshot.rows
+        for _, location in parts.changes:
+            if stored > rows:
+                break
+            stored += self.ctx.warehouse.row_count(location)
+        return stored <= rows
