@@ -14,6 +14,7 @@ from epochal.checkpoint.statements import sources as source_declarations
 from epochal.checkpoint.statements.sources import Declaration
 from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.connectors.registry import connector_spec
+from epochal.epoch import epoch_age_s, shown_epoch
 from epochal.faults import fault_point
 from epochal.runtime.report import StepReport, retired_report
 from epochal.storage.state_reader import quoted
@@ -44,6 +45,25 @@ class SourceSteps:
         self.driver = driver
 
     def run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+        report = self._run(epoch, name, run_id, release)
+        if "offsets" in report.metadata:  # (not a retired source's)
+            report.metadata.update(self._lag(epoch, name, report.metadata["offsets_end"]))
+            del report.metadata["offsets_end"]
+        return report
+
+    def _lag(self, epoch: int, name: str, ends: dict[str, int]) -> dict[str, int | float]:
+        """How far the source is behind its splits' ends once this epoch is read: ``lag_records``,
+        the records past the epoch's offsets summed over the splits (a split that appeared since
+        counts whole), and ``lag_seconds``, 0 when there are none, else the age of the epoch's
+        barrier: every record behind came after it, so none has waited longer. A connector that
+        cannot tell its splits' ends (a generator such as Nexmark) reports neither."""
+        split_ends = getattr(self.ctx.connector(name), "split_ends", None)
+        if split_ends is None:
+            return {}
+        behind = sum(max(0, end - ends.get(split, 0)) for split, end in split_ends().items())
+        return {"lag_records": behind, "lag_seconds": epoch_age_s(epoch, time.time()) if behind else 0.0}
+
+    def _run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         started = time.time()
         facts = self.ctx.controller.source_step_facts(name)
         if facts.retired:
@@ -111,7 +131,8 @@ class SourceSteps:
                 dlq_location = self.ctx.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
                 dead = self.ctx.warehouse.write(batch.dead_letters, dlq_location)
-                log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
+                shown = shown_epoch(epoch)
+                log.warning("%s epoch %s: %d record(s) went to %s", name, shown, dead, dead_letter_table(name))
             records = sum(r.count for r in ranges)
             collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
             recorded = self.ctx.collect(epoch, collected, written, release)
@@ -149,6 +170,8 @@ class SourceSteps:
                 "dead_letter_location": collected.dead_letter_location,
                 "splits": len(ranges),
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
+                # where each split stands after the epoch (``run`` turns it into the source's lag)
+                "offsets_end": {r.split: r.end for r in ranges},
                 "seconds": round(time.time() - started, 3),
                 "recorded": recorded,
             },
