@@ -174,3 +174,6 @@ def test_materializing_a_source_in_the_ui_answers_its_dead_letters_check(spark, 
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.check_name == "dead_letters" and evaluation.passed is False
     assert evaluation.severity == dg.AssetCheckSeverity.WARN
+    # the step's line names the epoch with its wall-clock time, as epoch_job's do
+    lines = [r.user_message for r in instance.all_logs(result.run_id)]
+    assert any(line.startswith(f"orders epoch {shown_epoch(record.epoch)}: ") for line in lines), lines
