@@ -44,26 +44,20 @@ class SourceSteps:
         #: computes a small epoch's change on the driver (epochal/driver/sources.py)
         self.driver = driver
 
-    def run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
-        report = self._run(epoch, name, run_id, release)
-        if "offsets" in report.metadata:  # (not a retired source's)
-            report.metadata.update(self._lag(epoch, name, report.metadata["offsets_end"]))
-            del report.metadata["offsets_end"]
-        return report
-
-    def _lag(self, epoch: int, name: str, ends: dict[str, int]) -> dict[str, int | float]:
+    def _lag(self, epoch: int, name: str, ranges: list[SplitRange]) -> dict[str, int | float]:
         """How far the source is behind its splits' ends once this epoch is read: ``lag_records``,
         the records past the epoch's offsets summed over the splits (a split that appeared since
         counts whole), and ``lag_seconds``, 0 when there are none, else the age of the epoch's
-        barrier: every record behind came after it, so none has waited longer. A connector that
+        barrier: how far the source's data trails the clock while records wait. A connector that
         cannot tell its splits' ends (a generator such as Nexmark) reports neither."""
         split_ends = getattr(self.ctx.connector(name), "split_ends", None)
         if split_ends is None:
             return {}
+        ends = {r.split: r.end for r in ranges}
         behind = sum(max(0, end - ends.get(split, 0)) for split, end in split_ends().items())
         return {"lag_records": behind, "lag_seconds": epoch_age_s(epoch, time.time()) if behind else 0.0}
 
-    def _run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
+    def run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         started = time.time()
         facts = self.ctx.controller.source_step_facts(name)
         if facts.retired:
@@ -152,9 +146,8 @@ class SourceSteps:
         fault_point("source-written")
         return self._source_report(epoch, ranges, empty, started, recorded, "none (idle)")
 
-    @staticmethod
     def _source_report(
-        epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool, engine: str
+        self, epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool, engine: str
     ) -> StepReport:
         """A source step's metadata, from what it collected, and the engine that read it."""
         return StepReport(
@@ -170,10 +163,9 @@ class SourceSteps:
                 "dead_letter_location": collected.dead_letter_location,
                 "splits": len(ranges),
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
-                # where each split stands after the epoch (``run`` turns it into the source's lag)
-                "offsets_end": {r.split: r.end for r in ranges},
                 "seconds": round(time.time() - started, 3),
                 "recorded": recorded,
+                **self._lag(epoch, collected.asset, ranges),
             },
         )
 
