@@ -46,6 +46,7 @@ def _source_asset(name: str, description: str) -> AssetsDefinition:
     )
     def _source(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
         report = checkpoint.runtime.run_source(_epoch(context), name, context.run_id, release=True)
+        context.log.info(str(report))  # (the step's line, its epoch with its wall-clock time, as epoch_job logs)
         warning = dead_letters_warning(report)
         if warning:
             context.log.warning(warning)
@@ -76,6 +77,7 @@ def _view_asset(name: str, upstreams: tuple[str, ...], description: str) -> Asse
     )
     def _view(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
         report = checkpoint.runtime.run_view(_epoch(context), name, context.run_id, release=True)
+        context.log.info(str(report))
         return MaterializeResult(metadata=to_metadata(report))
 
     return _view
@@ -92,6 +94,7 @@ def _commit_asset(tables: list[str]) -> AssetsDefinition:
     )
     def _commit(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
         report = checkpoint.runtime.commit(_epoch(context))
+        context.log.info(str(report))
         checkpoint.retire_partitions(context.instance)
         return MaterializeResult(metadata=to_metadata(report))
 
@@ -128,6 +131,7 @@ def _sink_asset(name: str, upstream: str, description: str) -> AssetsDefinition:
     )
     def _sink(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
         report = checkpoint.runtime.run_sink(_epoch(context), name, context.run_id)
+        context.log.info(str(report))
         return MaterializeResult(metadata=to_metadata(report))
 
     return _sink

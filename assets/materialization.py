@@ -14,7 +14,7 @@ from dagster import (
     OpExecutionContext,
 )
 
-from epochal.epoch import epoch_datetime
+from epochal.epoch import epoch_datetime, shown_epoch
 from epochal.runtime.facade import StepReport
 from epochal.storage.warehouse import dead_letter_table
 
@@ -39,8 +39,8 @@ def dead_letters_warning(report: StepReport) -> str | None:
         return None
     table = dead_letter_table(report.asset)
     return (
-        f"source {report.asset} epoch {report.epoch}: {dead} record(s) could not be read and went to the dead "
-        f"letters ({report.metadata.get('dead_letter_location')}); read them, with the reason for each, with "
+        f"source {report.asset} epoch {shown_epoch(report.epoch)}: {dead} record(s) could not be read and went to "
+        f"the dead letters ({report.metadata.get('dead_letter_location')}); read them, with the reason for each, with "
         f'epochal query "SELECT * FROM {table}", fix them at the producer and produce them again'
     )
 
@@ -69,8 +69,16 @@ def to_metadata(report: StepReport) -> dict[str, Any]:
         if key in ("epoch", "committed_epoch", "delivered_epoch", "snapshot_epoch") and isinstance(value, int):
             # Epochs exceed GraphQL's 32-bit Int; show them as text, with their wall-clock time.
             metadata[key] = MetadataValue.text(f"{value} ({epoch_datetime(value):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC)")
-        else:
+        elif isinstance(value, bool) or not isinstance(value, int | float):
             metadata[key] = value
+        elif isinstance(value, int):
+            # typed numbers: the UI plots each over the epoch partitions (freshness_s, lag_records, ...)
+            metadata[key] = MetadataValue.int(value)
+        else:
+            metadata[key] = MetadataValue.float(value)
+    if isinstance(report.metadata.get("epoch"), int):
+        # the partition key is the bare epoch id; its wall-clock time, sortable, beside it
+        metadata["epoch_time"] = MetadataValue.timestamp(epoch_datetime(report.metadata["epoch"]))
     return metadata
 
 

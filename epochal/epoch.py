@@ -30,6 +30,22 @@ def epoch_datetime(epoch: int) -> datetime:
     return datetime.fromtimestamp(epoch_physical_ms(epoch) / 1000, tz=UTC)
 
 
+def epoch_time_text(epoch: int) -> str:
+    """The epoch's wall-clock time (its barrier), to the second in UTC: ``2026-12-07 10:00:01Z``."""
+    return f"{epoch_datetime(epoch):%Y-%m-%d %H:%M:%S}Z"
+
+
+def shown_epoch(epoch: int | None) -> str:
+    """An epoch as users meet it in logs, status and the UI: its id (what every command takes) and
+    its wall-clock time beside it, ``1175... (2026-12-07 10:00:01Z)``; ``none`` for no epoch."""
+    return "none" if epoch is None else f"{epoch} ({epoch_time_text(epoch)})"
+
+
+def epoch_age_s(epoch: int, now: float) -> float:
+    """Seconds from the epoch's barrier (its wall-clock time) to ``now`` (Unix seconds)."""
+    return round(now - epoch_physical_ms(epoch) / 1000, 3)
+
+
 def now_epoch() -> int:
     return epoch_from_ms(int(time.time() * 1000))
 

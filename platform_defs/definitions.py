@@ -13,7 +13,7 @@ from epochal.settings import Settings
 from platform_defs.backfill import build_backfill_job
 from platform_defs.executor import threaded_executor_def
 from platform_defs.jobs import build_epoch_job
-from platform_defs.sensors import build_barrier_sensor
+from platform_defs.sensors import build_barrier_sensor, driven_assets_job
 from resources.checkpoint import CheckpointControllerResource
 from resources.spark import EpochalSparkResource
 
@@ -27,10 +27,11 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     )
     job = build_epoch_job(pipeline, settings.step_threads)
     backfill = build_backfill_job()
+    driven = driven_assets_job()
     return Definitions(
         assets=build_epoch_assets(pipeline),
-        jobs=[job, backfill],
-        sensors=[build_barrier_sensor(settings, job, backfill)],
+        jobs=[job, backfill, driven],
+        sensors=[build_barrier_sensor(settings, job, backfill, driven)],
         resources={"spark": spark, "checkpoint": checkpoint},
         # Asset materializations from the UI run in one process too (one Spark attach per run, not
         # per step), their ready steps on threads.

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from epochal.epoch import epoch_time_text, shown_epoch
+
 #: (asset, partition, metadata as plain values) of one materialization
 Materialized = tuple[str, str | None, Mapping[str, Any]]
 
@@ -34,9 +36,11 @@ def run_summary(materialized: Iterable[Materialized], seconds: float, commit_ass
     if not epochs:
         committed = "no epoch committed"
     elif len(epochs) == 1:
-        committed = f"epoch {min(epochs)} committed"
+        committed = f"epoch {shown_epoch(min(epochs))} committed"
     else:
-        committed = f"{len(epochs)} epochs committed ({min(epochs)}..{max(epochs)})"
+        first, last = min(epochs), max(epochs)
+        span = f"{first}..{last}, {epoch_time_text(first)}..{epoch_time_text(last)}"
+        committed = f"{len(epochs)} epochs committed ({span})"
     return (
         f"epoch_job: {committed}; {records} record(s) read, {len(views)} view(s) written, "
         f"{len(sinks)} sink(s) delivered {sinks_rows} row(s); {seconds:.1f}s"

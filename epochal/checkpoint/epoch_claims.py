@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.records import Owner
+from epochal.epoch import shown_epoch
 from epochal.lease import LEASE_RENEWALS_PER_TIMEOUT, Lease
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
@@ -42,7 +43,7 @@ class EpochClaims:
 
         taken = self.backend.transaction(take)
         if taken:
-            log.info("run %s takes waiting epoch(s) %s", run_id, taken)
+            log.info("run %s takes waiting epoch(s) %s", run_id, ", ".join(map(shown_epoch, taken)))
         return taken
 
     def waiting(self) -> list[int]:

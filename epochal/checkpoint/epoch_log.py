@@ -34,7 +34,7 @@ from epochal.checkpoint.statements import rebuilds
 from epochal.checkpoint.statements import sources as source_declarations
 from epochal.checkpoint.statements import views as definitions
 from epochal.connectors.base import SplitRange
-from epochal.epoch import barrier_kind, next_epoch
+from epochal.epoch import barrier_kind, next_epoch, shown_epoch
 from epochal.errors import EpochalError
 from epochal.meta.backend import Backend, Cursor
 from epochal.settings import Settings
@@ -200,7 +200,9 @@ class EpochLog(EpochClaims):
 
             injected = self.backend.transaction(record)
             if injected is not None:
-                log.info("injected epoch %s (prev %s, %s)", injected.epoch, injected.prev, injected.kind.value)
+                log.info(
+                    "injected epoch %s (prev %s, %s)", shown_epoch(injected.epoch), injected.prev, injected.kind.value
+                )
                 return injected
         raise EpochalError("could not inject an epoch: 50 concurrent injections or recoveries won every race; retry")
 
@@ -481,7 +483,7 @@ class EpochLog(EpochClaims):
 
         result = self.backend.transaction(record_and_commit)
         if result.committed:
-            log.info("committed epoch(s) %s", result.committed)
+            log.info("committed epoch(s) %s", ", ".join(map(shown_epoch, result.committed)))
         return result
 
     def commit_step(self, epoch: int) -> CommitStep:
@@ -507,7 +509,7 @@ class EpochLog(EpochClaims):
 
         step = self.backend.transaction(attempt)
         if step.committed:
-            log.info("committed epoch(s) %s", step.committed)
+            log.info("committed epoch(s) %s", ", ".join(map(shown_epoch, step.committed)))
         return step
 
     def _commit_ready(self, cur: Cursor) -> list[int]:

@@ -80,6 +80,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         source: found.get(source, {"records": 0, "epochs": 0, "last_epoch": None})
         for source in runtime.pipeline.sources
     }
+    with_epoch_times(status)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
@@ -111,18 +112,30 @@ def _dead_letters(dead: dict[str, dict]) -> list[str]:
     return lines
 
 
+def with_epoch_times(status: dict) -> dict:
+    """``status`` with each epoch's wall-clock time beside it for --json (ISO 8601, UTC):
+    ``committed_epoch_time``, ``delivered_epoch_time`` per sink, ``epoch_time`` per epoch in flight."""
+    from epochal.epoch import epoch_datetime
+
+    def iso(epoch: int | None) -> str | None:
+        return None if epoch is None else epoch_datetime(epoch).isoformat(timespec="milliseconds")
+
+    status["committed_epoch_time"] = iso(status["committed_epoch"])
+    for lag in status["sinks"].values():
+        lag["delivered_epoch_time"] = iso(lag["delivered_epoch"])
+    for e in status["in_flight"]:
+        e["epoch_time"] = iso(e["epoch"])
+    return status
+
+
 def status_lines(status: dict) -> list[str]:
     """What `epochal status` prints: a short readable summary of ``status`` (controller.status(),
     plus the CLI's own keys)."""
-    from epochal.epoch import epoch_datetime
+    from epochal.epoch import shown_epoch
 
     out: list[str] = []
 
-    committed = status["committed_epoch"]
-    out.append(
-        f"committed epoch : {committed}"
-        + (f"  ({epoch_datetime(committed):%Y-%m-%d %H:%M:%S} UTC)" if committed else "")
-    )
+    out.append(f"committed epoch : {shown_epoch(status['committed_epoch'])}")
     out.append(
         f"injection       : {'PAUSED' if status['paused'] else 'running'}"
         + ("  (pause on next start)" if status["pause_on_next_start"] else "")
@@ -132,7 +145,7 @@ def status_lines(status: dict) -> list[str]:
     out.append(f"in flight       : {len(status['in_flight'])}")
     for e in status["in_flight"]:
         out.append(
-            f"  {e['epoch']} {e['kind']:<10} {e['state']:<9} collected: {', '.join(e['collected']) or '-'}"
+            f"  {shown_epoch(e['epoch'])} {e['kind']:<10} {e['state']:<9} collected: {', '.join(e['collected']) or '-'}"
             + (f"  FAILED: {e['failure']}" if e["failure"] else "")
         )
     out.append("tables          : committed epoch, newest snapshot")
@@ -151,7 +164,8 @@ def status_lines(status: dict) -> list[str]:
             if lag["lag_epochs"]:
                 behind = f"{lag['lag_epochs']} epoch(s), {lag['lag_seconds']:.0f}s behind"
             error = f"; last failure: {lag['last_error']}" if lag["last_error"] and lag["lag_epochs"] else ""
-            out.append(f"  {sink:<28} {lag['delivered_epoch']}  {behind}{_sink_start(lag.get('start'))}{error}")
+            delivered = shown_epoch(lag["delivered_epoch"])
+            out.append(f"  {sink:<28} {delivered}  {behind}{_sink_start(lag.get('start'))}{error}")
     if status["backfills"]:
         out.append("backfills       : phase, vnodes, rows, epochs behind (epochal backfill for more)")
         for view, b in status["backfills"].items():

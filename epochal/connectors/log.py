@@ -182,6 +182,10 @@ class LogSource:
         self._indexes[split] = index
         return index.lines
 
+    def split_ends(self) -> dict[str, int]:
+        """Each split's end (its complete lines) now: what a source's lag is measured against."""
+        return {split: self.complete_lines(split) for split in self.splits()}
+
     def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
         # 'latest' applies once, when the source has read no split yet: a split that appears later
         # holds only lines written after the source started, so it is read from its first line.

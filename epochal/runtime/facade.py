@@ -44,7 +44,7 @@ from epochal.runtime.commit_step import CommitStep
 from epochal.runtime.epoch_taking import EpochTaking, RunEpochs
 from epochal.runtime.pipeline_edits import PipelineEdits
 from epochal.runtime.rebuild_step import RebuildSteps
-from epochal.runtime.report import StepReport, retired_report
+from epochal.runtime.report import StepReport, measured, retired_report
 from epochal.runtime.schemas import QuerySchemas
 from epochal.runtime.sink_step import SinkSteps
 from epochal.runtime.source_history import SourceHistory
@@ -316,9 +316,12 @@ class EpochRuntime:
     def run_source(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
         """``release``: end this process's claim on the epoch when the step is done. A run that goes
         on to the epoch's other steps keeps it, so its death between steps is noticed too."""
-        return self._guard(epoch, lambda: self.source_steps.run(epoch, name, run_id, release))
+        return measured(self._guard(epoch, lambda: self.source_steps.run(epoch, name, run_id, release)))
 
     def run_view(self, epoch: int, name: str, run_id: str | None = None, release: bool = False) -> StepReport:
+        return measured(self._routed_view(epoch, name, run_id, release))
+
+    def _routed_view(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         """The view's step, routed by what the meta store says of it (one transaction, every step
         asks): retired, rebuilding its changed statement, written by its backfill, or backfilling."""
         facts = self.controller.view_step_facts(name)
@@ -372,7 +375,7 @@ class EpochRuntime:
         return self.view_steps.run(epoch, name, run_id, release)
 
     def commit(self, epoch: int) -> StepReport:
-        return self._guard(epoch, lambda: self.commit_step.run(epoch))
+        return measured(self._guard(epoch, lambda: self.commit_step.run(epoch)))
 
     def sink(self, name: str) -> SinkTarget:
         """The target of sink ``name``, built from its options (``${ENV}`` values read now)."""
@@ -380,7 +383,7 @@ class EpochRuntime:
 
     def run_sink(self, epoch: int, name: str, run_id: str | None = None) -> StepReport:
         """Deliver the committed epochs up to ``epoch`` that sink ``name`` lacks (:class:`SinkSteps`)."""
-        return self.sink_steps.run_sink(epoch, name, run_id)
+        return measured(self.sink_steps.run_sink(epoch, name, run_id))
 
     def compact(
         self, epoch: int | None = None, tables: list[str] | None = None, every: int | None = None

@@ -14,6 +14,7 @@ from epochal.checkpoint.statements import sources as source_declarations
 from epochal.checkpoint.statements.sources import Declaration
 from epochal.connectors.base import SourceBatch, SplitRange, any_rejected, marked_rows
 from epochal.connectors.registry import connector_spec
+from epochal.epoch import epoch_age_s, shown_epoch
 from epochal.faults import fault_point
 from epochal.runtime.report import StepReport, retired_report
 from epochal.storage.parts import StateCompacted
@@ -43,6 +44,19 @@ class SourceSteps:
         self.ctx = ctx
         #: computes a small epoch's change on the driver (epochal/driver/sources.py)
         self.driver = driver
+
+    def _lag(self, epoch: int, name: str, ranges: list[SplitRange]) -> dict[str, int | float]:
+        """How far the source is behind its splits' ends once this epoch is read: ``lag_records``,
+        the records past the epoch's offsets summed over the splits (a split that appeared since
+        counts whole), and ``lag_seconds``, 0 when there are none, else the age of the epoch's
+        barrier: how far the source's data trails the clock while records wait. A connector that
+        cannot tell its splits' ends (a generator such as Nexmark) reports neither."""
+        split_ends = getattr(self.ctx.connector(name), "split_ends", None)
+        if split_ends is None:
+            return {}
+        ends = {r.split: r.end for r in ranges}
+        behind = sum(max(0, end - ends.get(split, 0)) for split, end in split_ends().items())
+        return {"lag_records": behind, "lag_seconds": epoch_age_s(epoch, time.time()) if behind else 0.0}
 
     def run(self, epoch: int, name: str, run_id: str | None, release: bool) -> StepReport:
         started = time.time()
@@ -154,7 +168,8 @@ class SourceSteps:
                 dlq_location = self.ctx.warehouse.new_location(dead_letter_table(name), epoch)
                 written.append(dlq_location)
                 dead = self.ctx.warehouse.write(batch.dead_letters, dlq_location)
-                log.warning("%s epoch %s: %d record(s) went to %s", name, epoch, dead, dead_letter_table(name))
+                shown = shown_epoch(epoch)
+                log.warning("%s epoch %s: %d record(s) went to %s", name, shown, dead, dead_letter_table(name))
             records = sum(r.count for r in ranges)
             collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
             recorded = self.ctx.collect(epoch, collected, written, release)
@@ -174,9 +189,8 @@ class SourceSteps:
         fault_point("source-written")
         return self._source_report(epoch, ranges, empty, started, recorded, "none (idle)")
 
-    @staticmethod
     def _source_report(
-        epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool, engine: str
+        self, epoch: int, ranges: list[SplitRange], collected: Collected, started: float, recorded: bool, engine: str
     ) -> StepReport:
         """A source step's metadata, from what it collected, and the engine that read it."""
         return StepReport(
@@ -194,6 +208,7 @@ class SourceSteps:
                 "offsets": ", ".join(f"{r.split}:[{r.start},{r.end})" for r in ranges) or "no split yet",
                 "seconds": round(time.time() - started, 3),
                 "recorded": recorded,
+                **self._lag(epoch, collected.asset, ranges),
             },
         )
 

@@ -32,7 +32,7 @@ def test_definitions_build_the_epoch_graph(tmp_path: Path) -> None:
     assert job.executor_def.name == "epochal_threads"
     assert job.executor_def.config_schema.config_type.fields["max_concurrent"].default_value == 2
     sensor = defs.get_sensor_def("barrier_sensor")
-    assert {t.job_name for t in sensor.targets} == {"epoch_job", "backfill_job"}
+    assert {t.job_name for t in sensor.targets} == {"epoch_job", "backfill_job", "epoch_assets"}
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("backfill__big_bids")).parent_keys} == {"bid"}
     assert defs.get_job_def("backfill_job").executor_def.name == "in_process"
 
@@ -142,3 +142,15 @@ def test_barrier_sensor_injects_and_respects_pause_and_limit(tmp_path: Path, mon
     started_run()
     assert tick().run_requests == []
 
+
+
+def test_the_ui_shows_barrier_sensor_as_the_automation_of_every_epoch_asset(tmp_path: Path) -> None:
+    from tests.dagster_internals import RepositorySnap
+
+    snap = RepositorySnap.from_def(make_harness(tmp_path).definitions().get_repository_def())
+    (sensor,) = [s for s in snap.sensors if s.name == "barrier_sensor"]
+    targeted = {t.job_name for t in sensor.target_dict.values()}
+    # The UI lists a sensor under an asset's "Automation" when it targets a job (other than the
+    # implicit one) that holds the asset: what it drives, through epoch_job and backfill_job.
+    for node in snap.asset_nodes:
+        assert targeted & (set(node.job_names) - {"__ASSET_JOB"}), node.asset_key
