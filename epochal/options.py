@@ -71,3 +71,14 @@ def with_options(options: Mapping[str, str]) -> dict[str, str]:
 def clause_text(fmt: str | None, encode: str | None) -> str:
     """The clause as a user writes it, for messages: 'FORMAT PLAIN ENCODE JSON'."""
     return f"FORMAT {(fmt or '?').upper()} ENCODE {(encode or '?').upper()}"
+
+
+def option_label(key: str) -> str:
+    """How a message names option ``key``: the clause's keys as the user wrote them."""
+    if key == FORMAT_KEY:
+        return "FORMAT"
+    if key == ENCODE_KEY:
+        return "ENCODE"
+    if key.startswith(ENCODE_OPTION_PREFIX):
+        return f"ENCODE option {key[len(ENCODE_OPTION_PREFIX) :]}"
+    return key

@@ -143,7 +143,9 @@ class LogConnectorSpec:
         if option == "format":
             return (value or "json").strip().lower()
         if option == FORMAT_KEY:
-            return (value or "plain").strip().lower()
+            # a log reads PLAIN and UPSERT records alike (a keyed table's '_op' marks deletes)
+            fmt = (value or "plain").strip().lower()
+            return "plain" if fmt == "upsert" else fmt
         if option == ENCODE_KEY:
             return (value or "json").strip().lower()
         if option == "path" and value is not None and value.strip():

@@ -17,6 +17,7 @@ import pytest
 
 from epochal.connectors.base import SplitRange
 from epochal.connectors.posix_fs import PosixFsConnectorSpec
+from epochal.connectors.registry import connector_spec
 from epochal.errors import PipelineError
 from epochal.pipeline.loader import load_pipeline
 from epochal.query.cut import run_query
@@ -109,7 +110,15 @@ def test_parquet_csv_and_json_files_end_to_end(spark, tmp_path: Path) -> None:
     (logs / "a.json").write_text('{"level": "info", "n": 2}\n{"level": "warn", "n": 1}\n{"level": \n')
     (logs / "ignored.txt").write_text('{"level": "info", "n": 100}\n')  # does not match the pattern
     runtime = h.runtime(spark)
-    run_epoch(runtime)
+    record, _ = runtime.start_epoch(None, None)
+    reports = {name: runtime.run_source(record.epoch, name) for name in runtime.pipeline.sources}
+    for name in runtime.pipeline.view_order():
+        runtime.run_view(record.epoch, name)
+    runtime.commit(record.epoch)
+    # the driver path (on by default for small epochs) declines these sources by name, to Spark
+    for report in reports.values():
+        assert report.metadata["engine"] == "spark", report.metadata
+        assert report.metadata["driver_declined"] == "the driver path reads log sources only, not posix_fs"
 
     # epoch 2: new files; one written under another name and renamed in, as a landing job does
     _parquet(events / "b.parquet.tmp", [(4, "view", 1.5), (5, "refund", -2.0)])
@@ -303,3 +312,30 @@ def test_format_encode_clause_is_parsed_and_checked(tmp_path: Path) -> None:
         "FORMAT UPSERT ENCODE JSON;\n"
     )
     assert set(load_pipeline(root).sources) == {"a", "b"}
+
+
+def test_a_changed_format_or_encoding_is_refused_on_a_running_source(tmp_path: Path) -> None:
+    from epochal.checkpoint.statements.sources import Declaration, refusals
+
+    def declared(connector: str, clause: str, key: str = "") -> Declaration:
+        root = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        root.mkdir()
+        where = "posix_fs.root = '/tmp/in'" if connector == "posix_fs" else "path = '/tmp/in'"
+        keyed = ("TABLE", "(a BIGINT, b STRING, PRIMARY KEY (a))")
+        kind, columns = keyed if key else ("SOURCE", "(a BIGINT, b STRING)")
+        ddl = f"CREATE {kind} s {columns} WITH (connector = '{connector}', {where}) {clause};\n"
+        (root / "s.sql").write_text(ddl)
+        source = next(iter(load_pipeline(root).sources.values()))
+        spec = connector_spec(connector)
+        return Declaration.of(source, spec.identity_options, spec.fields_by_spelling)
+
+    csv_source = declared("posix_fs", "FORMAT PLAIN ENCODE CSV")
+    assert refusals(csv_source, declared("posix_fs", "FORMAT PLAIN ENCODE JSON")) == [
+        "its ENCODE was 'csv' and is now 'json'"
+    ]
+    assert refusals(csv_source, declared("posix_fs", "FORMAT PLAIN ENCODE CSV (delimiter = ';')")) == [
+        "its ENCODE option delimiter was not given and is now ';'"
+    ]
+    # defaults written out change nothing; a log reads PLAIN and UPSERT JSON alike
+    assert refusals(csv_source, declared("posix_fs", "FORMAT PLAIN ENCODE CSV (without_header = 'false')")) == []
+    assert refusals(declared("log", "", key="a"), declared("log", "FORMAT UPSERT ENCODE JSON", key="a")) == []
