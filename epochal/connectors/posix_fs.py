@@ -294,28 +294,75 @@ class PosixFsSource:
         )
 
     def _parquet(self, spark: "SparkSession", ranges: list[SplitRange]) -> SourceBatch:
+        """Each file read by Spark with its own schema (from its footer), its columns found by name
+        (case-insensitive; a missing one is NULL) and cast to the declared types. A value that does
+        not convert (a STRING '12a' for a BIGINT column) makes its row a dead letter, where reading
+        with the declared schema would fail the epoch, and every epoch after it."""
         from functools import reduce
 
         from pyspark.sql import functions as F
 
         from epochal.sql import quote
 
-        schema = ", ".join(f"{quote(c.key)} {c.type}" for c in self.columns)
+        columns = self.columns
+        names = [f"_v{i}" for i in range(len(columns))]
+        texts = [f"_t{i}" for i in range(len(columns))]
         if not ranges:
-            empty = spark.createDataFrame([], f"{schema}, split STRING, offset BIGINT")
-            return SourceBatch(rows=self._keyed(empty.toDF(*[c.name for c in self.columns], "split", "offset")))
+            ddl = ", ".join(f"{quote(c.name)} {c.type}" for c in columns)
+            empty = spark.createDataFrame([], f"{ddl}, split STRING, offset BIGINT")
+            return SourceBatch(rows=self._keyed(empty))
         frames = []
         for r in ranges:
             # one read per file, so each row knows its file; the ids keep the file's row order
-            frame = spark.read.schema(schema).parquet(str(self.config.root / r.split))
+            frame = spark.read.parquet(str(self.config.root / r.split))
+            found = {field.name.lower(): field for field in frame.schema.fields}
+            values, shown = [], []
+            for c in columns:
+                field = found.get(c.key.lower())
+                if field is None:
+                    values.append(F.lit(None).cast(c.type))
+                    shown.append(F.lit(None).cast("string"))
+                    continue
+                value = F.col(quote(field.name))
+                same = field.dataType.simpleString().lower() == c.type.lower().replace(" ", "")
+                values.append(value if same else value.try_cast(c.type))
+                shown.append(F.to_json(F.struct(value.alias("v"))) if not same else F.lit(None).cast("string"))
             frames.append(
                 frame.select(
-                    *[F.col(quote(c.key)).alias(c.name) for c in self.columns],
+                    *[v.alias(n) for v, n in zip(values, names, strict=True)],
+                    *[t.alias(n) for t, n in zip(shown, texts, strict=True)],
                     F.lit(r.split).alias("split"),
                     F.monotonically_increasing_id().alias("offset"),
                 )
             )
-        return SourceBatch(rows=self._keyed(reduce(lambda a, b: a.unionByName(b), frames)))
+        read = reduce(lambda a, b: a.unionByName(b), frames)
+        # a value that was there (its JSON is not {}: to_json leaves NULL fields out) but did not cast
+        misfit = [
+            F.col(t).isNotNull() & (F.col(t) != "{}") & F.col(n).isNull() for t, n in zip(texts, names, strict=True)
+        ]
+        bad = reduce(lambda a, b: a | b, misfit, F.lit(False))
+        rows = read.where(~bad).select(
+            *[F.col(n).alias(c.name) for n, c in zip(names, columns, strict=True)], "split", "offset"
+        )
+
+        def explain(rejected: "DataFrame") -> "DataFrame":
+            reasons = [
+                F.when(
+                    m,
+                    F.concat(
+                        F.lit(f"field '{c.key}': expected {c.type}, got "), _shorten(F.get_json_object(F.col(t), "$.v"))
+                    ),
+                )
+                for m, c, t in zip(misfit, columns, texts, strict=True)
+            ]
+            raw = F.to_json(
+                F.struct(
+                    *[F.get_json_object(F.col(t), "$.v").alias(c.key) for t, c in zip(texts, columns, strict=True)]
+                )
+            )
+            return rejected.select("split", "offset", raw.alias("raw"), F.concat_ws("; ", *reasons).alias("reason"))
+
+        return SourceBatch(rows=self._keyed(rows), rejected=read.where(bad), explain=explain)
 
     def _csv(self, lines: "DataFrame") -> SourceBatch:
         """CSV lines split by Python's csv module (quotes, escaped quotes, the delimiter), then each

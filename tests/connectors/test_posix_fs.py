@@ -339,3 +339,23 @@ def test_a_changed_format_or_encoding_is_refused_on_a_running_source(tmp_path: P
     # defaults written out change nothing; a log reads PLAIN and UPSERT JSON alike
     assert refusals(csv_source, declared("posix_fs", "FORMAT PLAIN ENCODE CSV (without_header = 'false')")) == []
     assert refusals(declared("log", "", key="a"), declared("log", "FORMAT UPSERT ENCODE JSON", key="a")) == []
+
+
+def test_a_parquet_value_that_does_not_convert_is_a_dead_letter_not_a_failed_epoch(spark, tmp_path: Path) -> None:
+    (tmp_path / "p").mkdir()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "p" / "s.sql").write_text(
+        f"CREATE SOURCE s (id BIGINT, kind STRING, amount DOUBLE) WITH (connector = 'posix_fs', "
+        f"posix_fs.root = '{tmp_path / 'in'}', match_pattern = '*.parquet') FORMAT PLAIN ENCODE PARQUET;\n"
+    )
+    source = load_pipeline(tmp_path / "p").sources["s"]
+    connector = PosixFsConnectorSpec().create(source, tmp_path)
+    # INT for BIGINT widens; amount written as text: "1.5" converts, "oops" does not; KIND by name
+    table = pa.table({"id": pa.array([1, 2], pa.int32()), "KIND": ["a", "b"], "amount": ["1.5", "oops"]})
+    pq.write_table(table, tmp_path / "in" / "x.parquet")
+    batch = connector.read(spark, connector.plan({}))
+    assert [tuple(r) for r in batch.rows.collect()] == [(1, "a", 1.5)]
+    ((split, raw, reason),) = [(r.split, r.raw, r.reason) for r in batch.dead_letters.collect()]
+    # raw: the values that were converted, as the file held them
+    assert (split, raw) == ("x.parquet", '{"id":"2","amount":"oops"}')
+    assert reason == "field 'amount': expected DOUBLE, got oops"
