@@ -26,7 +26,8 @@ SUPPORTED_STATEMENTS = "CREATE TABLE, CREATE SOURCE, CREATE MATERIALIZED VIEW an
 FORMS = {
     "table": "CREATE TABLE name (column TYPE, ..., [PRIMARY KEY (column, ...)]) "
     "WITH (connector = '...', key = 'value', ...)",
-    "source": "CREATE SOURCE name (column TYPE, ...) WITH (connector = '...', key = 'value', ...)",
+    "source": "CREATE SOURCE name (column TYPE, ...) WITH (connector = '...', key = 'value', ...) "
+    "[FORMAT PLAIN ENCODE JSON]",
     "view": "CREATE MATERIALIZED VIEW name AS SELECT ...",
     "sink": "CREATE SINK name FROM table WITH (connector = '...', key = 'value', ...)",
 }
