@@ -82,3 +82,12 @@ def option_label(key: str) -> str:
     if key.startswith(ENCODE_OPTION_PREFIX):
         return f"ENCODE option {key[len(ENCODE_OPTION_PREFIX) :]}"
     return key
+
+
+def clause_sql(options: Mapping[str, str]) -> str:
+    """The FORMAT/ENCODE clause of ``options`` as DDL (with a leading space), or '' without one."""
+    fmt, encode, clause = format_encode(options)
+    if fmt is None:
+        return ""
+    inner = ", ".join(f"{k} = '{v}'" for k, v in clause.items())
+    return f" {clause_text(fmt, encode)}" + (f" ({inner})" if inner else "")

@@ -303,6 +303,13 @@ def test_format_encode_clause_is_parsed_and_checked(tmp_path: Path) -> None:
     assert "ENCODE CSV takes without_header, delimiter, not 'header'" in message
     assert "source e: posix_fs source needs a FORMAT ... ENCODE ... clause" in message
 
+    # the source's asset shows the clause as written, not as options
+    from assets.epoch_assets import build_epoch_assets
+
+    assets = build_epoch_assets(load_pipeline(tmp_path / "p"))
+    (description,) = [spec.description for a in assets for spec in a.specs if "Source `s`" in (spec.description or "")]
+    assert "match_pattern = '*.csv') FORMAT PLAIN ENCODE CSV (delimiter = ';')" in description, description
+
     # the log connector reads FORMAT PLAIN ENCODE JSON as before, and UPSERT on a keyed table
     root = tmp_path / "ok"
     root.mkdir()
