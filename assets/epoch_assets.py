@@ -21,6 +21,7 @@ from assets.materialization import (
     dead_letters_warning,
     to_metadata,
 )
+from epochal.options import clause_sql, with_options
 from epochal.pipeline.model import Pipeline, ViewDef
 from epochal.runtime.facade import StepReport
 from epochal.sinks.spec import shown_options
@@ -181,13 +182,14 @@ def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
         columns = ", ".join(f"{c.name} {c.type}" for c in source.columns)
         if source.primary_key:
             columns += f", PRIMARY KEY ({', '.join(source.primary_key)})"
-        options = ", ".join(f"{k} = '{v}'" for k, v in source.options.items())
+        options = ", ".join(f"{k} = '{v}'" for k, v in with_options(source.options).items())
+        clause = clause_sql(source.options)  # FORMAT ... ENCODE ..., kept among the options
         # as declared: a TABLE or a SOURCE (both are stored today, see SourceDef.stored)
         assets.append(
             _source_asset(
                 name,
                 f"{source.kind.capitalize()} `{name}` ({source.location}).\n\n"
-                + _fenced(f"CREATE {source.kind.upper()} {name} ({columns})\nWITH ({options})"),
+                + _fenced(f"CREATE {source.kind.upper()} {name} ({columns})\nWITH ({options}){clause}"),
             )
         )
     for name in pipeline.view_order():

@@ -42,3 +42,52 @@ def whole_number_option(
         problems.append(f"option '{key}' must be a whole number from {minimum} to {maximum}, got '{raw}'")
         return default
     return int(text)
+
+
+# --- FORMAT ... ENCODE ... (RisingWave's clause after WITH) ------------------------------------------
+
+#: keys under which the loader keeps a source's FORMAT/ENCODE clause among its options. ``@`` cannot
+#: start an option written in WITH (the parser refuses it), so the clause never clashes with one.
+FORMAT_KEY = "@format"
+ENCODE_KEY = "@encode"
+#: prefix of the clause's own options: ENCODE CSV (delimiter = ';') is ``@encode.delimiter``
+ENCODE_OPTION_PREFIX = "@encode."
+
+
+def format_encode(options: Mapping[str, str]) -> tuple[str | None, str | None, dict[str, str]]:
+    """The FORMAT and ENCODE of ``options`` (lower-cased, None when there was no clause) and the
+    ENCODE clause's options by their own names."""
+    fmt = options.get(FORMAT_KEY)
+    encode = options.get(ENCODE_KEY)
+    clause = {k[len(ENCODE_OPTION_PREFIX) :]: v for k, v in options.items() if k.startswith(ENCODE_OPTION_PREFIX)}
+    return (fmt.lower() if fmt else None, encode.lower() if encode else None, clause)
+
+
+def with_options(options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` without the FORMAT/ENCODE clause: what was written in WITH (...)."""
+    return {k: v for k, v in options.items() if not k.startswith("@")}
+
+
+def clause_text(fmt: str | None, encode: str | None) -> str:
+    """The clause as a user writes it, for messages: 'FORMAT PLAIN ENCODE JSON'."""
+    return f"FORMAT {(fmt or '?').upper()} ENCODE {(encode or '?').upper()}"
+
+
+def option_label(key: str) -> str:
+    """How a message names option ``key``: the clause's keys as the user wrote them."""
+    if key == FORMAT_KEY:
+        return "FORMAT"
+    if key == ENCODE_KEY:
+        return "ENCODE"
+    if key.startswith(ENCODE_OPTION_PREFIX):
+        return f"ENCODE option {key[len(ENCODE_OPTION_PREFIX) :]}"
+    return key
+
+
+def clause_sql(options: Mapping[str, str]) -> str:
+    """The FORMAT/ENCODE clause of ``options`` as DDL (with a leading space), or '' without one."""
+    fmt, encode, clause = format_encode(options)
+    if fmt is None:
+        return ""
+    inner = ", ".join(f"{k} = '{v}'" for k, v in clause.items())
+    return f" {clause_text(fmt, encode)}" + (f" ({inner})" if inner else "")

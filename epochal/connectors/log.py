@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING
 from epochal.connectors.base import FITS, SourceBatch, SplitRange
 from epochal.connectors.log_lines import LineIndex, LinePiece, open_index
 from epochal.errors import EpochalError
-from epochal.options import unknown_option_problems, whole_number_option
+from epochal.options import (
+    ENCODE_KEY,
+    FORMAT_KEY,
+    clause_text,
+    format_encode,
+    unknown_option_problems,
+    whole_number_option,
+    with_options,
+)
 from epochal.pipeline.model import Column
 from epochal.sql import quote
 from epochal.storage.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
@@ -81,7 +89,8 @@ class LogConfig:
 
 def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig | None, list[str]]:
     """The config for ``options`` and the problems with them (config is None when there are any)."""
-    problems = unknown_option_problems("log", options, LOG_OPTIONS)
+    problems = unknown_option_problems("log", with_options(options), LOG_OPTIONS)
+    problems += log_clause_problems(options)
     raw_path = (options.get("path") or "").strip()
     if not raw_path:
         problems.append("log source needs option path = '...', the directory holding <split>.jsonl files")
@@ -103,13 +112,41 @@ def parse_log_options(options: Mapping[str, str], home: Path) -> tuple[LogConfig
     return LogConfig(directory, max_events, startup), []
 
 
+#: the FORMAT/ENCODE clauses a log reads: PLAIN is today's reading (a keyed table's records upsert
+#: or delete by ``_op``), UPSERT says so explicitly; the loader requires a PRIMARY KEY for UPSERT
+LOG_CLAUSES = (("plain", "json"), ("upsert", "json"))
+
+
+def log_clause_problems(options: Mapping[str, str]) -> list[str]:
+    """The FORMAT/ENCODE clause of a log source, when it is one the log does not read."""
+    fmt, encode, clause = format_encode(options)
+    if fmt is None:
+        return []
+    problems = []
+    if (fmt, encode) not in LOG_CLAUSES:
+        problems.append(
+            f"the log connector does not read {clause_text(fmt, encode)}: use FORMAT PLAIN ENCODE JSON (one "
+            f"JSON object per line) or FORMAT UPSERT ENCODE JSON (a keyed table, '_op' marks deletes); "
+            f"Debezium envelopes are read by connector = 'posix_fs'"
+        )
+    for key in clause:
+        problems.append(f"ENCODE JSON takes no options here, got '{key}': remove it")
+    return problems
+
+
 class LogConnectorSpec:
     name = "log"
-    identity_options = ("path", "format")
+    identity_options = ("path", "format", FORMAT_KEY, ENCODE_KEY)
     fields_by_spelling = True
 
     def identity_value(self, option: str, value: str | None, home: Path | None = None) -> str | None:
         if option == "format":
+            return (value or "json").strip().lower()
+        if option == FORMAT_KEY:
+            # a log reads PLAIN and UPSERT records alike (a keyed table's '_op' marks deletes)
+            fmt = (value or "plain").strip().lower()
+            return "plain" if fmt == "upsert" else fmt
+        if option == ENCODE_KEY:
             return (value or "json").strip().lower()
         if option == "path" and value is not None and value.strip():
             path = os.path.expanduser(value.strip())
@@ -218,6 +255,13 @@ class LogSource:
         lines = read_lines(spark, self.line_pieces(ranges)).select(
             "split", "offset", F.regexp_replace("raw", "\r$", "").alias("raw")  # tolerate CRLF producers
         )
+        return self.parse_lines(lines)
+
+    def parse_lines(self, lines: "DataFrame") -> SourceBatch:
+        """Records of ``lines`` (``split``, ``offset``, ``raw``: one JSON object per line), and the
+        lines that are none as dead letters. The posix_fs connector reads JSON files with it too."""
+        from pyspark.sql import functions as F
+
         # blank lines keep their offset but are not records (what append_records skips, too)
         lines = lines.where(~F.col("raw").rlike(r"^\s*$"))
         if self.primary_key:

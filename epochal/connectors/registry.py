@@ -5,8 +5,11 @@ from __future__ import annotations
 from epochal.connectors.base import ConnectorSpec
 from epochal.connectors.log import LogConnectorSpec
 from epochal.connectors.nexmark import NexmarkConnectorSpec
+from epochal.connectors.posix_fs import PosixFsConnectorSpec
 
-SOURCE_CONNECTORS: dict[str, ConnectorSpec] = {spec.name: spec for spec in (NexmarkConnectorSpec(), LogConnectorSpec())}
+SOURCE_CONNECTORS: dict[str, ConnectorSpec] = {
+    spec.name: spec for spec in (NexmarkConnectorSpec(), LogConnectorSpec(), PosixFsConnectorSpec())
+}
 
 
 def connector_spec(name: str) -> ConnectorSpec | None:

@@ -39,9 +39,11 @@ class DriverSources(DriverEngine):
         from epochal.connectors.log import LogSource
 
         step = f"source {source.name}"
-        why = self.too_big(sum(r.count for r in ranges), "records in the epoch")
-        if why is None and not isinstance(connector, LogSource):
+        # the connector first: another connector's offsets need not count records (posix_fs: bytes)
+        why = None
+        if not isinstance(connector, LogSource):
             why = f"the driver path reads log sources only, not {source.connector}"
+        why = why or self.too_big(sum(r.count for r in ranges), "records in the epoch")
         if why is not None:
             self.decline(step, epoch, why)
             return None

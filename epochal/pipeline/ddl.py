@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from epochal.options import ENCODE_KEY, ENCODE_OPTION_PREFIX, FORMAT_KEY
 from epochal.pipeline.model import Column
 from epochal.pipeline.statements import (
     Problem,
@@ -25,7 +26,8 @@ SUPPORTED_STATEMENTS = "CREATE TABLE, CREATE SOURCE, CREATE MATERIALIZED VIEW an
 FORMS = {
     "table": "CREATE TABLE name (column TYPE, ..., [PRIMARY KEY (column, ...)]) "
     "WITH (connector = '...', key = 'value', ...)",
-    "source": "CREATE SOURCE name (column TYPE, ...) WITH (connector = '...', key = 'value', ...)",
+    "source": "CREATE SOURCE name (column TYPE, ...) WITH (connector = '...', key = 'value', ...) "
+    "[FORMAT PLAIN ENCODE JSON]",
     "view": "CREATE MATERIALIZED VIEW name AS SELECT ...",
     "sink": "CREATE SINK name FROM table WITH (connector = '...', key = 'value', ...)",
 }
@@ -370,6 +372,8 @@ class _Parser:
                 raise self.fail("WITH (connector = '...', ...) after the column list")
             self.expect_word("WITH")
             options = self.options()
+            if self.peek().is_word("FORMAT"):
+                options = self.format_encode(options)
             self.expect_end()
         if key_token is not None:
             types = {c.name: c.type for c in columns}
@@ -492,6 +496,8 @@ class _Parser:
         while True:
             key_token = self.peek()
             key = self.option_key()
+            if key.startswith("@"):
+                self.problem(key_token, f"option '{key}' cannot start with '@': rename it")
             self.expect_punct("=", f"'=' after option {key}")
             value = self.option_value(key)
             if key in values:
@@ -502,6 +508,30 @@ class _Parser:
             if self.accept_punct(")"):
                 return Options(values, lines)
             self.expect_punct(",", "',' or ')' after an option")
+
+    def format_encode(self, options: Options) -> Options:
+        """RisingWave's ``FORMAT <format> ENCODE <encode> [(key = 'value', ...)]`` after WITH (...),
+        kept among ``options`` under keys no WITH option can have (epochal.options.FORMAT_KEY); the
+        connector says which combinations it reads."""
+        values, lines = dict(options.values), dict(options.lines)
+        token = self.expect_word("FORMAT")
+        fmt = self.peek()
+        if fmt.kind != "word":
+            raise self.fail("a format after FORMAT, e.g. FORMAT PLAIN ENCODE JSON")
+        self.advance()
+        self.expect_word("ENCODE")
+        encode = self.peek()
+        if encode.kind != "word":
+            raise self.fail("an encoding after ENCODE, e.g. FORMAT PLAIN ENCODE JSON")
+        self.advance()
+        values[FORMAT_KEY], lines[FORMAT_KEY] = fmt.value.lower(), self.line(token.start)
+        values[ENCODE_KEY], lines[ENCODE_KEY] = encode.value.lower(), self.line(encode.start)
+        if self.peek().kind == "punct" and self.peek().value == "(":
+            clause = self.options()
+            for key, value in clause.values.items():
+                values[ENCODE_OPTION_PREFIX + key] = value
+                lines[ENCODE_OPTION_PREFIX + key] = clause.lines[key]
+        return Options(values, lines)
 
     def option_key(self) -> str:
         token = self.peek()

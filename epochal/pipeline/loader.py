@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.errors import PipelineError, PipelineIssue, require
-from epochal.options import unknown_option_problems
+from epochal.options import FORMAT_KEY, unknown_option_problems
 from epochal.pipeline.cycles import view_cycles
 from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
 from epochal.pipeline.model import (
@@ -45,7 +45,10 @@ REFRESH_MODES = ("incremental", "full")
 #: Table PRIMARY KEYs (upsert tables, see epochal/storage/upsert.py); False refuses them all.
 SOURCE_PRIMARY_KEY_SUPPORTED = True
 #: Connectors whose records can update and delete by key; the others only append.
-SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log"})
+SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log", "posix_fs"})
+
+#: FORMATs whose records upsert and delete rows by the table's PRIMARY KEY
+KEYED_FORMATS = ("upsert", "debezium")
 
 ConnectorLookup = Callable[[str], "ConnectorSpec | None"]
 _OPTION_IN_MESSAGE = re.compile(r"option '([^']+)'")
@@ -212,6 +215,14 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
         elif parsed.primary_key:
             for message in _source_key_problems(parsed, connector, lookup):
                 issues.add(where.file, parsed.primary_key_line, f"{prefix}: {message}")
+        fmt = parsed.options.values.get(FORMAT_KEY, "").lower()
+        if fmt in KEYED_FORMATS and not parsed.primary_key:
+            issues.add(
+                where.file,
+                parsed.options.lines.get(FORMAT_KEY, where.line),
+                f"{prefix}: FORMAT {fmt.upper()} upserts and deletes rows by key: declare it as CREATE TABLE "
+                f"{parsed.name} (..., PRIMARY KEY (column, ...)) WITH (...), or use FORMAT PLAIN",
+            )
         for message in _internal_source_columns(parsed):
             issues.add(where.file, where.line, f"{prefix}: {message}")
         spec = lookup(connector) if connector else None

@@ -504,8 +504,8 @@ def test_log_validation_names_the_fix(tmp_path):
         log_source(tmp_path, format="avro")
 
 
-def test_registry_knows_both_connectors():
-    assert set(SOURCE_CONNECTORS) == {"nexmark", "log"}
+def test_registry_knows_every_connector():
+    assert set(SOURCE_CONNECTORS) == {"nexmark", "log", "posix_fs"}
     assert connector_spec("nexmark").name == "nexmark"
     assert connector_spec("Log").name == "log"
     assert connector_spec("kafka") is None

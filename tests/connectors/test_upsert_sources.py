@@ -326,7 +326,8 @@ def test_loader_refuses_a_key_on_nexmark(tmp_path):
         """,
     )
     assert errors == [
-        "/p.sql:1: table person: the nexmark connector is append-only: remove PRIMARY KEY (only log tables take one)"
+        "/p.sql:1: table person: the nexmark connector is append-only: remove PRIMARY KEY "
+        "(only log, posix_fs tables take one)"
     ]
 
 

@@ -35,6 +35,7 @@ from epochal.checkpoint.records import InjectionBlocked
 from epochal.checkpoint.statements.views import recorded_after, stale_files_message
 from epochal.connectors.registry import connector_spec
 from epochal.errors import EpochalError
+from epochal.options import option_label
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -121,7 +122,7 @@ def refusals(old: Declaration, new: Declaration, home: Path | None = None) -> li
     acted = _acted_value(dict(new.origin).get("connector"), home)
     for option, value in new.origin:
         if option in was and acted(option, was[option]) != acted(option, value):
-            found.append(f"its {option} was {_shown(was[option])} and is now {_shown(value)}")
+            found.append(f"its {option_label(option)} was {_shown(was[option])} and is now {_shown(value)}")
     types = dict(old.columns)
     for column, type_ in new.columns:
         if column in types and types[column] != type_:
