@@ -583,3 +583,31 @@ def test_spark_names_every_form_as_the_loader_does_and_analyses_their_plans(spar
 
     subset = replace(pipeline, views={n: v for n, v in pipeline.views.items() if form(n) in ANALYSED_FORMS})
     assert analyse_pipeline(spark, subset, schemas) == []
+
+
+def test_a_variant_column_is_refused_by_name_with_to_json_and_the_rewrite_runs(spark, tmp_path: Path) -> None:
+    """Issue 60 item 16: a VARIANT output loaded, then failed its plan analysis as a planner bug
+    (GROUP_EXPRESSION_TYPE_IS_NOT_ORDERABLE: changes are netted by grouping whole rows), and so did a
+    view on it. It is refused as the user's, naming the column and the rewrite; the rewrite runs."""
+    views = {
+        "as_variant": "SELECT id, CAST(CAST(price AS DECIMAL(9, 2)) AS VARIANT) AS v FROM orders",
+        "on_variant": "SELECT id, v FROM as_variant",
+        "nested": "SELECT id, named_struct('p', parse_json(item)) AS s FROM orders",
+    }
+    h = make_harness(tmp_path, files(views))
+    pipeline = load_pipeline(h.pipeline_dir)
+    with pytest.raises(PipelineError) as refused:
+        check_pipeline(lambda: spark, pipeline)
+    messages = sorted(issue.message for issue in refused.value.issues)
+    # the view on it is not reported again: its input's refusal is the root cause
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("view as_variant: column(s) v hold a VARIANT")
+    assert messages[1].startswith("view nested: column(s) s hold a VARIANT")
+    assert all("to_json(...)" in m and "planner" not in m for m in messages)
+    fixed = {
+        "as_json": "SELECT id, to_json(CAST(CAST(price AS DECIMAL(9, 2)) AS VARIANT)) AS v FROM orders",
+        "on_json": "SELECT id, parse_json(v) IS NOT NULL AS parsed, v FROM as_json",
+    }
+    h = make_harness(tmp_path / "fixed", files(fixed))
+    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
+    run_epochs(h, dg.DagsterInstance.ephemeral(), spark, fixed, EPOCHS[:2])
