@@ -169,7 +169,8 @@ def plan_query(
             node.replace(replacement)
         else:  # a set-operation branch: a SELECT over the leaf keeps the branch's columns
             node.replace(exp.select("*").from_(replacement))
-    rule = "delta join" if _inner_joins_only(tree) and level.classes else "recompute"
+    # (no key class: inner joins without an equality, whose terms read the other inputs whole)
+    rule = "delta join" if _inner_joins_only(tree, keyless=not level.classes) else "recompute"
     plan = Plan(
         "keyed",
         rule=rule,
@@ -239,14 +240,18 @@ def _named_as_its_set_operation(branch: exp.Expression) -> exp.Expression:
     return branch
 
 
-def _inner_joins_only(tree: exp.Expression) -> bool:
-    """A select-project-join query of inner joins over leaves: its change follows the delta rule."""
+def _inner_joins_only(tree: exp.Expression, keyless: bool = False) -> bool:
+    """A select-project-join query of inner joins over leaves: its change follows the delta rule.
+    ``keyless``: no key partitions it (a comma or CROSS join, a join without an equality), which
+    only the delta rule maintains; a keyed join without ON (``FROM a, b WHERE a.k = b.k``) recomputes."""
     if not isinstance(tree, exp.Select) or not tree.args.get("joins"):
         return False
     if any(tree.args.get(a) for a in ("group", "having", "distinct", "limit", "offset", "qualify")):
         return False
     for join in tree.args["joins"]:
-        if join.side or (join.kind or "INNER").upper() != "INNER" or join.args.get("on") is None:
+        if join.side or (join.kind or "INNER").upper() not in ("INNER", "CROSS") or join.args.get("using"):
+            return False
+        if join.args.get("on") is None and not keyless:
             return False
     items = [tree.args["from_"].this, *(j.this for j in tree.args["joins"])]
     if any(isinstance(i, exp.Subquery) and is_stateful(i.this) for i in items):

@@ -611,3 +611,31 @@ def test_a_variant_column_is_refused_by_name_with_to_json_and_the_rewrite_runs(s
     h = make_harness(tmp_path / "fixed", files(fixed))
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
     run_epochs(h, dg.DagsterInstance.ephemeral(), spark, fixed, EPOCHS[:2])
+
+
+#: Inner joins no key partitions (refused before): each term of the delta rule reads the other side whole
+KEYLESS_JOINS = {
+    "pairs": "SELECT o.id, c.id AS cid FROM orders o CROSS JOIN customers c",
+    "comma_range": "SELECT o.id, c.region FROM orders o, customers c WHERE o.qty > c.tier",
+    "theta": "SELECT o.id, c.id AS cid, c.tier FROM orders o JOIN customers c ON o.cust < c.id",
+    # grouped over a cross join: the join is a keyless stage, the groups keyed by region over it
+    "cross_grouped": "SELECT c.region, count(*) AS n, sum(o.qty) AS q FROM orders o CROSS JOIN customers c "
+    "GROUP BY c.region",
+    # an equi-join, then a cross join with a third input
+    "mixed": "SELECT o.id, c.region, t.id AS tid FROM orders o JOIN customers c ON o.cust = c.id "
+    "CROSS JOIN customers t",
+}
+
+
+@ENGINES
+def test_inner_joins_without_a_key_match_batch_after_changes_on_both_sides(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    use_engine(monkeypatch, engine)
+    h = make_harness(tmp_path, files(KEYLESS_JOINS))
+    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
+    pipeline = load_pipeline(h.pipeline_dir)
+    for name in ("pairs", "comma_range", "theta", "mixed", "cross_grouped__stage1"):
+        assert (pipeline.views[name].plan.rule, pipeline.views[name].plan.key_classes) == ("delta join", ()), name
+    # inserts on both sides, then deletes and updates on both (EPOCHS 2 and 3), and one side alone
+    run_epochs(h, dg.DagsterInstance.ephemeral(), spark, KEYLESS_JOINS, EPOCHS)
