@@ -639,3 +639,38 @@ def test_inner_joins_without_a_key_match_batch_after_changes_on_both_sides(
         assert (pipeline.views[name].plan.rule, pipeline.views[name].plan.key_classes) == ("delta join", ()), name
     # inserts on both sides, then deletes and updates on both (EPOCHS 2 and 3), and one side alone
     run_epochs(h, dg.DagsterInstance.ephemeral(), spark, KEYLESS_JOINS, EPOCHS)
+
+
+#: Unordered aggregates as written (refused before, or left to the order rows arrive in)
+UNORDERED = {
+    "lists": "SELECT cust, collect_list(item) AS items, collect_set(qty) AS qtys, "
+    "array_agg(price) FILTER (WHERE qty > 1) AS big FROM orders GROUP BY cust",
+    "ties": "SELECT cust, max_by(item, qty) AS top_item, min_by(item, qty) AS low_item FROM orders GROUP BY cust",
+}
+#: ... and the batch they must equal: the canonical order, written out (lists compared as sorted)
+UNORDERED_ORACLE = {
+    "lists": "SELECT cust, array_sort(collect_list(item)) AS items, array_sort(collect_set(qty)) AS qtys, "
+    "array_sort(array_agg(price) FILTER (WHERE qty > 1)) AS big FROM orders GROUP BY cust",
+    "ties": "SELECT cust, max_by(item, struct(qty, item)) AS top_item, "
+    "min_by(item, if(qty IS NULL, NULL, struct(qty, item))) AS low_item FROM orders GROUP BY cust",
+}
+#: groups whose rows tie on qty with different items, as ties come and go
+TIED_EPOCHS = [
+    ([order(1, 1, "b", 2, 1.0), order(2, 1, "a", 2, 2.0), order(3, 1, "c", 1, 3.0), order(4, 2, "x", 5, 1.5)], []),
+    ([order(1, op="delete"), order(5, 1, "z", 2, 4.0), order(6, 2, "y", 5, 2.5)], []),
+    ([order(2, 1, "a", 1, 2.0), order(5, op="delete"), order(7, 2, "w", None, 1.0)], []),
+]
+
+
+def test_unordered_aggregates_get_a_canonical_order_and_match_batch(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path, files(UNORDERED))
+    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
+    pipeline = load_pipeline(h.pipeline_dir)
+    assert "ARRAY_SORT(COLLECT_LIST(item))" in pipeline.views["lists"].query
+    instance = dg.DagsterInstance.ephemeral()
+    for orders, customers in TIED_EPOCHS:
+        append_records(h.home / "data" / "orders", orders)
+        append_records(h.home / "data" / "customers", customers)
+        result = h.run_in_process(instance)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        assert_views_match_batch(h.runtime(spark), UNORDERED_ORACLE)
