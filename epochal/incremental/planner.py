@@ -57,7 +57,12 @@ from epochal.incremental.plan import (
     Unmaintainable,
 )
 from epochal.incremental.query_shapes import has_semi_join, is_stateful, padded_items
-from epochal.incremental.rewrites import from_less_as_values, split_groupings, wrap_lateral_views
+from epochal.incremental.rewrites import (
+    exists_as_left_joins,
+    from_less_as_values,
+    split_groupings,
+    wrap_lateral_views,
+)
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.time_windows import windows_as_input_columns
@@ -90,6 +95,7 @@ def plan_query(
             node=pivot,
         )
     tree = from_less_as_values(tree)  # a constant row is a constant input (VALUES)
+    tree = exists_as_left_joins(tree)  # EXISTS under OR: a left join with its distinct keys
     constant = tree.find(exp.Values) is not None
     if not is_stateful(tree) and not constant:
         # query "": the view's own text is run, as written

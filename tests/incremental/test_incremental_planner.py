@@ -771,3 +771,19 @@ def test_spark_forms_no_key_partitions_are_refused_with_a_rewrite(tmp_path: Path
     (issue,) = refused.value.issues
     assert issue.message.startswith(f"view {name}: ") and construct in issue.message, issue.message
     assert rewrite in issue.message and "WITH (refresh = 'full')" in issue.message, issue.message
+
+
+def test_exists_under_or_becomes_a_left_join_with_its_distinct_keys() -> None:
+    """Issue 60 item 16: an EXISTS that is not a top-level conjunct of WHERE was refused."""
+    planned = plan(
+        "SELECT a.id FROM auction a WHERE a.reserve > 1 OR NOT EXISTS "
+        "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 5)"
+    ).plan
+    assert planned.key_classes == ("_exists1._k0 = a.id",)
+    assert "LEFT JOIN (SELECT DISTINCT b.auction AS _k0 FROM __epochal_leaf_1 AS b WHERE b.price > 5) AS _exists1 " \
+        "ON _exists1._k0 = a.id WHERE a.reserve > 1 OR NOT (NOT _exists1._k0 IS NULL)" in planned.query
+    # a correlation that is no equality, and IN under OR, keep their refusals
+    with pytest.raises(Unmaintainable, match="IN/EXISTS"):
+        plan("SELECT a.id FROM auction a WHERE a.reserve > 1 OR EXISTS (SELECT 1 FROM bid b WHERE b.price > a.reserve)")
+    with pytest.raises(Unmaintainable, match="IN/EXISTS"):
+        plan("SELECT a.id FROM auction a WHERE a.reserve > 1 OR a.id IN (SELECT auction FROM bid)")

@@ -674,3 +674,24 @@ def test_unordered_aggregates_get_a_canonical_order_and_match_batch(spark, tmp_p
         result = h.run_in_process(instance)
         assert result.success, [e.message for e in result.all_events if e.is_failure]
         assert_views_match_batch(h.runtime(spark), UNORDERED_ORACLE)
+
+
+#: EXISTS tests that are not a top-level conjunct of WHERE (refused before): each a left join with
+#: the subquery's distinct correlated keys, tested for a match
+EXISTS_UNDER_OR = {
+    "big_or_eu": "SELECT o.id, o.qty FROM orders o WHERE o.qty > 3 OR EXISTS "
+    "(SELECT 1 FROM customers c WHERE c.id = o.cust AND c.region = 'eu')",
+    "unknown_or_cheap": "SELECT o.id FROM orders o WHERE NOT EXISTS (SELECT 1 FROM customers c WHERE c.id = o.cust) "
+    "OR o.price < 10",
+    # grouped by another key: the filtered join is a stage
+    "tiered_items": "SELECT o.item, count(*) AS n FROM orders o WHERE o.qty IS NULL OR (o.qty > 0 AND EXISTS "
+    "(SELECT 1 FROM customers c WHERE c.id = o.cust AND c.tier > 1)) GROUP BY o.item",
+}
+
+
+def test_exists_under_or_is_a_left_join_and_matches_batch(spark, tmp_path: Path) -> None:
+    h = make_harness(tmp_path, files(EXISTS_UNDER_OR))
+    (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
+    pipeline = load_pipeline(h.pipeline_dir)
+    assert "LEFT JOIN" in pipeline.views["big_or_eu"].plan.query
+    run_epochs(h, dg.DagsterInstance.ephemeral(), spark, EXISTS_UNDER_OR)
