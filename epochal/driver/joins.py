@@ -40,6 +40,8 @@ def delta_join_on_driver(
 ) -> tuple[pa.Table, int]:
     """The view's change (``stored``'s columns and ``_weight``, netted to unit rows) and the
     stored rows read. Raises NotOnDriver for a plan the driver does not run."""
+    if not plan.key_classes:
+        raise NotOnDriver("a join without a key reads its inputs whole, which Spark does")
     for leaf in plan.leaves:
         if leaf.table is None or leaf.upstreams != (leaf.table,):
             raise NotOnDriver("a join input over a subquery is read whole by Spark")

@@ -69,7 +69,9 @@ class PlanFailure:
 
     def issue(self, pipeline: Pipeline) -> PipelineIssue:
         location = pipeline.views[self.table].location
-        if self.part == "query" and self.table == self.view:
+        if self.part == VARIANT_PART:
+            message = f"view {self.view}: {self.error}"
+        elif self.part == "query" and self.table == self.view:
             message = f"view {self.view}: Spark cannot analyse the query: {self.error}; fix the query"
         else:
             what = "its plan" if self.table == self.view else f"the plan of its internal stage {self.table}"
@@ -145,6 +147,10 @@ def analyse_pipeline(spark: SparkSession, pipeline: Pipeline, query_schema: Quer
         except Exception as error:  # noqa: BLE001 - Spark's errors have many types; each is reported
             failures.append(PlanFailure(owner, name, "query", _spark_message(error)))
             continue
+        variant = [f.name for f in declared.fields if _holds_variant(f.dataType)]
+        if variant:
+            failures.append(PlanFailure(owner, name, VARIANT_PART, _variant_refusal(variant)))
+            continue
         fields = list(declared.fields)
         if view.plan is not None and view.plan.aggregate is not None:
             # a partial aggregate's table also keeps its MIN/MAX values, in hidden columns
@@ -179,6 +185,36 @@ def written_schemas(spark: SparkSession, pipeline: Pipeline) -> QuerySchema:
         return known[table]
 
     return schema
+
+
+#: the part of a refusal of VARIANT columns (a refusal of the query as written, not a planner bug)
+VARIANT_PART = "variant"
+
+
+def _holds_variant(data_type: object) -> bool:
+    """Whether a Spark type is or holds (in a struct, array or map) a VARIANT."""
+    from pyspark.sql.types import ArrayType, MapType, StructType, VariantType
+
+    if isinstance(data_type, VariantType):
+        return True
+    if isinstance(data_type, ArrayType):
+        return _holds_variant(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return _holds_variant(data_type.keyType) or _holds_variant(data_type.valueType)
+    if isinstance(data_type, StructType):
+        return any(_holds_variant(f.dataType) for f in data_type.fields)
+    return False
+
+
+def _variant_refusal(columns: list[str]) -> str:
+    # Every table's changes are netted by grouping on all of its columns (a row is its identity:
+    # storage/changes.py, the driver's GROUP BY ALL), and Spark cannot group or compare a VARIANT.
+    shown = ", ".join(columns)
+    return (
+        f"column(s) {shown} hold a VARIANT, which a view cannot store: its changes are netted by comparing "
+        "whole rows, and Spark cannot compare or group VARIANT values. Store it as JSON text, "
+        "to_json(...) AS v (or CAST(... AS STRING)), and parse_json(v) where it is read"
+    )
 
 
 def _part(view: ViewDef) -> str:

@@ -311,7 +311,10 @@ class KeyAnalyzer:
                 operators += item.child.operators
         conflict = None
         if not valid and (len(items) > 1 or any(nodes for _, nodes in required) or any(i.child for i in items)):
-            conflict = self._conflict(select, items, required)
+            if not _keyless_inner_joins(select, items, required):
+                conflict = self._conflict(select, items, required)
+            else:  # one partition: the delta rule reads the other sides whole
+                operators.insert(0, "inner join without a key (delta rule over whole inputs)")
         return _Level(keys, level_classes, operators, conflict, [i.node for i in items if i.child is not None])
 
     @staticmethod
@@ -550,3 +553,17 @@ def is_stateful_outside_where(select: exp.Select) -> bool:
         isinstance(n, exp.Window) for n in select.find_all(exp.Window)
     )
 
+
+
+def _keyless_inner_joins(select: exp.Select, items: list[_Item], required: list) -> bool:
+    """Inner, comma or CROSS joins, one of them linked to the inputs before it by no equality, with
+    nothing else stateful at the level: no key partitions it, but the delta rule maintains any inner
+    join, Δ(A ⋈ B) = ΔA ⋈ B_old + A_new ⋈ ΔB, reading the other side whole (the change times the
+    other side). An outer join pads by what did not match anywhere, so it stays refused."""
+    joins = select.args.get("joins") or []
+    if not joins or required or any(item.child is not None for item in items) or has_semi_join(select):
+        return False
+    for join in joins:
+        if join.side or (join.kind or "").upper() not in ("", "INNER", "CROSS") or join.args.get("using"):
+            return False
+    return join_without_equality(select) is not None

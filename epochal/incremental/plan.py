@@ -159,6 +159,8 @@ class Plan:
                     )
                 if any(c.kind == "sum" for c in aggregate.columns):
                     lines.append("- a SUM over floating point that loses a value is recomputed from its input")
+        elif self.rule == "delta join":
+            lines.append("no key: delta rule, each input's change joined with the other inputs' whole state")
         else:
             lines.append("one partition: the whole input is recomputed when it changes")
         lines += [f"- {op}" for op in self.operators]

@@ -57,7 +57,12 @@ from epochal.incremental.plan import (
     Unmaintainable,
 )
 from epochal.incremental.query_shapes import has_semi_join, is_stateful, padded_items
-from epochal.incremental.rewrites import from_less_as_values, split_groupings, wrap_lateral_views
+from epochal.incremental.rewrites import (
+    exists_as_left_joins,
+    from_less_as_values,
+    split_groupings,
+    wrap_lateral_views,
+)
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.time_windows import windows_as_input_columns
@@ -90,6 +95,7 @@ def plan_query(
             node=pivot,
         )
     tree = from_less_as_values(tree)  # a constant row is a constant input (VALUES)
+    tree = exists_as_left_joins(tree)  # EXISTS under OR: a left join with its distinct keys
     constant = tree.find(exp.Values) is not None
     if not is_stateful(tree) and not constant:
         # query "": the view's own text is run, as written
@@ -169,7 +175,8 @@ def plan_query(
             node.replace(replacement)
         else:  # a set-operation branch: a SELECT over the leaf keeps the branch's columns
             node.replace(exp.select("*").from_(replacement))
-    rule = "delta join" if _inner_joins_only(tree) and level.classes else "recompute"
+    # (no key class: inner joins without an equality, whose terms read the other inputs whole)
+    rule = "delta join" if _inner_joins_only(tree, keyless=not level.classes) else "recompute"
     plan = Plan(
         "keyed",
         rule=rule,
@@ -239,14 +246,18 @@ def _named_as_its_set_operation(branch: exp.Expression) -> exp.Expression:
     return branch
 
 
-def _inner_joins_only(tree: exp.Expression) -> bool:
-    """A select-project-join query of inner joins over leaves: its change follows the delta rule."""
+def _inner_joins_only(tree: exp.Expression, keyless: bool = False) -> bool:
+    """A select-project-join query of inner joins over leaves: its change follows the delta rule.
+    ``keyless``: no key partitions it (a comma or CROSS join, a join without an equality), which
+    only the delta rule maintains; a keyed join without ON (``FROM a, b WHERE a.k = b.k``) recomputes."""
     if not isinstance(tree, exp.Select) or not tree.args.get("joins"):
         return False
     if any(tree.args.get(a) for a in ("group", "having", "distinct", "limit", "offset", "qualify")):
         return False
     for join in tree.args["joins"]:
-        if join.side or (join.kind or "INNER").upper() != "INNER" or join.args.get("on") is None:
+        if join.side or (join.kind or "INNER").upper() not in ("INNER", "CROSS") or join.args.get("using"):
+            return False
+        if join.args.get("on") is None and not keyless:
             return False
     items = [tree.args["from_"].this, *(j.this for j in tree.args["joins"])]
     if any(isinstance(i, exp.Subquery) and is_stateful(i.this) for i in items):

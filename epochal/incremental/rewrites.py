@@ -317,3 +317,113 @@ def _yields_rows(select: exp.Select) -> bool:
         return True
     relation = (exp.From, exp.Join, exp.SetOperation, exp.In)
     return isinstance(parent, exp.Subquery) and isinstance(parent.parent, relation)
+
+
+# ---------------------------------------------------------------------------------- EXISTS under OR
+
+#: Alias prefix of the distinct keys an EXISTS test under OR (or NOT, CASE...) becomes.
+EXISTS_ALIAS = "_exists"
+
+
+def exists_as_left_joins(tree: exp.Expression) -> exp.Expression:
+    """``tree`` (qualified; changed in place) with each ``EXISTS (subquery)`` that is not a
+    top-level conjunct of its level's WHERE (``WHERE a.x > 1 OR EXISTS (...)``) turned into a left
+    join with the subquery's distinct correlated keys, tested for a match:
+    ``EXISTS (SELECT 1 FROM t WHERE t.k = a.k AND t.p > 5)`` becomes ``LEFT JOIN (SELECT DISTINCT
+    t.k AS _k0 FROM t WHERE t.p > 5) AS _exists1 ON _exists1._k0 = a.k`` and ``_exists1._k0 IS NOT
+    NULL``. The keys are distinct, so each row still appears once; a NULL key matches nothing, as
+    in EXISTS. Only a subquery over one table whose correlation is equalities of WHERE is
+    rewritten (anything else keeps its refusal), and only in a level that names its columns (a
+    ``*`` would read the join's)."""
+    count = 0
+    for select in list(tree.find_all(exp.Select)):
+        where = select.args.get("where")
+        if where is None or select.args.get("from_") is None:
+            continue
+        if any(isinstance(p, exp.Star) or isinstance(p.unalias(), exp.Star) for p in select.expressions):
+            continue
+        top = {id(c) for c in conjuncts(where.this)}
+        for node in list(where.find_all(exp.Exists)):
+            negated = isinstance(node.parent, exp.Not) and id(node.parent) in top
+            if node.parent_select is not select or id(node) in top or negated:
+                continue  # (a top-level EXISTS / NOT EXISTS is a semi / anti join already)
+            keyed = _correlated_keys(node, select)
+            if keyed is None:
+                continue
+            inner, outer, subquery = keyed
+            count += 1
+            alias = f"{EXISTS_ALIAS}{count}"
+            keys = exp.select(*(exp.alias_(e.copy(), f"_k{i}") for i, e in enumerate(inner))).from_(
+                subquery.args["from_"].this.copy()
+            )
+            keys.set("distinct", exp.Distinct())
+            if subquery.args.get("where") is not None:
+                keys.set("where", subquery.args["where"].copy())
+            on = exp.and_(
+                *(exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy()) for i, o in enumerate(outer))
+            )
+            join = exp.Join(
+                this=exp.Subquery(this=keys, alias=exp.TableAlias(this=exp.to_identifier(alias))), side="LEFT", on=on
+            )
+            select.append("joins", join)
+            node.replace(
+                exp.Paren(this=exp.Not(this=exp.Is(this=exp.column("_k0", table=alias), expression=exp.Null())))
+            )
+    return tree
+
+
+def _correlated_keys(
+    node: exp.Exists, outer_select: exp.Select
+) -> tuple[list[exp.Expression], list[exp.Expression], exp.Select] | None:
+    """The inner and outer sides of the correlated equalities of EXISTS's subquery, and the
+    subquery with them removed from its WHERE; None for a subquery this rewrite does not take."""
+    subquery = node.this
+    if not isinstance(subquery, exp.Select) or subquery.args.get("from_") is None:
+        return None
+    if any(
+        subquery.args.get(a)
+        for a in ("joins", "group", "having", "distinct", "limit", "offset", "qualify", "laterals", "with")
+    ):
+        return None
+    source = subquery.args["from_"].this
+    if not isinstance(source, exp.Table):
+        return None
+    own = source.alias_or_name
+    if any(
+        isinstance(n, (exp.Subquery, exp.Exists, exp.Window)) or isinstance(n, exp.AggFunc)
+        for n in subquery.walk()
+        if n is not subquery
+    ):
+        return None
+    inner: list[exp.Expression] = []
+    outer: list[exp.Expression] = []
+    kept: list[exp.Expression] = []
+    where = subquery.args.get("where")
+    for conjunct in conjuncts(where.this if where is not None else None):
+        tables = {c.table for c in conjunct.find_all(exp.Column)}
+        if own in tables and len(tables) == 1 or not tables:
+            kept.append(conjunct)
+            continue
+        if not isinstance(conjunct, exp.EQ):
+            return None  # a correlation that is no equality
+        sides = [{c.table for c in side.find_all(exp.Column)} for side in (conjunct.this, conjunct.expression)]
+        if sides[0] == {own} and sides[1] and own not in sides[1]:
+            inner.append(conjunct.this)
+            outer.append(conjunct.expression)
+        elif sides[1] == {own} and sides[0] and own not in sides[0]:
+            inner.append(conjunct.expression)
+            outer.append(conjunct.this)
+        else:
+            return None
+    if not inner:
+        return None  # uncorrelated: its refusal names it
+    # the outer side must read only the level's own inputs (not a level further out)
+    defined = {
+        i.alias_or_name
+        for i in [outer_select.args["from_"].this, *(j.this for j in outer_select.args.get("joins") or [])]
+    }
+    if any(c.table not in defined for o in outer for c in o.find_all(exp.Column)):
+        return None
+    rest = subquery.copy()
+    rest.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+    return inner, outer, rest

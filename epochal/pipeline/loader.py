@@ -394,7 +394,7 @@ def _views(
         require(isinstance(parsed, ParsedView), "a view definition holds a parsed view")
         view = ViewDef(
             name=name,
-            query=parsed.query_text.strip(),
+            query=(analyses[name].canonical or parsed.query_text).strip(),
             upstreams=tuple(upstreams[name]),
             columns=columns.get(name, ()),
             options=dict(parsed.options.values),

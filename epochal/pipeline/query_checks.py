@@ -25,7 +25,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.schema import MappingSchema
 
 from epochal.pipeline.dialect import DIALECT
-from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS, is_window_call, refused_constructs
+from epochal.pipeline.stateless import AGGREGATE_FUNCTIONS, canonical_order, is_window_call, refused_constructs
 from epochal.pipeline.statements import Problem
 from epochal.pipeline.time_windows import name_implicit_windows
 
@@ -48,6 +48,9 @@ class QueryAnalysis:
     problems: list[Problem] = field(default_factory=list)
     #: the query has operators that keep state (planned once its columns are known)
     stateful: bool = False
+    #: the query as it runs, when it differs from the text (order-free aggregates given a
+    #: canonical answer: :func:`epochal.pipeline.stateless.canonical_order`)
+    canonical: str | None = None
 
 
 class _Lines:
@@ -129,6 +132,8 @@ def analyze_query(view: str, query_text: str, query_line: int, full_refresh: boo
         return QueryAnalysis(None, problems=[Problem(query_line, message)])
 
     analysis = QueryAnalysis(tree)
+    if canonical_order(tree):  # (before the checks: a sorted collect_list is deterministic)
+        analysis.canonical = tree.sql(dialect=DIALECT)
     analysis.tables = _tables(view, tree, lines, analysis.problems)
     if not analysis.tables and not analysis.problems:
         # with nothing to read, a view has no changes to follow epoch by epoch

@@ -313,3 +313,44 @@ def _collected_in_order(node: exp.Func, call: exp.Expression | None = None) -> b
     while isinstance(parent, exp.Func) and _key(parent) in ORDER_KEEPING_OF_ARRAY:
         parent = parent.parent
     return isinstance(parent, exp.Func) and _key(parent) in ORDER_FREE_OF_ARRAY
+
+
+def canonical_order(tree: exp.Expression) -> bool:
+    """Give ``tree``'s order-free aggregates a canonical answer, in place; whether it changed.
+
+    Any order is a correct answer of an unordered ``collect_list``/``array_agg``/``collect_set``,
+    and any row among ties of ``max_by``/``min_by``; but an epoch's recompute of a group and a
+    replay or a batch over all rows read the rows in other orders. So the collected values are
+    sorted (``array_sort``, NULLs last; unless what reads them ignores the order already), and the
+    ordering of ``max_by(x, y)`` becomes ``(y, x)``: among rows tied on ``y`` the greatest ``x``
+    wins (the least for ``min_by``), a row whose ``y`` is NULL still counts for nothing.
+    A window's ``collect_list`` without ORDER BY stays refused (its rows' frame has no order)."""
+    changed = False
+    for node in list(tree.find_all(exp.ArrayAgg, exp.ArrayUniqueAgg)):
+        if is_window_call(node) or isinstance(node.this, exp.Order) or _collected_in_order(node):
+            continue
+        call, _ = _call_and_caller(node)
+        sorted_call = exp.Anonymous(this="ARRAY_SORT", expressions=[call.copy()])
+        call.replace(sorted_call)
+        changed = True
+    for node in list(tree.find_all(exp.ArgMax, exp.ArgMin)):
+        value, ordering = node.this, node.expression
+        if value is None or ordering is None or _canonical_ordering(ordering):
+            continue
+        tie_broken = exp.If(
+            this=exp.Is(this=ordering.copy(), expression=exp.Null()),
+            true=exp.Null(),
+            false=exp.Struct(expressions=[ordering.copy(), value.copy()]),
+        )
+        tie_broken.meta[_TIE_BROKEN] = True
+        node.set("expression", tie_broken)
+        changed = True
+    return changed
+
+
+_TIE_BROKEN = "epochal_tie_broken"
+
+
+def _canonical_ordering(ordering: exp.Expression) -> bool:
+    # (a tree is rewritten once per load; the mark keeps a second pass from nesting it)
+    return bool(ordering.meta.get(_TIE_BROKEN))

@@ -466,7 +466,7 @@ def test_aggregates_over_all_rows_are_one_partition() -> None:
 @pytest.mark.parametrize(
     ("query", "construct", "rewrite"),
     [
-        ("SELECT b.auction FROM bid b CROSS JOIN auction a", "CROSS JOIN", "ON an equality"),
+        ("SELECT b.auction FROM bid b LEFT JOIN auction a ON b.price > a.reserve", "JOIN", "add an equality"),
         ("SELECT * FROM auction WHERE id NOT IN (SELECT auction FROM bid)", "NOT IN", "NOT EXISTS"),
         ("SELECT * FROM auction a WHERE EXISTS (SELECT 1 FROM bid b WHERE b.price > 5)", "EXISTS", "correlate"),
         ("SELECT auction, (SELECT max(price) FROM bid) AS top FROM bid", "subquery inside an expression", "FROM"),
@@ -494,13 +494,35 @@ def test_a_join_on_expressions_is_keyed_by_each_sides_expression() -> None:
     planned = plan("SELECT b.auction, a.id FROM bid b JOIN auction a ON lower(b.channel) = lower(a.extra)")
     assert planned.plan.rule == "delta join"
     assert sorted(leaf.key for leaf in planned.plan.leaves) == [("LOWER(channel)",), ("LOWER(extra)",)]
-    # an expression over both inputs partitions neither: still refused
-    with pytest.raises(Unmaintainable, match="joining a equates no expression of it alone with one of the inputs"):
-        plan("SELECT b.auction FROM bid b JOIN auction a ON b.price + a.reserve = 10")
-    # (a range join, told to join on an equality or to compute the range with CASE)
+    # an expression over both inputs partitions neither: an inner join without a key (below)
+    keyless = plan("SELECT b.auction FROM bid b JOIN auction a ON b.price + a.reserve = 10").plan
+    assert keyless.rule == "delta join" and keyless.key_classes == ()
+    # an outer one pads by what matched nowhere: refused, told to join on an equality or use CASE
     with pytest.raises(Unmaintainable, match="joining r equates no .* can be a CASE expression instead"):
-        plan("SELECT b.auction, r.label FROM bid b JOIN (VALUES (0, 10, 'low')) AS r(lo, hi, label) "
+        plan("SELECT b.auction, r.label FROM bid b LEFT JOIN (VALUES (0, 10, 'low')) AS r(lo, hi, label) "
              "ON b.price >= r.lo AND b.price < r.hi")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT b.auction, a.id FROM bid b CROSS JOIN auction a",
+        "SELECT b.auction, a.id FROM bid b, auction a WHERE b.price > a.reserve",
+        "SELECT b.auction, r.label FROM bid b JOIN (VALUES (0, 10, 'low')) AS r(lo, hi, label) "
+        "ON b.price >= r.lo AND b.price < r.hi",
+        "SELECT b.auction, p.id FROM bid b JOIN auction a ON b.auction = a.id CROSS JOIN person p",
+    ],
+)
+def test_inner_joins_without_a_key_follow_the_delta_rule_over_whole_inputs(query: str) -> None:
+    """Issue 60 item 16: comma, CROSS and non-equi inner joins were refused; the delta rule
+    maintains any inner join, Δ(A × B) = ΔA × B_old + A_new × ΔB, each term reading the other side whole."""
+    planned = plan(query)
+    assert (planned.plan.kind, planned.plan.rule, planned.plan.key_classes) == ("keyed", "delta join", ())
+    assert all(leaf.key == () for leaf in planned.plan.leaves) and not planned.stages
+    assert planned.plan.describe().startswith("no key: delta rule, each input's change joined with the other")
+    # grouped: the join is a keyless stage, the grouping keyed by its own key over it
+    grouped = plan(f"SELECT auction, count(*) AS n FROM ({query}) AS j GROUP BY auction")
+    assert grouped.stages or grouped.plan.key_classes
 
 
 # ---------------------------------------------------------------------------------------- Spark SQL as users write it
@@ -642,9 +664,8 @@ SPARK_FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 #: Queries Spark accepts that no key partitions: refused, naming the construct and a rewrite.
 REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
-    "cross_join": ("SELECT b.auction, a.id FROM bid b CROSS JOIN auction a", "CROSS JOIN", "ON an equality"),
-    "comma_join": ("SELECT b.auction, a.id FROM bid b, auction a WHERE b.price > a.reserve", "comma join",
-                   "ON an equality"),
+    "outer_range_join": ("SELECT b.auction, a.id FROM bid b LEFT JOIN auction a ON b.price > a.reserve", "JOIN",
+                         "add an equality"),
     "not_in_subquery": ("SELECT id FROM auction WHERE id NOT IN (SELECT auction FROM bid)", "NOT IN", "NOT EXISTS"),
     "scalar_subquery": ("SELECT auction, price FROM bid WHERE price > (SELECT avg(price) FROM bid)",
                         "subquery inside an expression", "ON x = s.m"),
@@ -750,3 +771,19 @@ def test_spark_forms_no_key_partitions_are_refused_with_a_rewrite(tmp_path: Path
     (issue,) = refused.value.issues
     assert issue.message.startswith(f"view {name}: ") and construct in issue.message, issue.message
     assert rewrite in issue.message and "WITH (refresh = 'full')" in issue.message, issue.message
+
+
+def test_exists_under_or_becomes_a_left_join_with_its_distinct_keys() -> None:
+    """Issue 60 item 16: an EXISTS that is not a top-level conjunct of WHERE was refused."""
+    planned = plan(
+        "SELECT a.id FROM auction a WHERE a.reserve > 1 OR NOT EXISTS "
+        "(SELECT 1 FROM bid b WHERE b.auction = a.id AND b.price > 5)"
+    ).plan
+    assert planned.key_classes == ("_exists1._k0 = a.id",)
+    assert "LEFT JOIN (SELECT DISTINCT b.auction AS _k0 FROM __epochal_leaf_1 AS b WHERE b.price > 5) AS _exists1 " \
+        "ON _exists1._k0 = a.id WHERE a.reserve > 1 OR NOT (NOT _exists1._k0 IS NULL)" in planned.query
+    # a correlation that is no equality, and IN under OR, keep their refusals
+    with pytest.raises(Unmaintainable, match="IN/EXISTS"):
+        plan("SELECT a.id FROM auction a WHERE a.reserve > 1 OR EXISTS (SELECT 1 FROM bid b WHERE b.price > a.reserve)")
+    with pytest.raises(Unmaintainable, match="IN/EXISTS"):
+        plan("SELECT a.id FROM auction a WHERE a.reserve > 1 OR a.id IN (SELECT auction FROM bid)")

@@ -151,6 +151,9 @@ def test_nested_source_columns_are_maintained_by_every_kind_of_view(spark, tmp_p
         ("tags ARRAY<STRING", "'>' after the element type of ARRAY in column tags"),
         ("device STRUCT<os STRING version INT>", "',' or '>' after field os in the STRUCT of column device"),
         ("tags ARRAY<TEXTS>", "type 'TEXTS' of column tags[] is not supported"),
+        # (issue 60 item 16: refused as any unknown type, the reason did not hold: Spark has them)
+        ("at TIME", "TIME column at is not supported: Spark's TIME type is a preview, off by default"),
+        ("payload VARIANT", "VARIANT column payload is not supported: a table's changes are netted by comparing"),
     ],
 )
 def test_a_nested_type_written_wrong_is_refused_naming_the_column(tmp_path: Path, column: str, message: str) -> None:
