@@ -20,23 +20,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from epochal.errors import EpochalError
 from epochal.spark import idle as spark_idle
+from epochal.spark.server_files import (
+    SparkServerError,
+    locked,
+    new_token,
+    read_state,
+    read_token,
+    write_state,
+)
 from epochal.spark.session import DEFAULT_CONF, check_java
 
 log = logging.getLogger("epochal.spark.server")
@@ -50,10 +55,6 @@ PORT_RELEASE_S = 15.0
 STOP_TIMEOUT_S = 30.0
 #: the port a server started with port 0 (EPOCHAL_SPARK_PORT's default) takes when it is free
 PREFERRED_PORT = 15052
-
-
-class SparkServerError(EpochalError):
-    """The managed Spark Connect server cannot be started, reached or stopped."""
 
 
 #: The server JVM's flags, unless EPOCHAL_SPARK_CONF sets spark.driver.extraJavaOptions (which then
@@ -181,7 +182,7 @@ def spark_home() -> Path:
 
 def status(home: Path) -> ServerStatus | None:
     """The managed server of ``home`` as it is now, or None if Epochal never started one (or stopped it)."""
-    state = _read_state(server_directory(home))
+    state = read_state(server_directory(home))
     if state is None:
         return None
     pid, port = int(state["pid"]), int(state["port"])
@@ -201,7 +202,7 @@ def status(home: Path) -> ServerStatus | None:
         conf_fingerprint=str(state.get("conf_fingerprint", "")),
         idle_stop_s=float(state.get("idle_stop_s", 0.0)),
         idle_s=spark_idle.idle_seconds(server_directory(home)),
-        token=_read_token(server_directory(home)),
+        token=read_token(server_directory(home)),
     )
 
 
@@ -211,8 +212,8 @@ def status(home: Path) -> ServerStatus | None:
 def ensure(config: ServerConfig) -> ServerStatus:
     """A healthy managed server for ``config``: the running one, or a new one if there is none or it
     died. This process then keeps the server's lease renewed while it lives (idle.py)."""
-    with _locked(config.directory):
-        current = _ensure_locked(config)
+    with locked(config.directory):
+        current = _ensurelocked(config)
         # under the lock: an idle watchdog checks the lease again under it before stopping the server
         spark_idle.keep_alive(config.directory)
         return current
@@ -220,16 +221,16 @@ def ensure(config: ServerConfig) -> ServerStatus:
 
 def start(config: ServerConfig) -> tuple[ServerStatus, bool]:
     """Start the server unless a healthy one runs; returns it and whether it was started now."""
-    with _locked(config.directory):
+    with locked(config.directory):
         before = status(config.home)
-        current = _ensure_locked(config)
+        current = _ensurelocked(config)
         spark_idle.touch(config.directory)  # a start by hand counts as a use
         return current, before is None or not before.healthy
 
 
 def is_running(home: Path, pid: int) -> bool:
     """Whether ``pid`` is still the managed server of ``home`` and alive."""
-    state = _read_state(server_directory(home))
+    state = read_state(server_directory(home))
     return state is not None and int(state["pid"]) == pid and _is_our_server(pid, Path(home))
 
 
@@ -237,7 +238,7 @@ def stop_if(home: Path, pid: int, still_wanted: Callable[[], bool]) -> bool:
     """Stop the server ``pid`` of ``home`` if it is still the server and ``still_wanted()`` holds,
     both checked under the lock; returns whether it was stopped."""
     directory = server_directory(home)
-    with _locked(directory):
+    with locked(directory):
         if not is_running(home, pid) or not still_wanted():
             return False
         _terminate(pid, STOP_TIMEOUT_S)
@@ -249,7 +250,7 @@ def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> ServerStatus | None:
     """Stop the managed server of ``home`` (SIGTERM, then SIGKILL after ``timeout_s``); returns what
     was stopped, or None when there was nothing to stop."""
     directory = server_directory(home)
-    with _locked(directory):
+    with locked(directory):
         current = status(home)
         if current is None:
             return None
@@ -259,7 +260,7 @@ def stop(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> ServerStatus | None:
         return current
 
 
-def _ensure_locked(config: ServerConfig) -> ServerStatus:
+def _ensurelocked(config: ServerConfig) -> ServerStatus:
     current = status(config.home)
     if current is not None and current.healthy:
         if config.port and current.port != config.port:
@@ -301,7 +302,7 @@ def _launch(config: ServerConfig) -> ServerStatus:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         for key, value in config.spark_conf().items():
             out.write(f"{key} {_escape_property(value)}\n")
-    token = _new_token(directory)
+    token = new_token(directory)
     home = spark_home()
     command = [
         str(home / "bin" / "spark-submit"),
@@ -327,7 +328,7 @@ def _launch(config: ServerConfig) -> ServerStatus:
             start_new_session=True,  # outlives the run or command that started it, and its Ctrl-C
         )
     started_at = time.time()
-    _write_state(directory, {
+    write_state(directory, {
         "pid": process.pid,
         "port": config.port,
         "started_at": started_at,
@@ -384,59 +385,8 @@ def _start_watchdog(config: ServerConfig, pid: int) -> None:
             cwd=directory, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    state = _read_state(directory) or {}
-    _write_state(directory, {**state, "watchdog_pid": watchdog.pid, "idle_stop_s": config.idle_stop_s})
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _new_token(directory: Path) -> str:
-    """A new random token for a server about to start, kept in ``directory/token`` (owner-only)."""
-    token = secrets.token_urlsafe(32)
-    path = directory / "token"
-    path.unlink(missing_ok=True)  # O_EXCL below: a file someone else made (other mode) is never reused
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(token)
-    return token
-
-
-def _read_token(directory: Path) -> str:
-    try:
-        return (directory / "token").read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return ""
-    except OSError as exc:
-        raise SparkServerError(
-            f"cannot read the Spark server's token {directory / 'token'} ({exc.strerror}): runs of another "
-            "user cannot use this EPOCHAL_HOME's server; run as its owner, or `epochal spark stop` and start again"
-        ) from None
-
-
-def _read_state(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / "server.json").read_text())
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, OSError) as exc:
-        raise SparkServerError(
-            f"{directory / 'server.json'} is unreadable ({exc}): stop the server by hand if one runs, then delete it"
-        ) from None
-
-
-def _write_state(directory: Path, state: dict) -> None:
-    temporary = directory / "server.json.tmp"
-    temporary.write_text(json.dumps(state, indent=2))
-    temporary.replace(directory / "server.json")  # readers never see half a file
+    state = read_state(directory) or {}
+    write_state(directory, {**state, "watchdog_pid": watchdog.pid, "idle_stop_s": config.idle_stop_s})
 
 
 def _escape_property(value: str) -> str:
