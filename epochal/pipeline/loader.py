@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.errors import PipelineError, PipelineIssue, require
-from epochal.options import FORMAT_KEY, unknown_option_problems
+from epochal.options import FORMAT_KEY
 from epochal.pipeline.cycles import view_cycles
 from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
 from epochal.pipeline.model import (
@@ -27,21 +27,23 @@ from epochal.pipeline.model import (
     SourceDef,
     ViewDef,
 )
+from epochal.pipeline.reserved_columns import internal_source_columns, internal_view_columns
 from epochal.pipeline.statements import split_statements
+from epochal.pipeline.view_options import (  # noqa: F401 (VIEW_OPTIONS, REFRESH_MODES: read as loader.*)
+    MIN_MAX_CACHE_RANGE,
+    REFRESH_MODES,
+    VIEW_OPTIONS,
+    min_max_cache,
+    refresh_mode,
+    view_option_problems,
+)
 from epochal.sinks.spec import primary_key_columns, validate_sink
-from epochal.sql import internal_name_use, quote
 
 if TYPE_CHECKING:
     from epochal.connectors.base import ConnectorSpec
     from epochal.pipeline.query_checks import QueryAnalysis
 
 PIPELINE_ENV = "EPOCHAL_PIPELINE"
-#: WITH (...) keys a materialized view accepts.
-VIEW_OPTIONS: frozenset[str] = frozenset({"refresh", "min_max_cache", "backfill_rate_limit"})
-#: Bounds of WITH (min_max_cache = n): values kept per group and MIN/MAX column.
-MIN_MAX_CACHE_RANGE = (1, 10_000)
-#: How a view is maintained: from its inputs' changes, or by recomputing and diffing every epoch.
-REFRESH_MODES = ("incremental", "full")
 #: Table PRIMARY KEYs (upsert tables, see epochal/storage/upsert.py); False refuses them all.
 SOURCE_PRIMARY_KEY_SUPPORTED = True
 #: Connectors whose records can update and delete by key; the others only append.
@@ -223,7 +225,7 @@ def _sources(named: dict[str, _Definition], issues: _Issues, lookup: ConnectorLo
                 f"{prefix}: FORMAT {fmt.upper()} upserts and deletes rows by key: declare it as CREATE TABLE "
                 f"{parsed.name} (..., PRIMARY KEY (column, ...)) WITH (...), or use FORMAT PLAIN",
             )
-        for message in _internal_source_columns(parsed):
+        for message in internal_source_columns(parsed):
             issues.add(where.file, where.line, f"{prefix}: {message}")
         spec = lookup(connector) if connector else None
         if spec is None:
@@ -270,36 +272,6 @@ def _source_key_problems(parsed: ParsedSource, connector: str, lookup: Connector
     return problems
 
 
-def _internal_source_columns(parsed: ParsedSource) -> list[str]:
-    """A declared column whose name Epochal uses for its own columns (epochal.sql.INTERNAL_COLUMNS):
-    it would be overwritten or read in Epochal's place, corrupting results without an error."""
-    problems = []
-    keyed = bool(parsed.primary_key) and parsed.kind == "table"
-    for column in parsed.columns:
-        use = internal_name_use(column.name, keyed=keyed)
-        if use is not None:
-            problems.append(
-                f"column '{column.name}' is reserved: Epochal uses it for {use}; leave it out of the "
-                "declaration (fields a record has but the declaration lacks are ignored) or rename the field in "
-                "the records"
-            )
-    return problems
-
-
-def _internal_view_columns(name: str, columns: tuple[str, ...]) -> list[str]:
-    """A view's output column named as one of Epochal's own (see :func:`_internal_source_columns`)."""
-    problems = []
-    for column in columns:
-        use = internal_name_use(column)
-        if use is not None:
-            rename = f"{column.strip('_') or 'column'}_user"
-            problems.append(
-                f"view {name}: column '{column}' is reserved: Epochal uses it for {use}; rename it in the "
-                f"view's SELECT, e.g. SELECT {quote(column, when_needed=True)} AS {rename}"
-            )
-    return problems
-
-
 def _views(
     named: dict[str, _Definition], sources: dict[str, SourceDef], issues: _Issues, failed: set[str]
 ) -> dict[str, ViewDef]:
@@ -315,11 +287,11 @@ def _views(
         require(isinstance(parsed, ParsedView), "a view definition holds a parsed view")
         where = definition.location
         reported = len(issues.items)
-        messages = _view_option_problems(parsed.options)
-        refresh = _refresh_mode(parsed.options)
+        messages = view_option_problems(parsed.options)
+        refresh = refresh_mode(parsed.options)
         if refresh not in REFRESH_MODES:
             messages.append(f"refresh = '{refresh}' is not a refresh mode: use refresh = 'incremental' or 'full'")
-        if _min_max_cache(parsed.options.values) is None:
+        if min_max_cache(parsed.options.values) is None:
             from epochal.incremental.plan import DEFAULT_MIN_MAX_CACHE
 
             low, high = MIN_MAX_CACHE_RANGE
@@ -383,7 +355,7 @@ def _views(
                 )
             elif resolution.columns is not None:
                 schema[name] = columns[name] = resolution.columns
-                for message in _internal_view_columns(name, resolution.columns):
+                for message in internal_view_columns(name, resolution.columns):
                     issues.add(definition.location.file, definition.location.line, message)
                     failed.add(name)
     failed.update(name for name in parsed_views if name not in columns)  # unresolved: it or an upstream failed
@@ -399,7 +371,7 @@ def _views(
             columns=columns.get(name, ()),
             options=dict(parsed.options.values),
             location=definition.location,
-            refresh=_refresh_mode(parsed.options),
+            refresh=refresh_mode(parsed.options),
         )
         tree = analyses[name].tree
         if view.refresh == "incremental" and tree is not None and name in columns:
@@ -426,7 +398,7 @@ def _planned_views(
     from epochal.incremental.planner import plan_query
     from epochal.pipeline.query_checks import DIALECT, problem_at, qualify_query
 
-    cache = _min_max_cache(view.options) or DEFAULT_MIN_MAX_CACHE  # a bad value is reported already
+    cache = min_max_cache(view.options) or DEFAULT_MIN_MAX_CACHE  # a bad value is reported already
     try:
         planned = plan_query(view.name, qualify_query(tree, schema), schema, view.internal_of is not None, cache)
     except Unmaintainable as refusal:
@@ -476,32 +448,6 @@ def _planned_views(
         upstreams = view.upstreams
     result[view.name] = replace(view, upstreams=upstreams, plan=planned.plan)
     return result
-
-
-def _refresh_mode(options: Options) -> str:
-    return options.values.get("refresh", "incremental").strip().lower()
-
-
-def _min_max_cache(options: dict[str, str]) -> int | None:
-    """WITH (min_max_cache = n), the default when absent; None when it is not a valid number."""
-    from epochal.incremental.plan import DEFAULT_MIN_MAX_CACHE
-
-    text = options.get("min_max_cache")
-    if text is None:
-        return DEFAULT_MIN_MAX_CACHE
-    low, high = MIN_MAX_CACHE_RANGE
-    value = text.strip()
-    return int(value) if value.isdigit() and low <= int(value) <= high else None
-
-
-def _view_option_problems(options: Options) -> list[str]:
-    messages = unknown_option_problems("materialized view", options.values, VIEW_OPTIONS)
-    # With no known option the generic hint ends in an empty list; say what to do instead.
-    empty_hint = ": known options: "
-    return [
-        m[: -len(empty_hint)] + ": materialized views take no options yet; remove it" if m.endswith(empty_hint) else m
-        for m in messages
-    ]
 
 
 def _unknown_table(name: str, reader: str, named: dict[str, _Definition]) -> str | None:
