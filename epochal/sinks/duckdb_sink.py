@@ -33,6 +33,7 @@ from epochal.sinks.base import (
 )
 from epochal.sinks.spec import primary_key_columns
 from epochal.sql import DUCKDB, duckdb_parquet, quote
+from epochal.storage.durability import sync_tree
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -184,6 +185,11 @@ class DuckDBTarget(SinkTarget):
                 writer.close()
         if writer is not None and self.type == "upsert":
             self._check_unique(task.batch, path)
+        if writer is not None:
+            # The batch turns PENDING once every writer returns, and the commit loads these files
+            # after that, maybe after a power loss: a file still in the page cache would come back
+            # empty or torn, and a torn Parquet file fails the load instead of being re-delivered.
+            sync_tree(str(path), stop_at=str(self.staging.parent))
         return {"file": str(path) if writer is not None else None, "rows": rows}
 
     def _check_unique(self, batch: BatchId, path: Path) -> None:

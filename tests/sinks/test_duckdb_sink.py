@@ -17,7 +17,15 @@ from epochal.checkpoint.records import InvariantViolation
 from epochal.checkpoint.sinks.batches import SinkBatchState
 from epochal.checkpoint.sinks.coordinator import SinkCoordinator
 from epochal.meta.backend import open_backend
-from epochal.sinks.base import BatchId, SinkDataError, SinkError, SinkSchemaError, WriterResult, vnode_ranges
+from epochal.sinks.base import (
+    BatchId,
+    SinkDataError,
+    SinkError,
+    SinkSchemaError,
+    WriterResult,
+    WriterTask,
+    vnode_ranges,
+)
 from epochal.sinks.duckdb_sink import DuckDBTarget
 from epochal.sinks.spark_writers import run_writers
 
@@ -92,6 +100,32 @@ def test_epochs_are_delivered_once_by_parallel_writers(tmp_path: Path, spark) ->
     assert len(h.rows()) == 52 and h.target.delivered_epoch() == 3
     assert h.states() == [(1, 1, "COMMITTED"), (2, 2, "COMMITTED"), (3, 3, "COMMITTED")]
     assert h.staged() == []  # staged files go once committed
+
+
+def test_a_staged_file_is_on_the_disk_before_its_writer_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch turns PENDING once its writers return; the commit may load their files after a
+    power loss, so each one, and the directory entries naming it, are fsynced first."""
+    import os
+
+    target = DuckDBTarget("s", {"database": "out.duckdb", "table": "t"}, ["id", "name"], tmp_path)
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    rows = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["a", "b"]), pa.array([1, 1], pa.int64())],
+        names=["id", "name", "_weight"],
+    )
+    result = target.write(WriterTask(BatchId("s", 1, 1), 0, 1, (0, 255)), iter([rows]))
+    staged = Path(result["file"])
+    assert {str(staged), str(staged.parent), str(target.staging), str(target.staging.parent)} <= set(synced)
+    assert target.write(WriterTask(BatchId("s", 2, 2), 0, 1, (0, 255)), iter([]))["file"] is None
 
 
 @pytest.mark.parametrize("kind", ["append-only", "upsert"])
