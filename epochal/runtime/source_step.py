@@ -16,6 +16,7 @@ from epochal.connectors.base import SourceBatch, SplitRange, any_rejected, marke
 from epochal.connectors.registry import connector_spec
 from epochal.epoch import epoch_age_s, shown_epoch
 from epochal.faults import fault_point
+from epochal.runtime.cdc_status import cdc_positions
 from epochal.runtime.report import StepReport, retired_report
 from epochal.storage.parts import StateCompacted
 from epochal.storage.state_reader import quoted
@@ -51,7 +52,12 @@ class SourceSteps:
         counts whole), and ``lag_seconds``, 0 when there are none, else the age of the epoch's
         barrier: how far the source's data trails the clock while records wait. A connector that
         cannot tell its splits' ends (a generator such as Nexmark) reports neither."""
-        split_ends = getattr(self.ctx.connector(name), "split_ends", None)
+        connector = self.ctx.connector(name)
+        # a CDC source: its slot's and the server's LSNs, the WAL retained (epochal/runtime/cdc_status.py)
+        upstream = cdc_positions(connector, self.ctx.controller.committed_epoch())
+        if upstream is not None:
+            return upstream
+        split_ends = getattr(connector, "split_ends", None)
         if split_ends is None:
             return {}
         ends = {r.split: r.end for r in ranges}

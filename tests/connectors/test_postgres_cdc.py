@@ -15,9 +15,10 @@ import pytest
 
 from epochal.connectors import pg_cdc_server
 from epochal.connectors.pg_cdc_changes import UpstreamChanged, wal_records
-from epochal.connectors.pgoutput import lsn_int
+from epochal.connectors.pgoutput import lsn_int, lsn_text
 from epochal.errors import PipelineError
 from epochal.pipeline.loader import load_pipeline
+from epochal.runtime.cdc_status import cdc_lines, cdc_status
 from tests.epochal_harness import make_harness
 
 DB = "epochal_cdc_test"
@@ -160,8 +161,10 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
             finish(number)
         return number
 
+    reports = []
+
     def finish(number: int) -> None:
-        runtime.run_source(number, "orders")
+        reports.append(runtime.run_source(number, "orders"))
         runtime.run_source(number, "items")
         runtime.commit(number)
 
@@ -222,6 +225,13 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     in_flight = epoch(run=False)
     assert _slot_confirmed() == ends["orders"]
     assert runtime.controller.offsets(in_flight, "items")[0].start == ends["items"]
+    # status and the asset metadata show where the slot and the server are, and what is retained
+    (shown,) = [v for k, v in cdc_status(runtime).items() if k == "orders"]
+    assert shown["slot_confirmed_lsn"] == lsn_text(ends["orders"])
+    assert lsn_int(shown["server_lsn"]) >= ends["items"] and shown["slot_retained_wal_bytes"] > 0
+    lines = cdc_lines(cdc_status(runtime))
+    assert any(line.startswith("  orders ") and lsn_text(ends["orders"]) in line for line in lines)
+    assert reports[-1].metadata["server_lsn"] and "slot_retained_wal_bytes" in reports[-1].metadata
     assert first < second
 
 
