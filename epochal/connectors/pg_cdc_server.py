@@ -22,12 +22,12 @@ from epochal.errors import EpochalError
 if TYPE_CHECKING:
     import psycopg
 
-_ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 #: libpq settings every connection gets: values print the same in the snapshot and in the WAL
 _SESSION = "-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3 -c bytea_output=hex"
 #: how long a read waits for the slot while another step of the pipeline peeks it
 SLOT_BUSY_WAIT_S = 60.0
-#: a publication Epochal created says so in its comment, so that removing the source drops only those
+#: a publication Epochal created says so in its comment (so that a later cleanup drops only those)
 CREATED_BY = "created by epochal for postgres-cdc"
 
 #: upstream type (pg_type.typname) -> the declared types that hold its values exactly
@@ -75,7 +75,7 @@ class ServerConfig:
 
     def conninfo(self, **extra: str) -> dict[str, object]:
         password = self.password
-        match = _ENV_REFERENCE.match(password.strip())
+        match = ENV_REFERENCE.match(password.strip())
         if match:
             if match[1] not in os.environ:
                 raise EpochalError(
@@ -357,22 +357,6 @@ def advance(config: ServerConfig, to: int) -> None:
             conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", [config.slot, lsn_text(to)])
         except psycopg.errors.ObjectInUse:
             pass
-
-
-def drop_slot_and_publication(config: ServerConfig) -> None:
-    """Drops the slot, and the publication when Epochal created it (its comment says so)."""
-    from psycopg import sql
-
-    with connect(config) as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", [config.slot]
-        )
-        mine = conn.execute(
-            "SELECT obj_description(oid, 'pg_publication') = %s FROM pg_publication WHERE pubname = %s",
-            [CREATED_BY, config.publication],
-        ).fetchone()
-        if mine and mine[0]:
-            conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(config.publication)))
 
 
 @contextmanager

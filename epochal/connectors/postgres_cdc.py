@@ -82,6 +82,19 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
         problems.append(
             f"option 'slot.name' = '{slot}' is not a slot name: lower-case letters, digits and _, at most 63 characters"
         )
+    password = (options.get("password") or "").strip()
+    reference = server.ENV_REFERENCE.match(password)
+    if password and reference is None:
+        # the options are shown in the asset's description and kept with the statement's text
+        problems.append(
+            "option 'password' is written out: write it as password = '${NAME}' and export NAME=... in the "
+            "environment Epochal runs in, so that it stays out of the pipeline's files, the UI and status"
+        )
+    elif reference is not None and reference[1].upper().startswith(("EPOCHAL_", "DAGSTER_")):
+        problems.append(
+            f"option 'password' = '${{{reference[1]}}}' reads one of Epochal's or Dagster's own settings: "
+            "export the password under a name of its own, e.g. SHOP_PASSWORD"
+        )
     table = (options.get(TABLE_OPTION) or "").strip()
     if not table:
         problems.append(

@@ -6,6 +6,7 @@ The CDC table is checked against ``SELECT *`` of the upstream table read indepen
 from __future__ import annotations
 
 import datetime as dt
+import re
 import struct
 from collections import Counter
 from pathlib import Path
@@ -239,7 +240,7 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     def problems(table_sql: str, **source: str) -> str:
         text = SOURCE.replace("${CDC_TEST_PASSWORD}", "")
         for key, value in source.items():
-            text = text.replace(f"{key} = '5432'", f"{key} = '{value}'")
+            text = re.sub(f"{key} = '[^']*'", f"{key} = '{value}'", text)
         directory = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
         directory.mkdir()
         (directory / "p.sql").write_text(text + table_sql)
@@ -256,6 +257,8 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     assert "table public.nothere does not exist" in missing
     down = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", port="1")
     assert "cannot connect to PostgreSQL at postgres@127.0.0.1:1/" in down
+    literal = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", password="hunter2")
+    assert "option 'password' is written out: write it as password = '${NAME}'" in literal
     unknown = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM nowhere TABLE 'typed';")
     assert "reads FROM nowhere" in unknown
 
