@@ -233,6 +233,14 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     lines = cdc_lines(cdc_status(runtime))
     assert any(line.startswith("  orders ") and lsn_text(ends["orders"]) in line for line in lines)
     assert reports[-1].metadata["server_lsn"] and "slot_retained_wal_bytes" in reports[-1].metadata
+
+    # An upstream ADD COLUMN is a clear error at the epoch that meets it, not rows of another shape.
+    runtime.run_source(in_flight, "orders")
+    upstream.execute("ALTER TABLE orders ADD COLUMN note text")
+    upstream.execute("UPDATE orders SET note = 'x' WHERE id = 1")
+    changed = epoch(run=False)
+    with pytest.raises(Exception, match=r"upstream table public.orders changed .*column\(s\) note added"):
+        runtime.run_source(changed, "orders")
     assert first < second
 
 
