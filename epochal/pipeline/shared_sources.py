@@ -49,6 +49,18 @@ def resolve_shared_sources(
         if name in shared:
             continue
         parsed = definition.parsed
+        connector = parsed.options.values.get("connector", "").lower() if isinstance(parsed, ParsedSource) else ""
+        if connector in SHARED_CONNECTORS:
+            # its records are keyed changes: only a table with the upstream key, declared FROM a source, reads them
+            where = definition.location
+            add_issue(
+                where.file,
+                where.line,
+                f"{parsed.kind} {name}: a {connector} table is declared FROM a source "
+                f"of the connection: CREATE SOURCE s WITH (connector = '{connector}', ...); then CREATE TABLE "
+                f"{name} (..., PRIMARY KEY (...)) FROM s TABLE 'schema.table'",
+            )
+            continue
         if isinstance(parsed, ParsedSource) and parsed.from_source:
             where = definition.location
             source = shared.get(parsed.from_source)

@@ -267,6 +267,9 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     assert "cannot connect to PostgreSQL at postgres@127.0.0.1:1/" in down
     literal = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", password="hunter2")
     assert "option 'password' is written out: write it as password = '${NAME}'" in literal
+    direct = problems(f"CREATE TABLE t (id INT, PRIMARY KEY (id)) WITH (connector = 'postgres-cdc', hostname = 'h', "
+                      f"username = 'u', database.name = '{DB}', slot.name = 's', table.name = 'typed');")
+    assert "table t: a postgres-cdc table is declared FROM a source of the connection" in direct
     unknown = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM nowhere TABLE 'typed';")
     assert "reads FROM nowhere" in unknown
 
