@@ -359,6 +359,37 @@ def advance(config: ServerConfig, to: int) -> None:
             pass
 
 
+def retire_table(config: ServerConfig, last_of_slot: bool) -> None:
+    """The table left the pipeline: out of the publication; and when no table of the pipeline uses
+    the slot any more, the slot is dropped (a slot left behind makes the server keep WAL), with
+    the publication when Epochal created it (its comment says so)."""
+    from psycopg import sql
+
+    pub = sql.Identifier(config.publication)
+    with connect(config) as conn:
+        if last_of_slot:
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                [config.slot],
+            )
+        mine = conn.execute(
+            "SELECT obj_description(oid, 'pg_publication') = %s FROM pg_publication WHERE pubname = %s",
+            [CREATED_BY, config.publication],
+        ).fetchone()
+        if mine and mine[0] and last_of_slot:
+            conn.execute(sql.SQL("DROP PUBLICATION {}").format(pub))
+        elif (
+            mine is not None
+            and conn.execute(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+                [config.publication, config.schema, config.table],
+            ).fetchone()
+        ):
+            conn.execute(
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(pub, sql.Identifier(config.schema, config.table))
+            )
+
+
 @contextmanager
 def consistent_snapshot(config: ServerConfig, columns: Sequence[str]) -> Iterator[tuple[int, Iterator[list[tuple]]]]:
     """The table's rows as of one LSN, and that LSN: a temporary slot's consistent point. A change

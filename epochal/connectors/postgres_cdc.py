@@ -66,6 +66,7 @@ OPTIONS = (
     "publication.name",
     TABLE_OPTION,
 )
+CONNECTION_FILE = "connection.json"
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
@@ -200,11 +201,22 @@ class PostgresCdcSource:
         begin = start.get(self.split, 0)
         with server.connect(self.config) as conn:
             server.ensure_publication_and_slot(conn, self.config)
+            self._remember_connection()
             if begin == 0:
                 self._ensure_snapshot(conn)
             end = server.current_lsn(conn)
         self.upstream()
         return [SplitRange(self.split, begin, max(begin, end))]
+
+    def _remember_connection(self) -> None:
+        """The options, kept beside the snapshot: once the table leaves the pipeline they are how
+        its slot and publication are found to clean up (a password is only ever a ``${NAME}``)."""
+        path = self.stage / CONNECTION_FILE
+        if not path.exists():
+            self.stage.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(dict(self.source.options)))
+            os.replace(tmp, path)
 
     def release_wal(self, committed_end: int) -> None:
         """The epochs before ``committed_end`` are committed for every table of the slot: the
@@ -365,3 +377,40 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def wal_holder(options: Mapping[str, str]) -> tuple[str, ...] | None:
+    """Which slot a table with ``options`` reads (``PostgresCdcSource.wal_holder``), None if unparsable."""
+    config, _ = parse_options(options)
+    return None if config is None else (NAME, config.hostname, str(config.port), config.database, config.slot)
+
+
+def retire_removed_table(home: Path, name: str, holders_in_use: set[tuple[str, ...] | None]) -> bool:
+    """When table ``name`` that left the pipeline was a postgres-cdc table: leave its publication,
+    drop its slot when no table of the pipeline uses it any more, delete its staged snapshot.
+    Returns whether it was one. A server that cannot be reached is logged, with the SQL to run."""
+    import shutil
+
+    import psycopg
+
+    stage = Path(home) / "cdc" / name
+    path = stage / CONNECTION_FILE
+    if not path.exists():
+        return False
+    options = json.loads(path.read_text())
+    config, _ = parse_options(options)
+    if config is not None:
+        last = wal_holder(options) not in holders_in_use
+        try:
+            server.retire_table(config, last)
+        except (EpochalError, psycopg.Error) as error:  # the table is gone either way: say what to clean up
+            log.warning(
+                "postgres-cdc table %s left the pipeline, but its slot could not be cleaned up (%s): run "
+                "SELECT pg_drop_replication_slot('%s') on %s when no table uses it, or the server keeps its WAL",
+                name,
+                error,
+                config.slot,
+                config.where,
+            )
+    shutil.rmtree(stage, ignore_errors=True)
+    return True

@@ -37,6 +37,8 @@ CREATE TABLE orders (id BIGINT, customer INT, amount DECIMAL(12,2), status STRIN
   seen TIMESTAMPTZ_IS_TIMESTAMP, flag BOOLEAN, day DATE, ref STRING, doc STRING, raw STRING, ratio FLOAT,
   score DOUBLE, code STRING, PRIMARY KEY (id)) FROM shop TABLE 'public.orders';
 """.replace("TIMESTAMPTZ_IS_TIMESTAMP", "TIMESTAMP")
+BIDS = """CREATE SOURCE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+  date_time TIMESTAMP, extra STRING) WITH (connector = 'nexmark', 'nexmark.table.type' = 'Bid');"""
 ITEMS = "CREATE TABLE items (sku STRING PRIMARY KEY, qty INT) FROM shop TABLE 'items';"
 UPSTREAM_DDL = """
 CREATE TABLE orders (id bigint PRIMARY KEY, customer int, amount numeric(12,2), status text, updated_at timestamp,
@@ -241,6 +243,22 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     changed = epoch(run=False)
     with pytest.raises(Exception, match=r"upstream table public.orders changed .*column\(s\) note added"):
         runtime.run_source(changed, "orders")
+
+    # A table that leaves the pipeline leaves the publication; with the last table of the slot, the
+    # slot and the publication Epochal created are dropped (a slot left behind keeps WAL forever).
+    def upstream_objects() -> tuple[list, list]:
+        slots = upstream.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", [DB]).fetchall()
+        published = upstream.execute("SELECT tablename FROM pg_publication_tables WHERE pubname = %s", [SLOT])
+        return [r[0] for r in slots], [r[0] for r in published.fetchall()]
+
+    assert upstream_objects() == ([SLOT], ["orders", "items"]) or upstream_objects() == ([SLOT], ["items", "orders"])
+    (h.pipeline_dir / "shop.sql").write_text(SOURCE + ITEMS)
+    h.runtime(spark).apply_pipeline_changes()
+    assert upstream_objects() == ([SLOT], ["items"])
+    (h.pipeline_dir / "shop.sql").write_text(BIDS)
+    h.runtime(spark).apply_pipeline_changes()
+    assert upstream_objects() == ([], [])
+    assert not upstream.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", [SLOT]).fetchall()
     assert first < second
 
 
