@@ -52,7 +52,9 @@ def change(conn: Any, first_new: int, count: int, existing: int) -> None:
         deletes = n - updates - inserts
         with conn.transaction():
             base = (first_new + done) % max(existing, 1)
-            conn.execute("UPDATE t SET k = k + 1, note = 'u' WHERE id >= %s::bigint AND id < %s::bigint", [base, base + updates])
+            conn.execute(
+                "UPDATE t SET k = k + 1, note = 'u' WHERE id >= %s::bigint AND id < %s::bigint", [base, base + updates]
+            )
             conn.execute(
                 "INSERT INTO t SELECT g, g %% 100, g / 7.0, 'n' FROM generate_series(%s::bigint, %s::bigint) g",
                 [first_new + done, first_new + done + inserts - 1],
@@ -95,7 +97,9 @@ def main() -> None:
     try:
         with harness.workdir("bench_pg_cdc", args.keep) as root, psycopg.connect(UPSTREAM, autocommit=True) as conn:
             conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, k bigint, v numeric(12,2), note text)")
-            conn.execute("INSERT INTO t SELECT g, g %% 100, g / 7.0, 'x' FROM generate_series(0, %s) g", [args.rows - 1])
+            conn.execute(
+                "INSERT INTO t SELECT g, g %% 100, g / 7.0, 'x' FROM generate_series(0, %s) g", [args.rows - 1]
+            )
             pipeline = Path(root) / "pipeline"
             pipeline.mkdir()
             (pipeline / "cdc.sql").write_text(PIPELINE)
