@@ -308,6 +308,7 @@ class PostgresCdcSource:
         from pyspark.sql import functions as F
 
         frames: list[DataFrame] = []
+        count = 0
         names = [c.name for c in self.source.columns]
         ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.source.columns)
         for r in ranges:
@@ -320,6 +321,7 @@ class PostgresCdcSource:
                         f"is gone from {self.stage}: run `epochal recover` to plan it again"
                     )
                 lower = snapshot.lsn
+                count += snapshot.rows
                 frames.append(
                     spark.read.schema(ddl)
                     .parquet(*snapshot.files)
@@ -331,6 +333,7 @@ class PostgresCdcSource:
                     )
                 )
             records = self.records(r.end, lower)
+            count += len(records)
             schema = arrow_schema(self.source.columns).append(pa.field(OP_COLUMN, pa.string()))
             table = pa.Table.from_pylist([dict(zip(schema.names, rec, strict=True)) for rec in records], schema)
             table = table.append_column(SPLIT_COLUMN, pa.array([r.split] * len(records), pa.string()))
@@ -346,7 +349,7 @@ class PostgresCdcSource:
         rows = frames[0]
         for frame in frames[1:]:
             rows = rows.unionByName(frame)
-        return SourceBatch(rows=rows)
+        return SourceBatch(rows=rows, records=count)
 
 
 def arrow_schema(columns: tuple[Column, ...]) -> pa.Schema:

@@ -115,7 +115,7 @@ class SourceSteps:
     ) -> StepReport:
         warehouse = self.ctx.warehouse
         if batch.marked is None:
-            change = self._source_change(epoch, name, batch.rows, sum(r.count for r in ranges))
+            change = self._source_change(epoch, name, batch.rows, batch.records_in(ranges))
             return self._publish(
                 epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
             )
@@ -127,7 +127,7 @@ class SourceSteps:
 
         marked = batch.marked.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            lines = sum(r.count for r in ranges)
+            lines = batch.records_in(ranges)
             change = self._source_change(epoch, name, marked_rows(marked), lines)
             return self._publish(
                 epoch,
@@ -176,7 +176,7 @@ class SourceSteps:
                 dead = self.ctx.warehouse.write(batch.dead_letters, dlq_location)
                 shown = shown_epoch(epoch)
                 log.warning("%s epoch %s: %d record(s) went to %s", name, shown, dead, dead_letter_table(name))
-            records = sum(r.count for r in ranges)
+            records = batch.records_in(ranges) if batch is not None else sum(r.count for r in ranges)
             collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
             recorded = self.ctx.collect(epoch, collected, written, release)
         except EpochAborted:

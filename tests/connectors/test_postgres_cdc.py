@@ -235,6 +235,9 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     lines = cdc_lines(cdc_status(runtime))
     assert any(line.startswith("  orders ") and lsn_text(ends["orders"]) in line for line in lines)
     assert reports[-1].metadata["server_lsn"] and "slot_retained_wal_bytes" in reports[-1].metadata
+    # records counted as records, not as the LSN range's WAL bytes: ids 1 (aborted epoch's range) and 2
+    assert reports[-1].metadata["records_read"] == 2
+    assert reports[0].metadata["records_read"] == 8 + 4  # the snapshot's rows, then 2 updates, a delete, an insert
 
     # An upstream ADD COLUMN is a clear error at the epoch that meets it, not rows of another shape.
     runtime.run_source(in_flight, "orders")
