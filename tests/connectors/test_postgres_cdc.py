@@ -240,12 +240,11 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     assert reports[0].metadata["records_read"] == 8 + 4  # the snapshot's rows, then 2 updates, a delete, an insert
 
     # An upstream ADD COLUMN is a clear error at the epoch that meets it, not rows of another shape.
-    runtime.run_source(in_flight, "orders")
     upstream.execute("ALTER TABLE orders ADD COLUMN note text")
     upstream.execute("UPDATE orders SET note = 'x' WHERE id = 1")
     changed = epoch(run=False)
-    with pytest.raises(Exception, match=r"upstream table public.orders changed .*column\(s\) note added"):
-        runtime.run_source(changed, "orders")
+    with pytest.raises(UpstreamChanged, match=r"upstream table public.orders changed .*column\(s\) note added"):
+        runtime.connector("orders").read(spark, runtime.controller.offsets(changed, "orders"))
 
     # A table that leaves the pipeline leaves the publication; with the last table of the slot, the
     # slot and the publication Epochal created are dropped (a slot left behind keeps WAL forever).
