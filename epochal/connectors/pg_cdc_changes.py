@@ -100,7 +100,10 @@ def wal_records(
             for name in names:
                 value = change.new[name]
                 if value is UNCHANGED:
-                    value = change.old.get(name, UNCHANGED) if change.old is not None else UNCHANGED
+                    # only a whole old row (REPLICA IDENTITY FULL) has it: a key tuple sends NULL there
+                    value = (
+                        change.old.get(name, UNCHANGED) if change.old is not None and change.old_is_row else UNCHANGED
+                    )
                     if value is UNCHANGED:
                         raise EpochalError(
                             f"an update of {where} left the large (TOASTed) value of column '{name}' unchanged, "

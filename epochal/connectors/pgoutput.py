@@ -55,6 +55,8 @@ class Change:
     new: dict[str, object] | None = None
     #: the old key ('K') or whole old row ('O', REPLICA IDENTITY FULL), when the message has one
     old: dict[str, object] | None = None
+    #: whether ``old`` is the whole old row ('O'); a key tuple ('K') sends its other columns as NULL
+    old_is_row: bool = False
 
 
 @dataclass
@@ -152,17 +154,19 @@ class Decoder:
             elif tag == "U":
                 old = None
                 kind = reader.byte()
+                old_is_row = kind == "O"
                 if kind in ("K", "O"):
                     old = reader.tuple_data(relation)
                     kind = reader.byte()
                 if kind != "N":
                     raise DecodeError(f"an Update of {relation.qualified} without its new row")
-                yield Change("update", relation, lsn, new=reader.tuple_data(relation), old=old)
+                new = reader.tuple_data(relation)
+                yield Change("update", relation, lsn, new=new, old=old, old_is_row=old_is_row)
             else:
                 kind = reader.byte()
                 if kind not in ("K", "O"):
                     raise DecodeError(f"a Delete of {relation.qualified} without the old key")
-                yield Change("delete", relation, lsn, old=reader.tuple_data(relation))
+                yield Change("delete", relation, lsn, old=reader.tuple_data(relation), old_is_row=kind == "O")
         elif tag == "T":
             count, _options = reader.take("!iB")
             lsn = self._in_transaction(tag)

@@ -17,7 +17,7 @@ import pytest
 from epochal.connectors import pg_cdc_server
 from epochal.connectors.pg_cdc_changes import UpstreamChanged, wal_records
 from epochal.connectors.pgoutput import lsn_int, lsn_text
-from epochal.errors import PipelineError
+from epochal.errors import EpochalError, PipelineError
 from epochal.pipeline.loader import load_pipeline
 from epochal.runtime.cdc_status import cdc_lines, cdc_status
 from tests.epochal_harness import make_harness
@@ -287,8 +287,10 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     assert "cannot connect to PostgreSQL at postgres@127.0.0.1:1/" in down
     literal = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", password="hunter2")
     assert "option 'password' is written out: write it as password = '${NAME}'" in literal
-    direct = problems(f"CREATE TABLE t (id INT, PRIMARY KEY (id)) WITH (connector = 'postgres-cdc', hostname = 'h', "
-                      f"username = 'u', database.name = '{DB}', slot.name = 's', table.name = 'typed');")
+    direct = problems(
+        f"CREATE TABLE t (id INT, PRIMARY KEY (id)) WITH (connector = 'postgres-cdc', hostname = 'h', "
+        f"username = 'u', database.name = '{DB}', slot.name = 's', table.name = 'typed');"
+    )
     assert "table t: a postgres-cdc table is declared FROM a source of the connection" in direct
     unknown = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM nowhere TABLE 'typed';")
     assert "reads FROM nowhere" in unknown
@@ -336,6 +338,16 @@ def test_pgoutput_transactions_are_kept_whole_by_commit_lsn_and_changes_are_refu
     assert wal_records(messages, table, columns, ["id"], ["id", "v"], 201, 300) == []
     with pytest.raises(UpstreamChanged, match=r"column\(s\) w added"):
         wal_records([_relation(7, ["id", "v", "w"])], table, columns, ["id"], ["id", "v"], 0, 300)
+    # An unchanged TOASTed value comes from the whole old row (REPLICA IDENTITY FULL), never from a
+    # key tuple, whose other columns are NULL: that is an error naming the fix.
+    toasted = _tuple(["1", None])[:-1] + b"u"
+    full = b"U" + struct.pack("!I", 7) + b"O" + _tuple(["1", "big"]) + b"N" + toasted
+    assert wal_records(
+        [_relation(7, ["id", "v"]), begin(100), full, commit], table, columns, ["id"], ["id", "v"], 0, 300
+    ) == [(1, "big", "upsert")]
+    keyed = b"U" + struct.pack("!I", 7) + b"K" + _tuple(["2", None]) + b"N" + toasted
+    with pytest.raises(EpochalError, match="REPLICA IDENTITY FULL"):
+        wal_records([_relation(7, ["id", "v"]), begin(100), keyed, commit], table, columns, ["id"], ["id", "v"], 0, 300)
     truncate = b"T" + struct.pack("!iBI", 1, 0, 7)
     with pytest.raises(UpstreamChanged, match="public.orders .*was truncated"):
         wal_records(
