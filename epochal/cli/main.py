@@ -80,6 +80,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         source: found.get(source, {"records": 0, "epochs": 0, "last_epoch": None})
         for source in runtime.pipeline.sources
     }
+    from epochal.runtime.cdc_status import cdc_status
+
+    status["cdc"] = cdc_status(runtime)  # per postgres-cdc source: its slot's and server's LSNs, lag
     with_epoch_times(status)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
@@ -157,6 +160,9 @@ def status_lines(status: dict) -> list[str]:
         elif snap is not None:
             shown = f"snapshot @ {snap['epoch']} ({snap['rows']} rows, {snap['files']} files)"
         out.append(f"  {table:<28} {epoch}  {shown}")
+    from epochal.runtime.cdc_status import cdc_lines
+
+    out += cdc_lines(status.get("cdc", {}))
     if status["sinks"]:
         out.append("sinks           : delivered epoch, lag")
         for sink, lag in status["sinks"].items():

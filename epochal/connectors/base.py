@@ -58,6 +58,13 @@ class SourceBatch:
     #: the rows, then asks whether any line was rejected) keeps this in Spark's cache, so the lines
     #: are read and parsed once, not once per question (``marked_rows``).
     marked: "DataFrame | None" = None
+    #: how many records the ranges held, for a connector whose offsets do not count records
+    #: (postgres-cdc's are LSNs: WAL bytes); None: the ranges' counts are the records
+    records: int | None = None
+
+    def records_in(self, ranges: "list[SplitRange]") -> int:
+        """The records the batch read from ``ranges`` (at most: rejected ones included)."""
+        return self.records if self.records is not None else sum(r.count for r in ranges)
 
     @property
     def dead_letters(self) -> "DataFrame | None":

@@ -16,6 +16,9 @@ from epochal.pipeline.ddl_tokens import Token, _SyntaxError, tokenize
 from epochal.pipeline.model import Column
 from epochal.pipeline.statements import Problem, Statement
 
+#: connectors whose source is declared without columns and read by tables FROM it (RisingWave's
+#: shared CDC source): CREATE TABLE t (...) FROM source TABLE 'schema.table'
+SHARED_CONNECTORS = ("postgres-cdc",)
 SUPPORTED_STATEMENTS = "CREATE TABLE, CREATE SOURCE, CREATE MATERIALIZED VIEW and CREATE SINK"
 
 FORMS = {
@@ -92,6 +95,10 @@ class ParsedSource:
     #: line of the PRIMARY KEY clause, 0 when there is none
     primary_key_line: int
     options: Options
+    #: ``CREATE TABLE t (...) FROM source TABLE 'schema.table'``: the shared (CDC) source it reads
+    #: and the upstream table's name, as written; empty otherwise
+    from_source: str = ""
+    from_table: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,6 +261,15 @@ class _Parser:
         name, _ = self.name(f"{kind} name")
         self.subject = f"{kind} {name}"
         if self.peek().is_word("WITH"):
+            at = self.i
+            if kind == "source":
+                # RisingWave's shared CDC source: a connection the tables read FROM (the loader resolves it)
+                self.advance()
+                options = self.options()
+                if options.values.get("connector", "").lower() in SHARED_CONNECTORS:
+                    self.expect_end()
+                    return ParsedSource(kind, name, self.line(create.start), (), (), 0, options)
+                self.i = at
             raise self.fail(f"the column list of {kind} {name}, e.g. {name} (id BIGINT, ts TIMESTAMP)")
         self.expect_punct("(", "'(' and the column list")
         columns: list[Column] = []
@@ -290,7 +306,19 @@ class _Parser:
             if self.accept_punct(")"):
                 break
             self.expect_punct(",", "',' or ')' after a column")
-        if kind == "table" and self.peek().kind == "end":
+        from_source = from_table = ""
+        if kind == "table" and self.peek().is_word("FROM"):
+            # RisingWave's CDC table: FROM shared_source TABLE 'schema.table'
+            self.advance()
+            from_source, _ = self.name("source name after FROM")
+            self.expect_word("TABLE")
+            token = self.peek()
+            if token.kind != "string":
+                raise self.fail("the upstream table's name as a string after TABLE, e.g. TABLE 'public.orders'")
+            from_table = self.advance().value
+            self.expect_end()
+            options = Options()
+        elif kind == "table" and self.peek().kind == "end":
             # RisingWave's table filled by INSERT: parsed, so the loader says why it cannot be one
             options = Options()
         else:
@@ -324,6 +352,8 @@ class _Parser:
             primary_key=tuple(primary_key),
             primary_key_line=self.line(key_token.start) if key_token else 0,
             options=options,
+            from_source=from_source,
+            from_table=from_table,
         )
 
     def column_type(self, column: str) -> str:

@@ -28,6 +28,7 @@ from epochal.pipeline.model import (
     ViewDef,
 )
 from epochal.pipeline.reserved_columns import internal_source_columns, internal_view_columns
+from epochal.pipeline.shared_sources import resolve_shared_sources
 from epochal.pipeline.statements import split_statements
 from epochal.pipeline.view_options import (  # noqa: F401 (VIEW_OPTIONS, REFRESH_MODES: read as loader.*)
     MIN_MAX_CACHE_RANGE,
@@ -47,7 +48,7 @@ PIPELINE_ENV = "EPOCHAL_PIPELINE"
 #: Table PRIMARY KEYs (upsert tables, see epochal/storage/upsert.py); False refuses them all.
 SOURCE_PRIMARY_KEY_SUPPORTED = True
 #: Connectors whose records can update and delete by key; the others only append.
-SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log", "posix_fs"})
+SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log", "posix_fs", "postgres-cdc"})
 
 #: FORMATs whose records upsert and delete rows by the table's PRIMARY KEY
 KEYED_FORMATS = ("upsert", "debezium")
@@ -119,7 +120,7 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
     if not definitions and not issues.items:
         raise PipelineError([PipelineIssue(str(directory), 0, _no_statements_message(directory))])
 
-    named = _unique(definitions, issues)
+    named = resolve_shared_sources(_unique(definitions, issues), issues.add, connector_spec)
     sources = _sources(named, issues, connector_spec)
     failed: set[str] = set()
     views = _views(named, sources, issues, failed)

@@ -198,7 +198,25 @@ class EpochRuntime:
     # ------------------------------------------------------------------ epochs
 
     def plan(self, source: str, starts: Mapping[str, int]) -> list[SplitRange]:
+        self._release_committed_wal(source)
         return self.connector(source).plan(starts)
+
+    def _release_committed_wal(self, source: str) -> None:
+        """A connector that holds upstream WAL (postgres-cdc's slot: ``wal_holder``) may let go of
+        what the committed epoch read: up to the lowest committed end among the sources that share
+        it, never an in-flight epoch's (epochs are pipelined; a recovery reads those again)."""
+        holder = getattr(self.connector(source), "wal_holder", None)
+        committed = self.controller.committed_epoch() if holder is not None else None
+        if committed is None:
+            return
+        ends = []
+        for peer in self.pipeline.sources:
+            if getattr(self.connector(peer), "wal_holder", None) == holder:
+                ranges = self.controller.offsets(committed, peer)
+                if not ranges:
+                    return  # a table of the slot with nothing committed yet holds it where it is
+                ends += [r.end for r in ranges]
+        self.connector(source).release_wal(min(ends))
 
     def recover(self, reason: str) -> RecoveryReport:
         tables = [*self.pipeline.tables, *(dead_letter_table(s) for s in self.pipeline.sources)]

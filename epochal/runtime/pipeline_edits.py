@@ -44,6 +44,16 @@ class PipelineEdits:
         self._note_old_versions(active)
         return sorted(wanted)
 
+    def _retire_cdc_tables(self, gone: list[str]) -> None:
+        """A postgres-cdc table that left: out of its publication, its slot dropped with the last one."""
+        from epochal.connectors import postgres_cdc
+
+        sources = self.ctx.pipeline.sources.values()
+        in_use = {postgres_cdc.wal_holder(s.options) for s in sources if s.connector == postgres_cdc.NAME}
+        for table in gone:
+            if postgres_cdc.retire_removed_table(self.ctx.settings.home, table, in_use):
+                log.info("postgres-cdc table %s left the pipeline: its slot and publication were cleaned up", table)
+
     def retire_removed(self) -> list[str]:
         """Views whose statement left the pipeline: their meta-store rows and files are deleted
         (the loader already refused the pipeline if anything still reads them)."""
@@ -53,6 +63,7 @@ class PipelineEdits:
         gone, garbage = self.ctx.controller.retire_removed(
             tables, self.ctx.pipeline.sinks, self.ctx.pipeline.loaded_at
         )
+        self._retire_cdc_tables(gone)
         # Its whole directory: what runs killed before recording a file is there too.
         garbage += [self.ctx.warehouse.table_root(t) for t in gone if not t.startswith("sink ")]
         if garbage:

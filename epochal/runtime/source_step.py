@@ -16,6 +16,7 @@ from epochal.connectors.base import SourceBatch, SplitRange, any_rejected, marke
 from epochal.connectors.registry import connector_spec
 from epochal.epoch import epoch_age_s, shown_epoch
 from epochal.faults import fault_point
+from epochal.runtime.cdc_status import cdc_positions
 from epochal.runtime.report import StepReport, retired_report
 from epochal.storage.parts import StateCompacted
 from epochal.storage.state_reader import quoted
@@ -51,7 +52,12 @@ class SourceSteps:
         counts whole), and ``lag_seconds``, 0 when there are none, else the age of the epoch's
         barrier: how far the source's data trails the clock while records wait. A connector that
         cannot tell its splits' ends (a generator such as Nexmark) reports neither."""
-        split_ends = getattr(self.ctx.connector(name), "split_ends", None)
+        connector = self.ctx.connector(name)
+        # a CDC source: its slot's and the server's LSNs, the WAL retained (epochal/runtime/cdc_status.py)
+        upstream = cdc_positions(connector, self.ctx.controller.committed_epoch())
+        if upstream is not None:
+            return upstream
+        split_ends = getattr(connector, "split_ends", None)
         if split_ends is None:
             return {}
         ends = {r.split: r.end for r in ranges}
@@ -109,7 +115,7 @@ class SourceSteps:
     ) -> StepReport:
         warehouse = self.ctx.warehouse
         if batch.marked is None:
-            change = self._source_change(epoch, name, batch.rows, sum(r.count for r in ranges))
+            change = self._source_change(epoch, name, batch.rows, batch.records_in(ranges))
             return self._publish(
                 epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
             )
@@ -121,7 +127,7 @@ class SourceSteps:
 
         marked = batch.marked.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            lines = sum(r.count for r in ranges)
+            lines = batch.records_in(ranges)
             change = self._source_change(epoch, name, marked_rows(marked), lines)
             return self._publish(
                 epoch,
@@ -170,7 +176,7 @@ class SourceSteps:
                 dead = self.ctx.warehouse.write(batch.dead_letters, dlq_location)
                 shown = shown_epoch(epoch)
                 log.warning("%s epoch %s: %d record(s) went to %s", name, shown, dead, dead_letter_table(name))
-            records = sum(r.count for r in ranges)
+            records = batch.records_in(ranges) if batch is not None else sum(r.count for r in ranges)
             collected = Collected(name, location, records, rows, dead, dlq_location, time.time() - started, run_id)
             recorded = self.ctx.collect(epoch, collected, written, release)
         except EpochAborted:

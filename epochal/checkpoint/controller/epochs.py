@@ -27,6 +27,10 @@ class EpochMethods:
         """``epoch``'s record (state, kind, when it was injected and committed)."""
         return self.epoch_log.epoch(epoch)
 
+    def offsets(self, epoch: int, source: str) -> list[SplitRange]:
+        """The ranges ``epoch`` fixed for ``source``'s splits at injection."""
+        return self.epoch_log.offsets(epoch, source)
+
     def in_flight(self) -> list[EpochRecord]:
         """Epochs injected and neither committed nor aborted, oldest first."""
         return self.epoch_log.in_flight()

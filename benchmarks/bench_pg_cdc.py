@@ -1,0 +1,147 @@
+"""The postgres-cdc source: row changes per second committed (issue 59, part 1).
+
+    python benchmarks/bench_pg_cdc.py                    # 100,000-row snapshot, 3 epochs of 50,000 changes
+    python benchmarks/bench_pg_cdc.py --quick            # 10,000-row snapshot, 1 epoch of 10,000 changes
+    python benchmarks/bench_pg_cdc.py --changes 200000   # bigger epochs
+
+Against the PostgreSQL server at 127.0.0.1:5432 (user postgres, wal_level=logical), in a database of
+its own (``epochal_cdc_bench``, dropped with its slot at the end). One TABLE t(id BIGINT PRIMARY KEY,
+k BIGINT, v DECIMAL(12,2), note STRING) FROM a postgres-cdc source. First the snapshot epoch (N rows
+staged and read), then per repeat: M row changes upstream (updates of existing ids, inserts, deletes,
+1,000 per transaction), then one epoch (inject, the source step, commit), timed. Printed: the
+snapshot epoch's time and rows/s, and per change epoch its time, the part spent peeking and decoding
+the WAL on the driver (``records``), and the changes committed per second. The table is checked
+against ``SELECT count(*), sum(k)`` upstream at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness import fmt_s, log, median, table
+
+DB = "epochal_cdc_bench"
+ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+UPSTREAM = f"host=127.0.0.1 port=5432 user=postgres dbname={DB}"
+SLOT = "epochal_cdc_bench"
+PIPELINE = f"""
+CREATE SOURCE shop WITH (connector = 'postgres-cdc', hostname = '127.0.0.1', port = '5432',
+  username = 'postgres', database.name = '{DB}', slot.name = '{SLOT}');
+CREATE TABLE t (id BIGINT, k BIGINT, v DECIMAL(12,2), note STRING, PRIMARY KEY (id)) FROM shop TABLE 'public.t';
+"""
+
+
+def drop_database() -> None:
+    import psycopg
+
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", [DB])
+        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+
+
+def change(conn: Any, first_new: int, count: int, existing: int) -> None:
+    """``count`` row changes: 60% updates of existing ids, 30% inserts, 10% deletes, 1,000 a transaction."""
+    done = 0
+    while done < count:
+        n = min(1000, count - done)
+        updates, inserts = int(n * 0.6), int(n * 0.3)
+        deletes = n - updates - inserts
+        with conn.transaction():
+            base = (first_new + done) % max(existing, 1)
+            conn.execute(
+                "UPDATE t SET k = k + 1, note = 'u' WHERE id >= %s::bigint AND id < %s::bigint", [base, base + updates]
+            )
+            conn.execute(
+                "INSERT INTO t SELECT g, g %% 100, g / 7.0, 'n' FROM generate_series(%s::bigint, %s::bigint) g",
+                [first_new + done, first_new + done + inserts - 1],
+            )
+            conn.execute(
+                "DELETE FROM t WHERE id IN (SELECT id FROM t WHERE id < %s ORDER BY id DESC LIMIT %s)",
+                [first_new, deletes],
+            )
+        done += n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000, help="rows in the snapshot")
+    parser.add_argument("--changes", type=int, default=50_000, help="row changes per epoch")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="--rows 10000 --changes 10000 --repeats 1")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--json", help="result file (default benchmarks/results/bench_pg_cdc-<time>.json)")
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.changes, args.repeats = 10_000, 10_000, 1
+    log(harness.header("postgres-cdc: row changes per second committed"))
+
+    import psycopg
+    from inprocess import runtime_for
+
+    from epochal.spark.session import build_spark_session
+
+    spark = build_spark_session(
+        master="local[2]",
+        app_name="bench_pg_cdc",
+        conf={"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"},
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    drop_database()
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {DB}")
+    results: dict[str, Any] = {}
+    try:
+        with harness.workdir("bench_pg_cdc", args.keep) as root, psycopg.connect(UPSTREAM, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, k bigint, v numeric(12,2), note text)")
+            conn.execute(
+                "INSERT INTO t SELECT g, g %% 100, g / 7.0, 'x' FROM generate_series(0, %s) g", [args.rows - 1]
+            )
+            pipeline = Path(root) / "pipeline"
+            pipeline.mkdir()
+            (pipeline / "cdc.sql").write_text(PIPELINE)
+            runtime = runtime_for(Path(root) / "home", pipeline, spark, {"EPOCHAL_DRIVER_ROWS": "0"})
+
+            def epoch() -> tuple[float, float]:
+                started = time.perf_counter()
+                record, _ = runtime.start_epoch(None, None)
+                (r,) = runtime.controller.offsets(record.epoch, "t")
+                decode_started = time.perf_counter()
+                if r.start:
+                    runtime.connector("t").records(r.end, r.start)
+                decoding = time.perf_counter() - decode_started
+                runtime.run_source(record.epoch, "t")
+                runtime.commit(record.epoch)
+                return time.perf_counter() - started - decoding, decoding
+
+            snapshot_s, _ = epoch()
+            log(f"snapshot epoch: {args.rows:,} rows in {snapshot_s:.2f} s")
+            rows: list[list[str]] = []
+            per_s: list[float] = []
+            next_id = args.rows
+            for i in range(args.repeats):
+                change(conn, next_id, args.changes, args.rows)
+                next_id += args.changes
+                seconds, decoding = epoch()
+                per_s.append(args.changes / seconds)
+                rows.append([str(i + 1), f"{args.changes:,}", fmt_s(seconds), fmt_s(decoding), f"{per_s[-1]:,.0f}"])
+                log(f"epoch {i + 1}: {args.changes:,} changes in {seconds:.2f} s (peek+decode {decoding:.2f} s)")
+            want = conn.execute("SELECT count(*), sum(k) FROM t").fetchone()
+            got = runtime.state("t").selectExpr("count(*)", "sum(k)").collect()[0]
+            if tuple(got) != tuple(want):
+                raise SystemExit(f"the CDC table differs from upstream: {tuple(got)} != {tuple(want)}")
+            print(table(["epoch", "changes", "epoch s", "peek+decode s", "changes/s"], rows), flush=True)
+            log(f"median: {median(per_s):,.0f} row changes/s committed; snapshot {args.rows / snapshot_s:,.0f} rows/s")
+            results = {"snapshot_s": snapshot_s, "changes_per_s": per_s, "load": harness.load_now()}
+    finally:
+        drop_database()
+        spark.stop()
+    out_file = harness.save(harness.result_path("bench_pg_cdc", args.json), {"args": vars(args), "results": results})
+    log(f"result: {out_file}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""One upstream table's WAL changes in an epoch's LSN range, as a keyed table's records.
+
+Pure (no server, no Spark): the pgoutput messages a peek returned go in, the records come out as
+Python values of the declared types, each with ``_op`` (upsert/delete, see epochal/storage/upsert.py)
+in commit order. A transaction belongs to the epoch whose ``[lower, upper)`` holds its commit LSN,
+so no transaction is split across epochs, and reading the same messages again gives the same
+records.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal
+
+from epochal.connectors.pgoutput import UNCHANGED, Change, Decoder, Relation, lsn_text
+from epochal.errors import EpochalError
+from epochal.storage.upsert import DELETE, UPSERT
+
+
+class UpstreamChanged(EpochalError):
+    """The upstream table's shape changed, or it was truncated: the epoch cannot be read as declared."""
+
+
+def _timestamp(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    # timestamp (no zone) is taken as UTC, as Spark's TIMESTAMP holds instants; timestamptz is printed in UTC
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {
+    "BIGINT": int,
+    "INT": int,
+    "SMALLINT": int,
+    "TINYINT": int,
+    "DOUBLE": float,
+    "FLOAT": float,
+    "BOOLEAN": lambda text: text in ("t", "true"),  # boolout writes t, a ::text cast true
+    "STRING": lambda text: text,
+    "DATE": dt.date.fromisoformat,
+    "TIMESTAMP": _timestamp,
+}
+SUPPORTED_DECLARED = (*_PARSERS, "DECIMAL(p,s)")
+
+
+def parser(declared: str) -> Callable[[str], object] | None:
+    """How PostgreSQL's text of a value becomes a value of the declared type, None when unsupported."""
+    if re.fullmatch(r"DECIMAL\(\d+,\d+\)", declared.replace(" ", "")):
+        return Decimal
+    return _PARSERS.get(declared)
+
+
+def typed_row(values: Sequence[str | None], parsers: Sequence[Callable[[str], object]]) -> tuple:
+    return tuple(None if v is None else p(v) for v, p in zip(values, parsers, strict=True))
+
+
+def wal_records(
+    messages: Iterable[bytes],
+    table: tuple[str, str],
+    columns: Sequence[tuple[str, str]],
+    key: Sequence[str],
+    upstream: Sequence[str],
+    lower: int,
+    upper: int,
+) -> list[tuple]:
+    """The records of ``table`` (schema, name) in the transactions with ``lower <= commit LSN <
+    upper``: each the declared ``columns`` (name, type) then ``_op``. An update that changes the key
+    is a delete of the old key and an upsert of the new one. ``upstream`` are the table's columns
+    when the pipeline loaded: a Relation message with others is an upstream ADD/DROP COLUMN."""
+    parsers = [parser(t) for _, t in columns]
+    if any(p is None for p in parsers):
+        raise EpochalError(f"unsupported declared type among {columns}")
+    names = [n for n, _ in columns]
+    records: list[tuple] = []
+    decoder = Decoder()
+    for item in decoder.decode(messages):
+        if isinstance(item, Relation):
+            if (item.namespace, item.name) == table and list(item.columns) != list(upstream):
+                _schema_changed(item, upstream)
+            continue
+        change: Change = item
+        if (change.relation.namespace, change.relation.name) != table or not lower <= change.commit_lsn < upper:
+            continue
+        where = f"{table[0]}.{table[1]} (transaction committed at LSN {lsn_text(change.commit_lsn)})"
+        if change.kind == "truncate":
+            raise UpstreamChanged(
+                f"upstream table {where} was truncated: Epochal does not apply TRUNCATE; delete the rows "
+                "with DELETE instead, or drop the table from the pipeline and add it again to read a new snapshot"
+            )
+        if change.kind in ("update", "delete") and change.old is not None:
+            old_key = [change.old.get(k) for k in key]
+            if change.kind == "delete" or old_key != [change.new.get(k) for k in key]:
+                row = [change.old.get(n) if n in key else None for n in names]
+                records.append((*typed_row(row, parsers), DELETE))
+        if change.kind == "delete" and change.old is None:
+            raise EpochalError(f"a delete of {where} came without its old key: set REPLICA IDENTITY DEFAULT")
+        if change.new is not None:
+            row = []
+            for name in names:
+                value = change.new[name]
+                if value is UNCHANGED:
+                    # only a whole old row (REPLICA IDENTITY FULL) has it: a key tuple sends NULL there
+                    value = (
+                        change.old.get(name, UNCHANGED) if change.old is not None and change.old_is_row else UNCHANGED
+                    )
+                    if value is UNCHANGED:
+                        raise EpochalError(
+                            f"an update of {where} left the large (TOASTed) value of column '{name}' unchanged, "
+                            f"and PostgreSQL does not send it again: ALTER TABLE {table[0]}.{table[1]} "
+                            "REPLICA IDENTITY FULL so that every update carries it"
+                        )
+                row.append(value)
+            records.append((*typed_row(row, parsers), UPSERT))
+    return records
+
+
+def _schema_changed(relation: Relation, upstream: Sequence[str]) -> None:
+    added = [c for c in relation.columns if c not in upstream]
+    dropped = [c for c in upstream if c not in relation.columns]
+    what = (
+        "; ".join(
+            part
+            for part in (
+                f"column(s) {', '.join(added)} added" if added else "",
+                f"column(s) {', '.join(dropped)} dropped" if dropped else "",
+            )
+            if part
+        )
+        or "its columns reordered"
+    )
+    raise UpstreamChanged(
+        f"upstream table {relation.qualified} changed while the pipeline read it ({what}): Epochal does not "
+        "follow upstream schema changes yet; drop the table from the pipeline and add it again with its new "
+        "columns to read it from a new snapshot"
+    )

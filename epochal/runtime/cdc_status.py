@@ -1,0 +1,55 @@
+"""Where each change-data-capture source stands upstream, for `epochal status` and the source's
+asset metadata: the slot's confirmed LSN, the server's current LSN, the WAL the slot retains
+(bytes) and the lag in seconds (how old the newest committed changes are while WAL is retained
+past them). Only connectors that hold upstream WAL answer (``positions``: postgres-cdc)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from epochal.epoch import epoch_age_s
+from epochal.errors import EpochalError
+
+
+def cdc_positions(connector: object, committed_epoch: int | None) -> dict[str, object] | None:
+    """``connector``'s upstream positions with the lag, None for a connector that holds no WAL."""
+    positions = getattr(connector, "positions", None)
+    if positions is None:
+        return None
+    try:
+        found = dict(positions())
+    except EpochalError as error:  # the server is down: say so, status still prints
+        return {"error": str(error)}
+    behind = int(found.get("slot_retained_wal_bytes", 0) or 0) > 0
+    lag = epoch_age_s(committed_epoch, time.time()) if committed_epoch is not None and behind else 0.0
+    return {**found, "lag_seconds": lag}
+
+
+def cdc_status(runtime: Any) -> dict[str, dict[str, object]]:
+    """Per CDC source of ``runtime``'s pipeline (an EpochRuntime, not imported: it imports the
+    source step, which imports this), its ``cdc_positions``."""
+    committed = runtime.controller.committed_epoch()
+    out = {}
+    for name, source in runtime.pipeline.sources.items():
+        if source.connector != "postgres-cdc":
+            continue
+        found = cdc_positions(runtime.connector(name), committed)
+        if found is not None:
+            out[name] = found
+    return out
+
+
+def cdc_lines(cdc: dict[str, dict[str, object]]) -> list[str]:
+    if not cdc:
+        return []
+    lines = ["cdc sources     : slot confirmed LSN, server LSN, WAL retained, lag"]
+    for name, p in cdc.items():
+        if "error" in p:
+            lines.append(f"  {name:<28} {p['error']}")
+            continue
+        lines.append(
+            f"  {name:<28} {p.get('slot_confirmed_lsn', '-')}  {p.get('server_lsn', '-')}  "
+            f"{p.get('slot_retained_wal_bytes', 0)} bytes  {p.get('lag_seconds', 0):.0f}s"
+        )
+    return lines

@@ -1,0 +1,355 @@
+"""The postgres-cdc source against the real PostgreSQL server (127.0.0.1:5432, wal_level=logical).
+
+The CDC table is checked against ``SELECT *`` of the upstream table read independently with psycopg.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import struct
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from epochal.connectors import pg_cdc_server
+from epochal.connectors.pg_cdc_changes import UpstreamChanged, wal_records
+from epochal.connectors.pgoutput import lsn_int, lsn_text
+from epochal.errors import EpochalError, PipelineError
+from epochal.pipeline.loader import load_pipeline
+from epochal.runtime.cdc_status import cdc_lines, cdc_status
+from tests.epochal_harness import make_harness
+
+DB = "epochal_cdc_test"
+ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+UPSTREAM = f"host=127.0.0.1 port=5432 user=postgres dbname={DB} options='-c TimeZone=UTC'"
+SLOT = "epochal_cdc_test_slot"
+
+SOURCE = f"""
+CREATE SOURCE shop WITH (connector = 'postgres-cdc', hostname = '127.0.0.1', port = '5432',
+  username = 'postgres', password = '${{CDC_TEST_PASSWORD}}', database.name = '{DB}',
+  schema.name = 'public', slot.name = '{SLOT}', publication.name = '{SLOT}');
+"""
+ORDERS = """
+CREATE TABLE orders (id BIGINT, customer INT, amount DECIMAL(12,2), status STRING, updated_at TIMESTAMP,
+  seen TIMESTAMPTZ_IS_TIMESTAMP, flag BOOLEAN, day DATE, ref STRING, doc STRING, raw STRING, ratio FLOAT,
+  score DOUBLE, code STRING, PRIMARY KEY (id)) FROM shop TABLE 'public.orders';
+""".replace("TIMESTAMPTZ_IS_TIMESTAMP", "TIMESTAMP")
+BIDS = """CREATE SOURCE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+  date_time TIMESTAMP, extra STRING) WITH (connector = 'nexmark', 'nexmark.table.type' = 'Bid');"""
+ITEMS = "CREATE TABLE items (sku STRING PRIMARY KEY, qty INT) FROM shop TABLE 'items';"
+UPSTREAM_DDL = """
+CREATE TABLE orders (id bigint PRIMARY KEY, customer int, amount numeric(12,2), status text, updated_at timestamp,
+  seen timestamptz, flag boolean, day date, ref uuid, doc jsonb, raw bytea, ratio real, score double precision,
+  code varchar(10));
+CREATE TABLE items (sku text PRIMARY KEY, qty int);
+CREATE TABLE nokey (id int, v text);
+CREATE TABLE typed (id int PRIMARY KEY, v numeric(5,1), w int4range);
+"""
+
+
+def _drop_test_database() -> None:
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", [DB])
+        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    _drop_test_database()
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {DB}")
+    with psycopg.connect(UPSTREAM, autocommit=True) as conn:
+        conn.execute(UPSTREAM_DDL)
+        yield conn
+    _drop_test_database()
+
+
+def _row(i: int, status: str | None = "new", amount: str = "10.50") -> tuple:
+    return (
+        i,
+        i % 3,
+        amount,
+        status,
+        f"2026-01-0{1 + i % 9} 10:00:0{i % 10}.25",
+        f"2026-02-01 0{i % 10}:00:00+02",
+        i % 2 == 0,
+        f"2026-03-{10 + i % 9}",
+        f"00000000-0000-0000-0000-{i:012d}",
+        f'{{"n": {i}}}',
+        bytes([i, 255]),
+        0.5 + i,
+        1e300 / (i + 1),
+        f"c{i}",
+    )
+
+
+def _insert(conn: psycopg.Connection, ids: range | list[int]) -> None:
+    conn.execute(  # one statement, several rows
+        "INSERT INTO orders VALUES " + ", ".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(ids)),
+        [v for i in ids for v in _row(i)],
+    )
+
+
+def _expected(conn: psycopg.Connection) -> Counter:
+    """``SELECT *`` of upstream, with each value as the declared type holds it."""
+    rows = conn.execute(
+        "SELECT id, customer, amount, status, updated_at, seen, flag, day, ref::text, doc::text, "
+        "'\\x' || encode(raw, 'hex'), ratio, score, code FROM orders"
+    ).fetchall()
+    out = Counter()
+    for r in rows:
+        r = list(r)
+        r[4] = r[4].replace(tzinfo=None) if r[4] else None  # TIMESTAMP: Spark collects UTC-session naive values
+        r[5] = r[5].astimezone(dt.UTC).replace(tzinfo=None) if r[5] else None
+        out[tuple(r)] += 1
+    return out
+
+
+def _state(runtime) -> Counter:  # noqa: ANN001
+    return Counter(tuple(r) for r in runtime.state("orders").collect())
+
+
+def _slot_confirmed() -> int:
+    with psycopg.connect(ADMIN) as admin:
+        return lsn_int(
+            admin.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [SLOT]
+            ).fetchone()[0]
+        )
+
+
+def test_snapshot_then_live_changes_equal_upstream_through_recovery(
+    spark, tmp_path: Path, upstream, monkeypatch
+) -> None:
+    monkeypatch.setenv("CDC_TEST_PASSWORD", "")
+    _insert(upstream, range(1, 9))
+    upstream.execute("INSERT INTO items VALUES ('a', 1), ('b', 2)")
+    # two tables share the slot: it is advanced to the lower of their committed ends
+    h = make_harness(tmp_path, {"shop.sql": SOURCE + ORDERS + ITEMS})
+    runtime = h.runtime(spark)
+    runtime.recover("bootstrap")
+
+    # Rows changed while the snapshot is read: committed after its consistent point, so they come
+    # through the WAL, on top of the snapshot, neither lost nor doubled.
+    taken = pg_cdc_server.consistent_snapshot
+
+    def racing_snapshot(config, columns):  # noqa: ANN001, ANN202
+        context = taken(config, columns)
+        if config.table != "orders":
+            return context
+        lsn, batches = context.__enter__()
+        with psycopg.connect(UPSTREAM, autocommit=True) as other:
+            with other.transaction():
+                other.execute("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)")
+                other.execute("DELETE FROM orders WHERE id = 3")
+                _insert(other, [100])
+
+        class Wrapped:
+            def __enter__(self):  # noqa: ANN204
+                return lsn, batches
+
+            def __exit__(self, *exc):  # noqa: ANN002, ANN204
+                return context.__exit__(*exc)
+
+        return Wrapped()
+
+    monkeypatch.setattr(pg_cdc_server, "consistent_snapshot", racing_snapshot)
+
+    def epoch(run: bool = True) -> int:
+        number = runtime.controller.epoch_log.inject(runtime.plan).epoch
+        if run:
+            finish(number)
+        return number
+
+    reports = []
+
+    def finish(number: int) -> None:
+        reports.append(runtime.run_source(number, "orders"))
+        runtime.run_source(number, "items")
+        runtime.commit(number)
+
+    first = epoch()
+    monkeypatch.setattr(pg_cdc_server, "consistent_snapshot", taken)
+    got, want = _state(runtime), _expected(upstream)
+    assert got == want, (sorted(got - want), sorted(want - got))
+    assert len(_state(runtime)) == 8  # 1..8 without 3, with 100
+
+    # Multi-statement transactions: an update to NULL, a changed primary key, deletes, a row
+    # inserted and deleted in one transaction, and a second transaction on the same keys.
+    with upstream.transaction():
+        upstream.execute("UPDATE orders SET status = NULL, seen = NULL, doc = NULL WHERE id = 4")
+        upstream.execute("UPDATE orders SET id = 40 WHERE id = 5")
+        upstream.execute("DELETE FROM orders WHERE id IN (6, 100)")
+        _insert(upstream, [9, 10])
+        upstream.execute("DELETE FROM orders WHERE id = 10")
+    with upstream.transaction():
+        upstream.execute("UPDATE orders SET amount = 1234567890.12, id = 41 WHERE id = 40")
+        upstream.execute("UPDATE orders SET status = 'late' WHERE id = 9")
+        upstream.execute("UPDATE items SET sku = 'c', qty = NULL WHERE sku = 'a'")
+    second = epoch()
+    assert _state(runtime) == _expected(upstream)
+    assert {r[0] for r in _state(runtime)} == {1, 2, 4, 7, 8, 9, 41}
+    assert Counter(map(tuple, runtime.state("items").collect())) == Counter([("b", 2), ("c", None)])
+
+    # A re-read of an epoch's range reads the same changes, even after more were committed.
+    (second_range,) = runtime.controller.offsets(second, "orders")
+    connector = runtime.connector("orders")
+    before = connector.records(second_range.end, second_range.start)
+    upstream.execute("UPDATE orders SET status = 'after' WHERE id = 1")
+    assert connector.records(second_range.end, second_range.start) == before
+    assert [r[-1] for r in before].count("delete") == 5  # 5 -> 40, 6, 100, 10, 40 -> 41
+
+    # An epoch read and then aborted by a recovery is read again, with what came after it.
+    third = epoch(run=False)
+    runtime.run_source(third, "orders")
+    assert third in runtime.recover("test: the run died after reading one source").aborted
+    upstream.execute("UPDATE orders SET customer = 7 WHERE id = 2")
+    plan = runtime.plan
+
+    def plan_with_a_write_between(source: str, starts: dict) -> list:
+        ranges = plan(source, starts)
+        if source == "orders":  # items is planned after: at a later LSN
+            upstream.execute("UPDATE items SET qty = 3 WHERE sku = 'b'")
+        return ranges
+
+    monkeypatch.setattr(runtime, "plan", plan_with_a_write_between)
+    fourth = epoch()
+    monkeypatch.setattr(runtime, "plan", plan)
+    assert fourth > third
+    assert _state(runtime) == _expected(upstream)
+
+    # The slot's confirmed position follows the committed epochs, never an in-flight one.
+    ends = {t: runtime.controller.offsets(fourth, t)[0].end for t in ("orders", "items")}
+    assert ends["orders"] < ends["items"]
+    assert Counter(map(tuple, runtime.state("items").collect())) == Counter([("b", 3), ("c", None)])
+    in_flight = epoch(run=False)
+    assert _slot_confirmed() == ends["orders"]
+    assert runtime.controller.offsets(in_flight, "items")[0].start == ends["items"]
+    # status and the asset metadata show where the slot and the server are, and what is retained
+    (shown,) = [v for k, v in cdc_status(runtime).items() if k == "orders"]
+    assert shown["slot_confirmed_lsn"] == lsn_text(ends["orders"])
+    assert lsn_int(shown["server_lsn"]) >= ends["items"] and shown["slot_retained_wal_bytes"] > 0
+    lines = cdc_lines(cdc_status(runtime))
+    assert any(line.startswith("  orders ") and lsn_text(ends["orders"]) in line for line in lines)
+    assert reports[-1].metadata["server_lsn"] and "slot_retained_wal_bytes" in reports[-1].metadata
+    # records counted as records, not as the LSN range's WAL bytes: ids 1 (aborted epoch's range) and 2
+    assert reports[-1].metadata["records_read"] == 2
+    assert reports[0].metadata["records_read"] == 8 + 4  # the snapshot's rows, then 2 updates, a delete, an insert
+
+    # An upstream ADD COLUMN is a clear error at the epoch that meets it, not rows of another shape.
+    upstream.execute("ALTER TABLE orders ADD COLUMN note text")
+    upstream.execute("UPDATE orders SET note = 'x' WHERE id = 1")
+    changed = epoch(run=False)
+    with pytest.raises(UpstreamChanged, match=r"upstream table public.orders changed .*column\(s\) note added"):
+        runtime.connector("orders").read(spark, runtime.controller.offsets(changed, "orders"))
+
+    # A table that leaves the pipeline leaves the publication; with the last table of the slot, the
+    # slot and the publication Epochal created are dropped (a slot left behind keeps WAL forever).
+    def upstream_objects() -> tuple[list, list]:
+        slots = upstream.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", [DB]).fetchall()
+        published = upstream.execute("SELECT tablename FROM pg_publication_tables WHERE pubname = %s", [SLOT])
+        return [r[0] for r in slots], [r[0] for r in published.fetchall()]
+
+    assert upstream_objects() == ([SLOT], ["orders", "items"]) or upstream_objects() == ([SLOT], ["items", "orders"])
+    (h.pipeline_dir / "shop.sql").write_text(SOURCE + ITEMS)
+    h.runtime(spark).apply_pipeline_changes()
+    assert upstream_objects() == ([SLOT], ["items"])
+    (h.pipeline_dir / "shop.sql").write_text(BIDS)
+    h.runtime(spark).apply_pipeline_changes()
+    assert upstream_objects() == ([], [])
+    assert not upstream.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", [SLOT]).fetchall()
+    assert first < second
+
+
+def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
+    def problems(table_sql: str, **source: str) -> str:
+        text = SOURCE.replace("${CDC_TEST_PASSWORD}", "")
+        for key, value in source.items():
+            text = re.sub(f"{key} = '[^']*'", f"{key} = '{value}'", text)
+        directory = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        directory.mkdir()
+        (directory / "p.sql").write_text(text + table_sql)
+        with pytest.raises(PipelineError) as caught:
+            load_pipeline(directory)
+        return str(caught.value)
+
+    no_key = problems("CREATE TABLE t (id INT, v STRING, PRIMARY KEY (id)) FROM shop TABLE 'public.nokey';")
+    assert "has no primary key" in no_key and "REPLICA IDENTITY" in no_key
+    typed = problems("CREATE TABLE t (id INT, v DECIMAL(5,2), w STRING, PRIMARY KEY (id)) FROM shop TABLE 'typed';")
+    assert "column 'v' is DECIMAL(5,2), but upstream it is numeric(5,1), which maps to DECIMAL(5,1)" in typed
+    assert "column 'w' is STRING, but upstream it is int4range, which maps to no type" in typed
+    missing = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'public.nothere';")
+    assert "table public.nothere does not exist" in missing
+    down = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", port="1")
+    assert "cannot connect to PostgreSQL at postgres@127.0.0.1:1/" in down
+    literal = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", password="hunter2")
+    assert "option 'password' is written out: write it as password = '${NAME}'" in literal
+    direct = problems(
+        f"CREATE TABLE t (id INT, PRIMARY KEY (id)) WITH (connector = 'postgres-cdc', hostname = 'h', "
+        f"username = 'u', database.name = '{DB}', slot.name = 's', table.name = 'typed');"
+    )
+    assert "table t: a postgres-cdc table is declared FROM a source of the connection" in direct
+    unknown = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM nowhere TABLE 'typed';")
+    assert "reads FROM nowhere" in unknown
+
+
+def _relation(oid: int, columns: list[str]) -> bytes:
+    body = struct.pack("!I", oid) + b"public\0orders\0" + b"d" + struct.pack("!h", len(columns))
+    for i, name in enumerate(columns):
+        body += struct.pack("!B", 1 if i == 0 else 0) + name.encode() + b"\0" + struct.pack("!Ii", 23, -1)
+    return b"R" + body
+
+
+def _tuple(values: list[str | None]) -> bytes:
+    out = struct.pack("!h", len(values))
+    for v in values:
+        out += b"n" if v is None else b"t" + struct.pack("!i", len(v.encode())) + v.encode()
+    return out
+
+
+def test_pgoutput_transactions_are_kept_whole_by_commit_lsn_and_changes_are_refused_by_name() -> None:
+    def begin(lsn: int) -> bytes:
+        return b"B" + struct.pack("!QqI", lsn, 0, 1)
+
+    commit = b"C" + struct.pack("!BQQq", 0, 0, 0, 0)
+    messages = [
+        _relation(7, ["id", "v"]),
+        begin(100),
+        b"I" + struct.pack("!I", 7) + b"N" + _tuple(["1", "a"]),
+        commit,
+        begin(200),
+        b"U" + struct.pack("!I", 7) + b"K" + _tuple(["1", None]) + b"N" + _tuple(["2", None]),  # key 1 -> 2, v NULL
+        b"D" + struct.pack("!I", 7) + b"K" + _tuple(["2", None]),
+        b"I" + struct.pack("!I", 7) + b"N" + _tuple(["3", "c"]),
+        commit,
+    ]
+    columns = [("id", "INT"), ("v", "STRING")]
+    table = ("public", "orders")
+    assert wal_records(messages, table, columns, ["id"], ["id", "v"], 0, 150) == [(1, "a", "upsert")]
+    assert wal_records(messages, table, columns, ["id"], ["id", "v"], 150, 201) == [
+        (1, None, "delete"),
+        (2, None, "upsert"),
+        (2, None, "delete"),
+        (3, "c", "upsert"),
+    ]
+    assert wal_records(messages, table, columns, ["id"], ["id", "v"], 201, 300) == []
+    with pytest.raises(UpstreamChanged, match=r"column\(s\) w added"):
+        wal_records([_relation(7, ["id", "v", "w"])], table, columns, ["id"], ["id", "v"], 0, 300)
+    # An unchanged TOASTed value comes from the whole old row (REPLICA IDENTITY FULL), never from a
+    # key tuple, whose other columns are NULL: that is an error naming the fix.
+    toasted = _tuple(["1", None])[:-1] + b"u"
+    full = b"U" + struct.pack("!I", 7) + b"O" + _tuple(["1", "big"]) + b"N" + toasted
+    assert wal_records(
+        [_relation(7, ["id", "v"]), begin(100), full, commit], table, columns, ["id"], ["id", "v"], 0, 300
+    ) == [(1, "big", "upsert")]
+    keyed = b"U" + struct.pack("!I", 7) + b"K" + _tuple(["2", None]) + b"N" + toasted
+    with pytest.raises(EpochalError, match="REPLICA IDENTITY FULL"):
+        wal_records([_relation(7, ["id", "v"]), begin(100), keyed, commit], table, columns, ["id"], ["id", "v"], 0, 300)
+    truncate = b"T" + struct.pack("!iBI", 1, 0, 7)
+    with pytest.raises(UpstreamChanged, match="public.orders .*was truncated"):
+        wal_records(
+            [_relation(7, ["id", "v"]), begin(100), truncate, commit], table, columns, ["id"], ["id", "v"], 0, 300
+        )
