@@ -136,7 +136,10 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
         order = {str(path): index for index, path in enumerate(files)}
         issues.items.sort(key=lambda issue: (order.get(issue.file, -1), issue.line))
         raise PipelineError(issues.items)
-    return Pipeline(directory=directory, sources=sources, views=views, sinks=sinks, checks=checks)
+    from epochal.pipeline.builtin_checks import builtin_checks
+
+    pipeline = Pipeline(directory=directory, sources=sources, views=views, sinks=sinks)
+    return replace(pipeline, checks={**builtin_checks(pipeline), **checks})
 
 
 def _sql_files(directory: Path) -> list[Path]:

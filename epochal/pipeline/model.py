@@ -123,6 +123,11 @@ class CheckDef:
     location: Location
     #: built in (a view's provable row count) rather than declared
     builtin: bool = False
+    #: other tables the query reads (a built-in check's input); a declared check reads only ``table``
+    also_reads: tuple[str, ...] = ()
+    #: a built-in row-count check's proven relation of ``table``'s rows to its input's (the one of
+    #: ``also_reads``): "equal", "at_most", or "at_most_some" (and some when the input has rows)
+    row_count: str = ""
 
     @property
     def holds_sinks(self) -> bool:
