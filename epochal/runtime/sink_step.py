@@ -189,7 +189,8 @@ class SinkSteps:
                     raise type(error)(message) from error
             raise
         lag = controller.sink_lag(name)
-        controller.note_check_hold(name, hold.holding)
+        if upto is not None and upto == committed:  # (a re-run of an older partition sees less: it says nothing)
+            controller.note_check_hold(name, hold.holding)
         if hold.holding is not None:
             log.warning("sink %s: %s; it stays at epoch %s", name, hold.shown(), lag["delivered_epoch"])
         if report.epochs:
