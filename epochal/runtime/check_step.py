@@ -123,18 +123,19 @@ class CheckSteps:
         return (1, [{"view_rows": view, "input_rows": table}]) if wrong else (0, [])
 
     def _count(self, table: str, epoch: int) -> int:
-        import duckdb
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
 
-        from epochal.sql import duckdb_parquet
         from epochal.storage.warehouse import WEIGHT
 
         parts = self.ctx.controller.state_parts(table, epoch, inclusive=True)
         count = parts.snapshot.rows if parts.snapshot is not None and parts.snapshot.rows else 0
-        changes = [f for _, loc in parts.changes for f in self.ctx.warehouse.parquet_files(loc)]
-        if changes:
-            with duckdb.connect() as con:
-                weights = f"SELECT coalesce(sum({WEIGHT}), 0) FROM {duckdb_parquet(changes)}"
-                count += int(con.execute(weights).fetchone()[0])
+        warehouse = self.ctx.warehouse
+        for _, location in parts.changes:
+            for path in warehouse.parquet_files(location):
+                # only the weight column of each change file (pyarrow: no DuckDB connection to open)
+                weights = pq.read_table(warehouse.file_path(path), columns=[WEIGHT], filesystem=warehouse.fs)
+                count += int(pc.sum(weights.column(WEIGHT)).as_py() or 0)
         return count
 
     def _backfilling(self, table: str) -> bool:
