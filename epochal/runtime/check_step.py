@@ -55,8 +55,9 @@ class CheckSteps:
         kept = self.ctx.controller.check_result(check.name, epoch)
         if kept is not None:
             return kept
-        if check.builtin and any(self._backfilling(t) for t in (check.table, *check.also_reads)):
-            # a view still backfilling holds part of its rows: no count proves anything yet (not recorded)
+        if check.builtin and any(self._unproven(t, epoch) for t in (check.table, *check.also_reads)):
+            # a view still backfilling holds part of its rows, one being rebuilt the rows of its old
+            # statement: no count proves anything there (the pass is not recorded)
             return CheckResult(check.name, epoch, check.table, check.severity, True, 0, [], time.time())
         started = time.time()
         count, sample = self._row_count(check, epoch) if check.row_count else self._offending(check, epoch)
@@ -138,9 +139,15 @@ class CheckSteps:
                 count += int(pc.sum(weights.column(WEIGHT)).as_py() or 0)
         return count
 
-    def _backfilling(self, table: str) -> bool:
-        backfill = self.ctx.controller.backfill(table)
-        return backfill is not None and backfill.phase.active
+    def _unproven(self, table: str, epoch: int) -> bool:
+        controller = self.ctx.controller
+        backfill = controller.backfill(table)
+        if backfill is not None and backfill.phase.active:
+            return True
+        rebuild = controller.rebuild(table) if table in self.ctx.pipeline.views else None
+        return rebuild is not None and (
+            rebuild.state.active or rebuild.switched_epoch is None or epoch < rebuild.switched_epoch
+        )
 
     def _offending(self, check: CheckDef, epoch: int) -> tuple[int, list[dict]]:
         """How many rows ``check``'s query returns at ``epoch``, and the first SAMPLE_ROWS of them."""
