@@ -55,9 +55,9 @@ class CheckSteps:
         kept = self.ctx.controller.check_result(check.name, epoch)
         if kept is not None:
             return kept
-        if check.builtin and any(self._unproven(t, epoch) for t in (check.table, *check.also_reads)):
-            # a view still backfilling holds part of its rows, one being rebuilt the rows of its old
-            # statement: no count proves anything there (the pass is not recorded)
+        if any(self._unproven(check, t, epoch) for t in (check.table, *check.also_reads)):
+            # a view still backfilling holds part of its rows (its sinks wait for the join anyway), one
+            # being rebuilt the rows of its old statement: no verdict, and none recorded, until they are whole
             return CheckResult(check.name, epoch, check.table, check.severity, True, 0, [], time.time())
         started = time.time()
         count, sample = self._row_count(check, epoch) if check.row_count else self._offending(check, epoch)
@@ -139,12 +139,12 @@ class CheckSteps:
                 count += int(pc.sum(weights.column(WEIGHT)).as_py() or 0)
         return count
 
-    def _unproven(self, table: str, epoch: int) -> bool:
+    def _unproven(self, check: CheckDef, table: str, epoch: int) -> bool:
         controller = self.ctx.controller
         backfill = controller.backfill(table)
         if backfill is not None and backfill.phase.active:
             return True
-        rebuild = controller.rebuild(table) if table in self.ctx.pipeline.views else None
+        rebuild = controller.rebuild(table) if check.builtin and table in self.ctx.pipeline.views else None
         return rebuild is not None and (
             rebuild.state.active or rebuild.switched_epoch is None or epoch < rebuild.switched_epoch
         )
