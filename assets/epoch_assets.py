@@ -96,6 +96,11 @@ def _commit_asset(tables: list[str]) -> AssetsDefinition:
     def _commit(context: AssetExecutionContext, checkpoint: CheckpointControllerResource) -> MaterializeResult:
         report = checkpoint.runtime.commit(_epoch(context))
         context.log.info(str(report))
+        if report.checks:  # the pipeline's checks at the committed epoch, on their tables' partitions
+            from assets.check_assets import check_evaluation
+
+            for result in report.checks:
+                context.log_event(check_evaluation(result))
         checkpoint.retire_partitions(context.instance)
         return MaterializeResult(metadata=to_metadata(report))
 

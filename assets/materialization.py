@@ -96,3 +96,8 @@ def record_materialization(context: OpExecutionContext, report: StepReport) -> N
     evaluation = dead_letters_evaluation(report)
     if evaluation is not None:
         context.log_event(evaluation)
+    if report.checks:  # the commit step evaluated the pipeline's checks at the epoch (docs/checks.md)
+        from assets.check_assets import check_evaluation
+
+        for result in report.checks:
+            context.log_event(check_evaluation(result))

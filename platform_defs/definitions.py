@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dagster import Definitions
 
+from assets.check_assets import build_check_assets
 from assets.epoch_assets import build_epoch_assets
 from epochal.pipeline.loader import load_pipeline
 from epochal.settings import Settings
@@ -30,6 +31,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     driven = driven_assets_job()
     return Definitions(
         assets=build_epoch_assets(pipeline),
+        asset_checks=build_check_assets(pipeline),
         jobs=[job, backfill, driven],
         sensors=[build_barrier_sensor(settings, job, backfill, driven)],
         resources={"spark": spark, "checkpoint": checkpoint},

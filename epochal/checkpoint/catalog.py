@@ -497,7 +497,8 @@ class SnapshotCatalog:
             )
             count = cur.execute(f"SELECT count(*) FROM ({old}) o", [limit]).fetchone()[0]
             if count:
-                for table in ("epoch_offsets", "collected"):
+                # (check_results: every sink is past these epochs, so no hold reads them again)
+                for table in ("epoch_offsets", "collected", "check_results"):
                     cur.execute(f"DELETE FROM {table} WHERE epoch IN ({old})", [limit])
                 # Finished sink batches before the horizon; the newest COMMITTED one of a sink ends
                 # at its delivered epoch, which is not before the horizon, so it stays. A committed

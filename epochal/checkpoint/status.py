@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from epochal.checkpoint import checks as check_records
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.backfills import log as backfill_log
 from epochal.checkpoint.records import EpochState
@@ -54,6 +55,7 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
                 "GROUP BY c.asset"
             ).fetchall()
         }
+        holds = check_records.holds(cur)
         return {
             "committed_epoch": committed,
             "tables": {t: table_epochs.get(t) for t in tables},
@@ -61,7 +63,8 @@ def read_status(backend: Backend, tables: list[str], sinks: list[str]) -> dict[s
             "paused": bool(q.get_flag(cur, "paused")),
             "pause_on_next_start": bool(q.get_flag(cur, "pause_on_next_start")),
             "recovery_requested": q.get_flag(cur, "recovery_requested"),
-            "sinks": {s: sink_status.lag(cur, s) for s in sinks},
+            # (held_by_check: the failing check that keeps the sink at its delivered epoch, docs/checks.md)
+            "sinks": {s: {**sink_status.lag(cur, s), "held_by_check": holds.get(s)} for s in sinks},
             "backfills": backfill_log.status(cur),
             # newest snapshot per table, and the epoch up to which its change files were deleted
             "snapshots": {

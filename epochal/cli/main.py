@@ -172,6 +172,9 @@ def status_lines(status: dict) -> list[str]:
             error = f"; last failure: {lag['last_error']}" if lag["last_error"] and lag["lag_epochs"] else ""
             delivered = shown_epoch(lag["delivered_epoch"])
             out.append(f"  {sink:<28} {delivered}  {behind}{_sink_start(lag.get('start'))}{error}")
+            if lag.get("held_by_check"):
+                held = lag["held_by_check"]
+                out.append(f"  {'':<28} held by check {held['check']} (failed at epoch {held['epoch']})")
     if status["backfills"]:
         out.append("backfills       : phase, vnodes, rows, epochs behind (epochal backfill for more)")
         for view, b in status["backfills"].items():
@@ -552,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="start: epochs of the demo run against a new server first (default EPOCHAL_SPARK_WARMUP_EPOCHS; 0: none)",
     )
     p.set_defaults(fn=cmd_spark)
+    from epochal.cli.checks_cmd import add_parser as add_checks_parser
+
+    add_checks_parser(sub, _runtime)
     return parser
 
 

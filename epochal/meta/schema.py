@@ -300,6 +300,29 @@ DDL = (
     # connector, options as written, ``${NAME}`` references unresolved and literal secrets left out,
     # and columns): JSON of ``SinkRecipe``, kept current by every delivery step.
     "ALTER TABLE sink_declarations ADD COLUMN IF NOT EXISTS recipe VARCHAR",
+    # One row per check and committed epoch (epochal/checkpoint/checks.py): whether its query found
+    # offending rows, how many, up to 5 of them as JSON; an ``error`` check that failed holds the
+    # epoch back from the sinks downstream until a later epoch passes or ``released_at`` is set.
+    """CREATE TABLE IF NOT EXISTS check_results (
+        check_name VARCHAR NOT NULL,
+        epoch BIGINT NOT NULL,
+        table_name VARCHAR NOT NULL,
+        severity VARCHAR NOT NULL,
+        passed BOOLEAN NOT NULL,
+        failed_rows BIGINT NOT NULL,
+        sample VARCHAR,
+        evaluated_at DOUBLE PRECISION NOT NULL,
+        released_by VARCHAR,
+        released_at DOUBLE PRECISION,
+        PRIMARY KEY (check_name, epoch)
+    )""",
+    # Which check holds each sink, as its last delivery step found (shown by `epochal status`).
+    """CREATE TABLE IF NOT EXISTS check_holds (
+        sink VARCHAR PRIMARY KEY,
+        check_name VARCHAR NOT NULL,
+        epoch BIGINT NOT NULL,
+        held_at DOUBLE PRECISION NOT NULL
+    )""",
     # The indexes the controller's queries need (the primary keys cover lookups by epoch).
     "CREATE INDEX IF NOT EXISTS epochs_by_state ON epochs (state, epoch)",
     "CREATE INDEX IF NOT EXISTS collected_by_asset ON collected (asset, epoch)",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.errors import PipelineError, PipelineIssue, require
 from epochal.options import FORMAT_KEY
+from epochal.pipeline.checks import ParsedCheck, is_check, load_checks, parse_check
 from epochal.pipeline.cycles import view_cycles
 from epochal.pipeline.ddl import Options, ParsedSink, ParsedSource, ParsedView, parse_statement
 from epochal.pipeline.model import (
@@ -100,6 +101,7 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
 
     issues = _Issues()
     definitions: list[_Definition] = []
+    parsed_checks: list[tuple[str, ParsedCheck]] = []
     for path in files:
         file = str(path)
         try:
@@ -111,6 +113,11 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
         for problem in split_problems:
             issues.add(file, problem.line, problem.message)
         for statement in statements:
+            check, problems = parse_check(statement) if is_check(statement) else (None, [])
+            if check is not None or problems:  # (checks have a namespace of their own: pipeline/checks.py)
+                parsed_checks += [(file, check)] if check is not None else []
+                issues.items += [PipelineIssue(file, p.line, p.message) for p in problems]
+                continue
             parsed, problems = parse_statement(statement)
             for problem in problems:
                 issues.add(file, problem.line, problem.message)
@@ -125,11 +132,15 @@ def load_pipeline(directory: Path | str, connector_spec: ConnectorLookup | None 
     failed: set[str] = set()
     views = _views(named, sources, issues, failed)
     sinks = _sinks(named, sources, views, issues, failed)
+    checks = load_checks(parsed_checks, sources, views, failed, issues.add)
     if issues.items:
         order = {str(path): index for index, path in enumerate(files)}
         issues.items.sort(key=lambda issue: (order.get(issue.file, -1), issue.line))
         raise PipelineError(issues.items)
-    return Pipeline(directory=directory, sources=sources, views=views, sinks=sinks)
+    from epochal.pipeline.builtin_checks import builtin_checks
+
+    pipeline = Pipeline(directory=directory, sources=sources, views=views, sinks=sinks)
+    return replace(pipeline, checks={**builtin_checks(pipeline), **checks})
 
 
 def _sql_files(directory: Path) -> list[Path]:

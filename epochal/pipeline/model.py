@@ -106,12 +106,42 @@ class SinkDef:
     location: Location
 
 
+#: a check's severity (CREATE CHECK ... WITH (severity = ...), epochal/pipeline/checks.py)
+Severity = Literal["error", "warn"]
+
+
+@dataclass(frozen=True)
+class CheckDef:
+    """A CREATE CHECK, or a built-in check (docs/checks.md)."""
+
+    name: str
+    #: the table, source or view whose committed state the query reads
+    table: str
+    severity: Severity
+    #: Spark SQL returning the offending rows (no rows: the check passes)
+    query: str
+    location: Location
+    #: built in (a view's provable row count) rather than declared
+    builtin: bool = False
+    #: other tables the query reads (a built-in check's input); a declared check reads only ``table``
+    also_reads: tuple[str, ...] = ()
+    #: a built-in row-count check's proven relation of ``table``'s rows to its input's (the one of
+    #: ``also_reads``): "equal", "at_most", or "at_most_some" (and some when the input has rows)
+    row_count: str = ""
+
+    @property
+    def holds_sinks(self) -> bool:
+        return self.severity == "error"
+
+
 @dataclass(frozen=True)
 class Pipeline:
     directory: Path
     sources: Mapping[str, SourceDef] = field(default_factory=dict)
     views: Mapping[str, ViewDef] = field(default_factory=dict)
     sinks: Mapping[str, SinkDef] = field(default_factory=dict)
+    #: CREATE CHECKs (epochal/pipeline/checks.py), by name
+    checks: Mapping[str, CheckDef] = field(default_factory=dict)
     #: when the files were read: a table retired after that is stale in this pipeline, not re-added
     loaded_at: float = field(default_factory=time.time, compare=False)
 
@@ -149,6 +179,18 @@ class Pipeline:
         if view is None or view.refresh == "full" or view.plan is None or view.plan.kind != "linear":
             return False
         return all(self.append_only(u) for u in view.upstreams)
+
+    def checks_holding(self, sink: str) -> list[CheckDef]:
+        """The ``error`` checks on the sink's table or on any table it reads, transitively: a
+        failure of one at an epoch holds that epoch back from the sink."""
+        seen: set[str] = set()
+        pending = [self.sinks[sink].from_table]
+        while pending:
+            table = pending.pop()
+            if table not in seen:
+                seen.add(table)
+                pending.extend(self.upstreams(table))
+        return [c for c in self.checks.values() if c.holds_sinks and c.table in seen]
 
     def upstreams(self, table: str) -> tuple[str, ...]:
         if table in self.views:

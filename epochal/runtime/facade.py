@@ -40,6 +40,7 @@ from epochal.errors import EpochalError
 from epochal.faults import fault_point
 from epochal.pipeline.fingerprints import view_fingerprint, view_statement
 from epochal.pipeline.model import Pipeline
+from epochal.runtime.check_step import CheckSteps
 from epochal.runtime.commit_step import CommitStep
 from epochal.runtime.epoch_taking import EpochTaking, RunEpochs
 from epochal.runtime.pipeline_edits import PipelineEdits
@@ -133,7 +134,8 @@ class EpochRuntime:
         )
         self.rebuild_steps = RebuildSteps(self, self.view_steps, add_shadows=self.changes.add_shadows)
         self.commit_step = CommitStep(self, retire_removed=self.changes.retire_removed)
-        self.sink_steps = SinkSteps(self)
+        self.check_steps = CheckSteps(self)
+        self.sink_steps = SinkSteps(self, self.check_steps)
         self._plans_checked = False
         # A run's steps may run on several threads (``platform_defs.executor``): what one step sets
         # for itself (``recording_for_backfill``) is per thread, and lazy set-up happens once.
@@ -393,7 +395,22 @@ class EpochRuntime:
         return self.view_steps.run(epoch, name, run_id, release)
 
     def commit(self, epoch: int) -> StepReport:
-        return measured(self._guard(epoch, lambda: self.commit_step.run(epoch)))
+        report = measured(self._guard(epoch, lambda: self.commit_step.run(epoch)))
+        if report.metadata.get("state") == "COMMITTED" and self.pipeline.checks:
+            # After the commit, before the sinks (they run after this step): every check at each
+            # epoch this step committed (older ones waiting for order commit with it), and this one.
+            by_this_step = str(report.metadata.get("committed_by_this_step", "none"))
+            epochs = sorted({epoch, *(int(e) for e in by_this_step.split(", ") if e.isdigit())})
+            try:
+                report.checks = [r for e in epochs for r in self.check_steps.evaluate_epoch(e)]
+            except EpochalError as error:
+                # The epoch is committed whatever a check says; a sink downstream evaluates the
+                # check again before it delivers, and fails there, with this error, if it still fails.
+                log.warning("%s", error)
+                report.metadata["checks_error"] = str(error)
+            failed = [f"{r.check}@{r.epoch}" if len(epochs) > 1 else r.check for r in report.checks if not r.passed]
+            report.metadata["checks_failed"] = ", ".join(failed) or "none"
+        return report
 
     def sink(self, name: str) -> SinkTarget:
         """The target of sink ``name``, built from its options (``${ENV}`` values read now)."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epochal.epoch import epoch_age_s, shown_epoch
+
+if TYPE_CHECKING:
+    from epochal.checkpoint.checks import CheckResult
 
 log = logging.getLogger("epochal.runtime")
 
@@ -18,6 +21,8 @@ class StepReport:
     epoch: int
     #: plain values (int/float/str/bool/None) for logs, status and Dagster metadata
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: the checks evaluated at the epoch by this step (the commit step), for Dagster's asset checks
+    checks: list[CheckResult] = field(default_factory=list)
 
     def __str__(self) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in self.metadata.items())

@@ -14,6 +14,7 @@ from epochal.checkpoint.records import EpochAborted, EpochState, InvariantViolat
 from epochal.checkpoint.sinks.batches import DeliveryReport, SinkStart
 from epochal.checkpoint.statements.sinks import SinkDeclaration, SinkRecipe
 from epochal.errors import require
+from epochal.runtime.check_step import CheckSteps, Hold
 from epochal.runtime.report import StepReport
 from epochal.sinks.base import BatchId, SinkTarget, WriterResult
 from epochal.sinks.driver_writer import DriverWriter
@@ -55,8 +56,10 @@ def sink_declaration(from_table: str, connector: str, options: Mapping[str, str]
 
 
 class SinkSteps:
-    def __init__(self, ctx: StepContext):
+    def __init__(self, ctx: StepContext, checks: CheckSteps):
         self.ctx = ctx
+        #: the checks that hold epochs back from a sink (docs/checks.md)
+        self.checks = checks
         self._targets: dict[str, SinkTarget] = {}
         #: targets whose table was created or checked by this process
         self._prepared_targets: set[str] = set()
@@ -123,7 +126,10 @@ class SinkSteps:
             SinkRecipe.of(definition.connector, definition.options, target.columns).to_json(),
         )
 
+        hold = Hold(None, frozenset(), None)
+
         def deliver() -> DeliveryReport:
+            nonlocal hold
             delivered = controller.delivered_epoch(name)
             after, snapshot = delivered, None
             if delivered is None and start.skipped_upto is not None:
@@ -138,6 +144,10 @@ class SinkSteps:
                 if upto is None
                 else controller.committed_locations(definition.from_table, upto=upto, after=after, idle=True)
             )
+            # A failing error check upstream holds its epochs: deliver up to the newest epoch that
+            # passed, in batches that end only at passing epochs (decided from recorded results).
+            hold = self.checks.hold(name, [e for e, _ in todo])
+            todo = [(e, p) for e, p in todo if hold.deliver_upto is not None and e <= hold.deliver_upto]
             return controller.deliver_sink(
                 target,
                 todo,
@@ -145,6 +155,7 @@ class SinkSteps:
                 lambda b, payloads: self._write_batch(target, b, payloads),
                 snapshot=snapshot,
                 after=after,
+                held=hold.held,
             )
 
         def transient(error: BaseException) -> bool:
@@ -178,6 +189,10 @@ class SinkSteps:
                     raise type(error)(message) from error
             raise
         lag = controller.sink_lag(name)
+        if upto is not None and upto == committed:  # (a re-run of an older partition sees less: it says nothing)
+            controller.note_check_hold(name, hold.holding)
+        if hold.holding is not None:
+            log.warning("sink %s: %s; it stays at epoch %s", name, hold.shown(), lag["delivered_epoch"])
         if report.epochs:
             log.info(
                 "sink %s: delivered %d epoch(s) in %d batch(es), %d row(s), in %.1fs; %d epoch(s) behind",
@@ -212,6 +227,7 @@ class SinkSteps:
                 "start": "snapshot"
                 if start.delivers_snapshot
                 else ("after history" if start.skipped_upto is not None else "first epoch"),
+                "held_by_check": hold.shown(),
                 "target": target.describe(),
                 "target_rows": target.row_count(),
                 "seconds": round(seconds, 3),

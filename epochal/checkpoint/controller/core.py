@@ -22,8 +22,10 @@ from typing import Any
 from epochal.checkpoint import queries as q
 from epochal.checkpoint.backfills.log import BackfillLog
 from epochal.checkpoint.catalog import SnapshotCatalog
+from epochal.checkpoint.checks import CheckRecords
 from epochal.checkpoint.controller.backfills import BackfillMethods
 from epochal.checkpoint.controller.catalog import CatalogMethods
+from epochal.checkpoint.controller.checks import CheckMethods
 from epochal.checkpoint.controller.epochs import EpochMethods
 from epochal.checkpoint.controller.sinks import SinkMethods
 from epochal.checkpoint.controller.statements import StatementMethods
@@ -38,7 +40,9 @@ from epochal.meta.schema import DDL, SCHEMA_VERSION
 from epochal.settings import Settings
 
 
-class CheckpointController(EpochMethods, CatalogMethods, BackfillMethods, SinkMethods, StatementMethods):
+class CheckpointController(
+    EpochMethods, CatalogMethods, BackfillMethods, SinkMethods, StatementMethods, CheckMethods
+):
     def __init__(
         self,
         settings: Settings,
@@ -79,6 +83,7 @@ class CheckpointController(EpochMethods, CatalogMethods, BackfillMethods, SinkMe
         self.backfills = BackfillLog(self.backend, settings.epoch_timeout_s)
         self.catalog = SnapshotCatalog(settings, self.backend)
         self.sink_coordinator = SinkCoordinator(self.backend, settings.epoch_timeout_s, settings.sink_retry_s)
+        self.check_records = CheckRecords(self.backend)
 
     def recover(self, reason: str, discard: Discard, sweep: Sweep | None = None) -> RecoveryReport:
         """Take every table back to the committed epoch and make the controller ready to inject.

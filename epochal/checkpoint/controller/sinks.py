@@ -61,7 +61,9 @@ class SinkMethods:
         write: Callable[[BatchId, list[T]], list[WriterResult]],
         snapshot: tuple[int, T] | None = None,
         after: int | None = None,
+        held: frozenset[int] = frozenset(),
     ) -> DeliveryReport:
         """Deliver committed ``epochs`` ((epoch, payload), in order) exactly once, in batches of
-        ``interval`` epochs, each pre-committed by ``write`` and committed by two-phase commit."""
-        return self.sink_coordinator.deliver(target, epochs, interval, write, snapshot, after)
+        ``interval`` epochs, each pre-committed by ``write`` and committed by two-phase commit; no
+        batch ends at an epoch of ``held`` (one a check failed: the target never shows it)."""
+        return self.sink_coordinator.deliver(target, epochs, interval, write, snapshot, after, held)

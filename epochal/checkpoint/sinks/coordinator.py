@@ -280,6 +280,7 @@ class SinkCoordinator:
         write: Callable[[BatchId, list[T]], list[WriterResult]],
         snapshot: tuple[int, T] | None = None,
         after: int | None = None,
+        held: frozenset[int] = frozenset(),
     ) -> DeliveryReport:
         """Deliver ``epochs`` ((epoch, payload) of committed epochs, in order, none delivered yet) in
         batches of ``interval`` epochs. A batch is delivered only when it is full, as RisingWave
@@ -292,7 +293,10 @@ class SinkCoordinator:
         every epoch up to S. ``after``: the epoch ``epochs`` were listed after (the caller's idea of
         the sink's progress); if the sink's progress is older once recovery ran (another run
         delivered a snapshot at an earlier epoch meanwhile), the list misses epochs and this call
-        leaves them to the next delivery instead of skipping them."""
+        leaves them to the next delivery instead of skipping them. ``held``: epochs an ``error`` check
+        failed at (epochal/checkpoint/checks.py); a batch never ends at one, so it grows until an
+        epoch that passed and the target goes from the last passing state to the next in one
+        transaction (the caller lists ``epochs`` up to an epoch that passed)."""
         started = time.time()
         owner = Owner.tag(secrets.token_hex(4))
         if not self.claims.wait_for(target.name, owner):
@@ -335,7 +339,12 @@ class SinkCoordinator:
                     epochs = []
                 todo = [(e, p) for e, p in epochs if delivered is None or e > delivered]
                 while len(todo) >= interval:
-                    chunk, todo = todo[:interval], todo[interval:]
+                    size = interval
+                    while size <= len(todo) and todo[size - 1][0] in held:
+                        size += 1
+                    if size > len(todo):
+                        break  # every epoch left ends in a held one: they wait for an epoch that passes
+                    chunk, todo = todo[:size], todo[size:]
                     outcome = self._deliver_batch(
                         target, chunk[0][0], chunk[-1][0], [p for _, p in chunk], write, report, owner
                     )
