@@ -2,7 +2,8 @@
 
 Debian's ``chromium`` package driven by Playwright with ``executable_path`` (no browser download;
 .ci/run installs the package). The test checks the asset graph a user sees (sources, views,
-epoch_commit, sinks), then launches epoch_job from the Launchpad and watches the run succeed.
+epoch_commit, sinks), then launches epoch_job from the Launchpad, watches the run succeed, and finds
+the failed check it recorded on the epoch's partition (the demo plus one check that fails on any row).
 
 ``UPDATE_SCREENSHOTS=1`` also writes the asset graph to docs/images/asset-graph.png (the
 README's picture); otherwise it goes to the test's temp dir only, so a test run changes no tracked file.
@@ -36,6 +37,10 @@ GROUPS = {
 VIEWPORT = {"width": 1300, "height": 1150}  # the graph is taller than wide: room to read the names
 TOOLBAR_BOTTOM = 95  # the graph's search bar covers the top of the viewport
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+#: a check added to the demo that fails at any epoch where big_bids has a row: an error check, so it
+#: also holds big_bids_out back
+FAILING_CHECK = "no_big_bids"
+CHECKS_SQL = f"CREATE CHECK {FAILING_CHECK} ON big_bids AS SELECT * FROM big_bids WHERE price_eur > 0;\n"
 
 
 def wait_for_run(server: DagsterDev, run_id: str, timeout: float) -> str:
@@ -96,6 +101,9 @@ def test_asset_graph_and_a_launchpad_run(tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     env = isolated_env(tmp_path)
+    pipeline = shutil.copytree(REPO / "epochal" / "demo_pipeline", tmp_path / "pipeline")
+    (pipeline / "04_checks.sql").write_text(CHECKS_SQL)
+    env["EPOCHAL_PIPELINE"] = str(pipeline)
     started = time.monotonic()
     command = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml"]
     with dagster_dev(command, env, tmp_path / "dagster_dev.log") as server, sync_playwright() as playwright:
@@ -132,6 +140,14 @@ def test_asset_graph_and_a_launchpad_run(tmp_path: Path) -> None:
             # The run page itself says so (its status tag), not only the GraphQL API.
             expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=60_000)
             ran = time.monotonic()
+
+            # The check failed on the epoch's partition, and the asset's checks tab says so.
+            committed = epochal_status(env)["committed_epoch"]
+            page.goto(f"{server.url}/assets/big_bids?view=checks")
+            expect(page.get_by_text(FAILING_CHECK, exact=True).first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text(str(committed), exact=True).first).to_be_visible()  # its Partition
+            page.screenshot(path=tmp_path / "failed-check.png")
         except Exception:
             with contextlib.suppress(PlaywrightError):  # what the browser showed, next to dagster_dev.log
                 page.screenshot(path=tmp_path / "failure.png")
