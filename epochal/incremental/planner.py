@@ -60,6 +60,7 @@ from epochal.incremental.query_shapes import has_semi_join, is_stateful, padded_
 from epochal.incremental.rewrites import (
     exists_as_left_joins,
     from_less_as_values,
+    scalar_subqueries_as_joins,
     split_groupings,
     wrap_lateral_views,
 )
@@ -96,6 +97,7 @@ def plan_query(
         )
     tree = from_less_as_values(tree)  # a constant row is a constant input (VALUES)
     tree = exists_as_left_joins(tree)  # EXISTS under OR: a left join with its distinct keys
+    tree = scalar_subqueries_as_joins(tree)  # one aggregate's value: a (left) join with it
     constant = tree.find(exp.Values) is not None
     if not is_stateful(tree) and not constant:
         # query "": the view's own text is run, as written
