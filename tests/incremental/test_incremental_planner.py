@@ -683,7 +683,9 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
     # (its columns read as unknown before: "unknown column 'n': t has ")
     "lateral_subquery": ("SELECT p.id, t.n FROM person p, LATERAL (SELECT count(*) AS n FROM auction a "
                          "WHERE a.seller = p.id) t", "a LATERAL subquery", "grouped by the columns it correlates on"),
-    "tuple_in_subquery": ("SELECT id FROM person WHERE (id, city) IN (SELECT seller, item_name FROM auction)",
+    # (a plain one is the EXISTS it equals: test_a_tuple_in_subquery_of_where_is_the_exists_it_equals)
+    "tuple_in_subquery": ("SELECT id FROM person WHERE (id, city) IN (SELECT seller, max(item_name) FROM auction "
+                          "GROUP BY seller)",
                           "IN (subquery)", "EXISTS (SELECT 1 FROM t WHERE t.x = a AND t.y = b)"),
     # (named "JOIN" before, which the query does not have)
     "two_semi_joins": ("SELECT p.id FROM person p WHERE EXISTS (SELECT 1 FROM auction a WHERE a.seller = p.id) "
@@ -787,6 +789,17 @@ def test_scalar_subqueries_of_one_aggregate_become_joins() -> None:
         plan("SELECT a.id, (SELECT b.price FROM bid b WHERE b.auction = a.id) AS p FROM auction a")
     with pytest.raises(Unmaintainable, match="correlated scalar subquery"):
         plan("SELECT a.id, (SELECT max(b.price) FROM bid b WHERE b.price > a.reserve) AS p FROM auction a")
+
+
+def test_a_tuple_in_subquery_of_where_is_the_exists_it_equals() -> None:
+    """Issue 60 item 16: (a, b) IN (SELECT x, y ...) was refused for returning two columns."""
+    planned = plan("SELECT a.id FROM auction a WHERE a.reserve > 1 AND (a.id, a.reserve) IN "
+                   "(SELECT DISTINCT b.auction, b.price FROM bid b WHERE b.price > 2)").plan
+    assert "WHERE a.reserve > 1 AND EXISTS(SELECT 1 FROM __epochal_leaf_1 AS b WHERE b.price > 2 AND " \
+        "b.auction = a.id AND b.price = a.reserve)" in planned.query, planned.query
+    # negated (NULL and false differ there): keeps its refusal
+    with pytest.raises(Unmaintainable, match="NOT IN"):
+        plan("SELECT a.id FROM auction a WHERE (a.id, a.reserve) NOT IN (SELECT b.auction, b.price FROM bid b)")
 
 
 def test_exists_under_or_becomes_a_left_join_with_its_distinct_keys() -> None:

@@ -701,6 +701,9 @@ SCALAR_AS_JOINS = {
     "WHERE o2.cust = o.cust) - 5",
     "above_mean": "SELECT o.id, o.price FROM orders o WHERE o.price >= (SELECT avg(o2.price) FROM orders o2)",
     "top_tier": "SELECT c.id FROM customers c WHERE c.tier = (SELECT max(c2.tier) FROM customers c2)",
+    # (a, b) IN (subquery) in WHERE: the EXISTS it equals (refused before too)
+    "qty_is_tier": "SELECT o.id FROM orders o WHERE o.price > 1 AND (o.cust, o.qty) IN (SELECT c.id, c.tier FROM "
+    "customers c)",
 }
 
 
