@@ -540,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     for number, message in list(failed.items()):
         if "which a view cannot store" in message:  # a refusal by name, from the analysis before epoch 1
             refused[number] = failed.pop(number)
-    print_report(queries, not_spark, spark_runs, loaded, refused, failed, wrong, time.monotonic() - started)
+    print_report(queries, not_spark, spark_runs, loaded, refused, failed, wrong, time.monotonic() - started,
+                 ran=not args.load_only)
     figures = {"queries": len(queries), "spark_runs": len(spark_runs), "loaded": len(loaded), "epochs": args.epochs,
                "spark_path": args.spark_path, "refused": refused, "failed": failed, "wrong": wrong,
                "not_spark": not_spark}
@@ -550,12 +551,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_report(queries: dict[int, str], not_spark: dict[int, str], spark_runs: dict[int, str],
                  loaded: dict[int, str], refused: dict[int, str], failed: dict[int, str], wrong: dict[int, str],
-                 seconds: float) -> None:
+                 seconds: float, ran: bool) -> None:
     print(f"\n== sql_corpus: {len(queries)} queries, {len(spark_runs)} run by Spark batch over t, u, e "
           f"({len(not_spark)} not; skipped)")
     share = 100 * len(refused) / max(1, len(spark_runs))
-    print(f"loaded {len(loaded)}, refused {len(refused)} ({share:.1f}% of what Spark runs), failed {len(failed)}, "
-          f"wrong {len(wrong)}, right {len(loaded) - len(failed) - len(wrong)}; {seconds:.0f}s")
+    checked = f"failed {len(failed)}, wrong {len(wrong)}, right {len(loaded) - len(failed) - len(wrong)}" if ran \
+        else "no epochs run (--load-only)"
+    print(f"loaded {len(loaded)}, refused {len(refused)} ({share:.1f}% of what Spark runs), {checked}; {seconds:.0f}s")
     groups: dict[str, list[int]] = defaultdict(list)
     for n, message in refused.items():
         groups[refusal_reason(message)].append(n)
