@@ -687,6 +687,8 @@ def run(args: argparse.Namespace, root: Path, outcome: dict[str, Any]) -> int:
         "EPOCHAL_SPARK_MASTER": "local[2]",
         # up to four JVMs at once on this machine: keep each one's heap modest
         "EPOCHAL_SPARK_CONF": json.dumps({"spark.driver.memory": "1g"}),
+        # last_step() reads Dagster's step events from each run's log; they are DEBUG
+        "EPOCHAL_LOG_LEVEL": "DEBUG",
     }
     os.environ.update(env)
     full_env = dict(os.environ)  # (harness put this checkout on PYTHONPATH)

@@ -160,6 +160,14 @@ class Settings:
         "are ready overlap one's driver work with another's Spark job. `1`: one step at a time.",
         minimum=1,
     )
+    log_level: str = setting(
+        "EPOCHAL_LOG_LEVEL",
+        "INFO",
+        "The console threshold of epoch_job and backfill_job runs: `INFO` shows Epochal's messages, warnings and "
+        "the summary a run ends with; `DEBUG` adds Dagster's own event per step (about 140 lines an epoch). A "
+        "run config's `loggers: {console: {config: {log_level: ...}}}` overrides it for one run.",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    )
     standby_run: bool = setting(
         "EPOCHAL_STANDBY_RUN",
         "on",

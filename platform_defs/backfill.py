@@ -12,6 +12,7 @@ from assets.materialization import record_materialization
 from epochal.backfill.runner import BackfillRunner
 from epochal.checkpoint.statements.rebuilds import rebuilt_view
 from epochal.runtime.facade import StepReport
+from platform_defs.run_summary import console_run_config
 from resources.checkpoint import CheckpointControllerResource
 
 BACKFILL_JOB = "backfill_job"
@@ -48,10 +49,11 @@ def advance_backfills(context: OpExecutionContext, checkpoint: CheckpointControl
         record_materialization(context, StepReport(backfill_asset_name(progress.view), epoch, progress.metadata()))
 
 
-def build_backfill_job() -> JobDefinition:
+def build_backfill_job(log_level: str = "INFO") -> JobDefinition:
     @job(
         name=BACKFILL_JOB,
         executor_def=in_process_executor,
+        config=console_run_config(log_level),
         tags={"epochal/kind": "backfill"},
         description="Advance every pending backfill of a view added to the running pipeline: snapshot, "
         "change-log catch-up, then the join. Live epochs keep committing meanwhile.",

@@ -26,8 +26,8 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     checkpoint = CheckpointControllerResource(
         spark=spark, home=str(settings.home), pipeline_dir=str(settings.pipeline_dir)
     )
-    job = build_epoch_job(pipeline, settings.step_threads)
-    backfill = build_backfill_job()
+    job = build_epoch_job(pipeline, settings.step_threads, settings.log_level)
+    backfill = build_backfill_job(settings.log_level)
     driven = driven_assets_job()
     return Definitions(
         assets=build_epoch_assets(pipeline),

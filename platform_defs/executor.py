@@ -21,6 +21,7 @@ input of the next epoch's), so no thread is spent waiting for order inside the r
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import re
@@ -32,7 +33,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dagster import DagsterEvent, DagsterExecutionInterruptedError, Executor, Field, Int, Selector, executor
+from dagster import (
+    DagsterEvent,
+    DagsterEventType,
+    DagsterExecutionInterruptedError,
+    Executor,
+    Field,
+    Int,
+    Selector,
+    executor,
+)
 
 from platform_defs.dagster_internals import (
     EngineEventData,
@@ -255,11 +265,21 @@ class ThreadedExecutor(Executor):
                 done = event.step_materialization_data.materialization
                 materialized.append((done.asset_key.to_user_string(), done.partition, plain_metadata(done.metadata)))
             yield event
-        yield DagsterEvent.engine_event(
-            plan_context,
-            run_summary(materialized, time.monotonic() - started),
-            event_specific_data=EngineEventData.in_process(os.getpid(), step_keys),
-        )
+        yield summary_event(plan_context, run_summary(materialized, time.monotonic() - started), step_keys)
+
+
+def summary_event(plan_context: PlanOrchestrationContext, summary: str, step_keys: list[str]) -> DagsterEvent:
+    """The run's closing line as an engine event logged at INFO: Dagster logs its own engine events at
+    DEBUG, which the console's default threshold (EPOCHAL_LOG_LEVEL) hides."""
+    event = DagsterEvent(
+        event_type_value=DagsterEventType.ENGINE_EVENT.value,
+        job_name=plan_context.job_name,
+        message=summary,
+        event_specific_data=EngineEventData.in_process(os.getpid(), step_keys),
+        pid=os.getpid(),
+    )
+    plan_context.log.log_dagster_event(level=logging.INFO, msg=summary, dagster_event=event)
+    return event
 
 
 def retries_config() -> Field:

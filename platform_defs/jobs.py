@@ -34,6 +34,7 @@ from assets.materialization import record_materialization
 from epochal.checkpoint.records import RecoveryReport
 from epochal.pipeline.model import Pipeline
 from platform_defs.executor import mapping_key, threaded_executor_def
+from platform_defs.run_summary import console_run_config
 from resources.checkpoint import CheckpointControllerResource
 
 PARTITION_TAG = "dagster/partition"
@@ -113,7 +114,7 @@ def _step_op(op_name: str, asset: str, step: str, after: int = 0) -> OpDefinitio
     return _step
 
 
-def build_epoch_job(pipeline: Pipeline, step_threads: int = 1) -> JobDefinition:
+def build_epoch_job(pipeline: Pipeline, step_threads: int = 1, log_level: str = "INFO") -> JobDefinition:
     sources = {name: _step_op(f"source__{name}", name, "source") for name in pipeline.sources}
     views = {
         name: _step_op(f"view__{name}", name, "view", len(view.upstreams)) for name, view in pipeline.views.items()
@@ -138,6 +139,7 @@ def build_epoch_job(pipeline: Pipeline, step_threads: int = 1) -> JobDefinition:
     @job(
         name="epoch_job",
         executor_def=threaded_executor_def(step_threads),
+        config=console_run_config(log_level),
         tags={"epochal/kind": "epoch"},
         description="Recover if needed, inject the next epoch and process it, with any epochs waiting for a run, "
         "to commit and into the sinks. "

@@ -1,6 +1,7 @@
 """The one line a run of epoch_job ends with: the epochs it committed, the records its sources read,
 the views it wrote, what its sinks delivered and the time it took, from the materializations its
-steps reported (the 140 lines before it are Dagster's own)."""
+steps reported. Runs print at INFO by default (``console_run_config``): Dagster's own events, about 140
+lines an epoch, are DEBUG, so the console shows Epochal's messages, warnings and this line."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ Materialized = tuple[str, str | None, Mapping[str, Any]]
 def plain_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """Dagster's MetadataValues as the plain values the steps reported."""
     return {key: getattr(value, "value", value) for key, value in metadata.items()}
+
+
+def console_run_config(log_level: str) -> dict[str, Any]:
+    """A job's default run config: its console logger at ``log_level`` (EPOCHAL_LOG_LEVEL). A run config
+    that sets ``loggers.console.config.log_level`` overrides it; Dagster merges the rest of a run config
+    with this default."""
+    return {"loggers": {"console": {"config": {"log_level": log_level}}}}
 
 
 def run_summary(materialized: Iterable[Materialized], seconds: float, commit_asset: str = "epoch_commit") -> str:

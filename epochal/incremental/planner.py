@@ -60,9 +60,11 @@ from epochal.incremental.query_shapes import has_semi_join, is_stateful, padded_
 from epochal.incremental.rewrites import (
     exists_as_left_joins,
     from_less_as_values,
+    scalar_subqueries_as_joins,
     split_groupings,
     wrap_lateral_views,
 )
+from epochal.incremental.tuple_in import tuple_in_as_exists
 from epochal.pipeline.dialect import DIALECT
 from epochal.pipeline.model import STAGE_SEPARATOR  # internal stages: {view}__stage{n}
 from epochal.pipeline.time_windows import windows_as_input_columns
@@ -95,7 +97,9 @@ def plan_query(
             node=pivot,
         )
     tree = from_less_as_values(tree)  # a constant row is a constant input (VALUES)
+    tree = tuple_in_as_exists(tree)  # (a, b) IN (SELECT x, y ...) in WHERE: the EXISTS it equals
     tree = exists_as_left_joins(tree)  # EXISTS under OR: a left join with its distinct keys
+    tree = scalar_subqueries_as_joins(tree)  # one aggregate's value: a (left) join with it
     constant = tree.find(exp.Values) is not None
     if not is_stateful(tree) and not constant:
         # query "": the view's own text is run, as written

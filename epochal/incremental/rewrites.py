@@ -327,7 +327,8 @@ EXISTS_ALIAS = "_exists"
 
 def exists_as_left_joins(tree: exp.Expression) -> exp.Expression:
     """``tree`` (qualified; changed in place) with each ``EXISTS (subquery)`` that is not a
-    top-level conjunct of its level's WHERE (``WHERE a.x > 1 OR EXISTS (...)``) turned into a left
+    top-level conjunct of its level's WHERE (``WHERE a.x > 1 OR EXISTS (...)``, or a column of an
+    ungrouped level's select list: ``EXISTS (...) AS has_bids``) turned into a left
     join with the subquery's distinct correlated keys, tested for a match:
     ``EXISTS (SELECT 1 FROM t WHERE t.k = a.k AND t.p > 5)`` becomes ``LEFT JOIN (SELECT DISTINCT
     t.k AS _k0 FROM t WHERE t.p > 5) AS _exists1 ON _exists1._k0 = a.k`` and ``_exists1._k0 IS NOT
@@ -338,12 +339,16 @@ def exists_as_left_joins(tree: exp.Expression) -> exp.Expression:
     count = 0
     for select in list(tree.find_all(exp.Select)):
         where = select.args.get("where")
-        if where is None or select.args.get("from_") is None:
+        if select.args.get("from_") is None:
             continue
         if any(isinstance(p, exp.Star) or isinstance(p.unalias(), exp.Star) for p in select.expressions):
             continue
-        top = {id(c) for c in conjuncts(where.this)}
-        for node in list(where.find_all(exp.Exists)):
+        top = {id(c) for c in conjuncts(where.this)} if where is not None else set()
+        found = list(where.find_all(exp.Exists)) if where is not None else []
+        if _ungrouped(select):
+            # (in a grouped level the join's key would be neither grouped nor aggregated)
+            found += [n for e in select.expressions for n in e.find_all(exp.Exists)]
+        for node in found:
             negated = isinstance(node.parent, exp.Not) and id(node.parent) in top
             if node.parent_select is not select or id(node) in top or negated:
                 continue  # (a top-level EXISTS / NOT EXISTS is a semi / anti join already)
@@ -370,6 +375,13 @@ def exists_as_left_joins(tree: exp.Expression) -> exp.Expression:
                 exp.Paren(this=exp.Not(this=exp.Is(this=exp.column("_k0", table=alias), expression=exp.Null())))
             )
     return tree
+
+
+def _ungrouped(select: exp.Select) -> bool:
+    """Whether ``select`` neither groups nor aggregates (an aggregate inside a subquery is the subquery's)."""
+    return not select.args.get("group") and not any(
+        n.parent_select is select for e in select.expressions for n in e.find_all(exp.AggFunc)
+    )
 
 
 def _correlated_keys(
@@ -427,3 +439,103 @@ def _correlated_keys(
     rest = subquery.copy()
     rest.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
     return inner, outer, rest
+
+
+# ---------------------------------------------------------------------------------- scalar subqueries
+
+#: Alias of the join a scalar subquery becomes.
+SCALAR_ALIAS = "_scalar"
+#: Aggregates whose value over no rows is NULL, as a left join's missing match is; count's is 0.
+_NULL_WHEN_EMPTY = (exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+
+def scalar_subqueries_as_joins(tree: exp.Expression) -> exp.Expression:
+    """``tree`` (qualified; changed in place) with each scalar subquery that is one aggregate of one
+    table and no GROUP BY turned into a join, in WHERE or in an ungrouped level's select list:
+
+    * correlated by equalities (``(SELECT count(*) FROM e WHERE e.id = t.id)``): a left join with
+      the aggregate grouped by the correlated columns, ``LEFT JOIN (SELECT e.id AS _k0, count(*) AS
+      _v FROM e GROUP BY e.id) AS _scalar1 ON _scalar1._k0 = t.id``, read as ``coalesce(_scalar1._v,
+      0)`` for count (its value over no rows) and ``_scalar1._v`` for sum, avg, min and max (NULL);
+    * uncorrelated (``(SELECT max(k) FROM u)``): a cross join with its one row (an aggregate without
+      GROUP BY has exactly one), read as ``_scalar1._v``.
+
+    The joins are maintained like any other; anything else keeps its refusal."""
+    count = 0
+    for select in list(tree.find_all(exp.Select)):
+        if select.args.get("from_") is None:
+            continue
+        if any(isinstance(p, exp.Star) or isinstance(p.unalias(), exp.Star) for p in select.expressions):
+            continue
+        where = select.args.get("where")
+        found = list(where.find_all(exp.Subquery)) if where is not None else []
+        if _ungrouped(select):
+            found += [n for e in select.expressions for n in e.find_all(exp.Subquery)]
+        for node in found:
+            if node.parent_select is not select or isinstance(node.parent, (exp.In, exp.Exists)):
+                continue
+            aggregate = _one_aggregate(node.this)
+            if aggregate is None:
+                continue
+            probe = node.this.copy()
+            probe.set("expressions", [exp.Literal.number(1)])
+            keyed = _correlated_keys(exp.Exists(this=probe), select)
+            if keyed is None and _reads_outside(node.this):
+                continue  # correlated, but not by equalities of WHERE
+            count += 1
+            alias = f"{SCALAR_ALIAS}{count}"
+            source = node.this.args["from_"].this.copy()
+            if keyed is None:
+                values = exp.select(exp.alias_(aggregate.copy(), "_v")).from_(source)
+                if node.this.args.get("where") is not None:
+                    values.set("where", node.this.args["where"].copy())
+                join = exp.Join(this=exp.Subquery(this=values, alias=exp.TableAlias(this=exp.to_identifier(alias))),
+                                kind="CROSS")
+            else:
+                inner, outer, rest = keyed
+                keys = [exp.alias_(e.copy(), f"_k{i}") for i, e in enumerate(inner)]
+                values = exp.select(*keys, exp.alias_(aggregate.copy(), "_v")).from_(source)
+                if rest.args.get("where") is not None:
+                    values.set("where", rest.args["where"].copy())
+                values.set("group", exp.Group(expressions=[e.copy() for e in inner]))
+                on = exp.and_(
+                    *(exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy()) for i, o in enumerate(outer))
+                )
+                join = exp.Join(
+                    this=exp.Subquery(this=values, alias=exp.TableAlias(this=exp.to_identifier(alias))),
+                    side="LEFT",
+                    on=on,
+                )
+            select.append("joins", join)
+            value: exp.Expression = exp.column("_v", table=alias)
+            if keyed is not None and isinstance(aggregate, exp.Count):
+                value = exp.func("coalesce", value, exp.Literal.number(0))
+            node.replace(value)
+    return tree
+
+
+def _one_aggregate(query: exp.Expression) -> exp.Expression | None:
+    """The aggregate call of ``SELECT agg(x) FROM one_table [WHERE ...]``, else None."""
+    if not isinstance(query, exp.Select) or len(query.expressions) != 1 or query.args.get("from_") is None:
+        return None
+    if any(
+        query.args.get(a)
+        for a in ("joins", "group", "having", "distinct", "limit", "offset", "qualify", "laterals", "with", "order")
+    ):
+        return None
+    if not isinstance(query.args["from_"].this, exp.Table):
+        return None
+    call = query.expressions[0].unalias()
+    if not isinstance(call, (exp.Count, *_NULL_WHEN_EMPTY)):
+        return None
+    if any(isinstance(n, (exp.Subquery, exp.Exists, exp.Window)) for n in query.walk() if n is not query):
+        return None
+    if any(isinstance(n, exp.AggFunc) for n in call.walk() if n is not call):
+        return None
+    return call
+
+
+def _reads_outside(query: exp.Select) -> bool:
+    """Whether ``query`` reads a column of a table it does not name itself (it is correlated)."""
+    own = {t.alias_or_name for t in query.find_all(exp.Table)}
+    return any(c.table and c.table not in own for c in query.find_all(exp.Column))

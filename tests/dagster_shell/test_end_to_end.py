@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from tests.consistency import (
     assert_views_match_batch,
     sink_rows,
 )
-from tests.epochal_harness import VIEW_QUERIES, make_harness
+from tests.epochal_harness import REPO, VIEW_QUERIES, make_harness
 
 ORDERS = [
     '{"id": 1, "customer": "ann", "amount": 12.5, "ts": "2026-01-01T10:00:00"}',
@@ -128,12 +130,27 @@ def test_partition_window_keeps_recent_keys_and_all_data(spark, tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_dagster_job_execute_and_cli(spark, tmp_path: Path) -> None:
+def test_dagster_job_execute_and_cli(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = make_harness(tmp_path)
     h.cli("produce", "orders", stdin="\n".join(ORDERS[:3]) + "\n")
+    # The repo's dagster.yaml in the working directory, as on a fresh clone without DAGSTER_HOME
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
     for _ in range(2):
         proc = h.run_subprocess()
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # INFO by default: no Dagster DEBUG event on the console, and the run's summary is its last line
+        output = proc.stdout + proc.stderr
+        assert " - DEBUG - " not in output, [line for line in output.splitlines() if " - DEBUG - " in line][:5]
+        dagster_lines = [line for line in output.splitlines() if " - dagster - " in line]
+        assert re.search(r" - epoch_job: epoch \d+ .*committed; \d+ record\(s\) read", dagster_lines[-1]), output
+    # Dagster's state persisted under ./.epochal/dagster: both runs are there, no temporary home is left
+    assert not list(tmp_path.glob(".tmp_dagster_home_*"))
+    monkeypatch.chdir(tmp_path)  # the yaml's paths are relative to the working directory
+    with dg.DagsterInstance.from_config(str(tmp_path)) as inst:  # reads tmp_path/dagster.yaml
+        runs = inst.get_runs()
+        assert [r.status for r in runs] == [dg.DagsterRunStatus.SUCCESS] * 2, runs
+        assert (tmp_path / ".epochal" / "dagster" / "history" / "runs.db").exists()
+        assert len(materializations(inst, "epoch_commit")) == 2  # what `dg dev` on this directory shows
     status = json.loads(h.cli("status", "--json").stdout)
     assert status["committed_epoch"] is not None and status["in_flight"] == [] and status["paused"] is False
     assert set(status["tables"].values()) == {status["committed_epoch"]}

@@ -132,7 +132,8 @@ def test_an_interrupted_run_ends_and_the_next_one_recovers(spark, tmp_path: Path
     instance = dg.DagsterInstance.ephemeral()
     assert h.run_in_process(instance).success
     h.produce(ORDERS[:2], split="1")
-    env = {**os.environ, **h.env, "EPOCHAL_STEP_THREADS": "2"}
+    # DEBUG: the console then shows Dagster's step events, the cue to interrupt (and the override works)
+    env = {**os.environ, **h.env, "EPOCHAL_STEP_THREADS": "2", "EPOCHAL_LOG_LEVEL": "DEBUG"}
     env.pop("DAGSTER_HOME", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dagster", "job", "execute", "-m", "platform_defs", "-j", "epoch_job"],

@@ -469,7 +469,8 @@ def test_aggregates_over_all_rows_are_one_partition() -> None:
         ("SELECT b.auction FROM bid b LEFT JOIN auction a ON b.price > a.reserve", "JOIN", "add an equality"),
         ("SELECT * FROM auction WHERE id NOT IN (SELECT auction FROM bid)", "NOT IN", "NOT EXISTS"),
         ("SELECT * FROM auction a WHERE EXISTS (SELECT 1 FROM bid b WHERE b.price > 5)", "EXISTS", "correlate"),
-        ("SELECT auction, (SELECT max(price) FROM bid) AS top FROM bid", "subquery inside an expression", "FROM"),
+        ("SELECT auction, (SELECT price FROM bid WHERE auction = 1) AS top FROM bid", "subquery inside an expression",
+         "FROM"),
     ],
 )
 def test_unmaintainable_queries_name_the_construct_and_a_rewrite(query: str, construct: str, rewrite: str) -> None:
@@ -667,12 +668,12 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
     "outer_range_join": ("SELECT b.auction, a.id FROM bid b LEFT JOIN auction a ON b.price > a.reserve", "JOIN",
                          "add an equality"),
     "not_in_subquery": ("SELECT id FROM auction WHERE id NOT IN (SELECT auction FROM bid)", "NOT IN", "NOT EXISTS"),
-    "scalar_subquery": ("SELECT auction, price FROM bid WHERE price > (SELECT avg(price) FROM bid)",
+    # (a subquery of one aggregate is a join now, test_scalar_subqueries_of_one_aggregate_become_joins;
+    # a row's value, zero rows or several, is not)
+    "scalar_subquery": ("SELECT auction, price FROM bid WHERE price > (SELECT reserve FROM auction WHERE id = 1)",
                         "subquery inside an expression", "ON x = s.m"),
-    # (both were told to join with the subquery in FROM: without an equality that is a CROSS JOIN,
-    # refused again; with one, a correlated subquery joins grouped by what it correlates on)
-    "correlated_scalar_subquery": ("SELECT a.id, (SELECT max(b.price) FROM bid b WHERE b.auction = a.id) AS top "
-                                   "FROM auction a", "correlated scalar subquery", "GROUP BY k) AS s ON s.k"),
+    "correlated_scalar_subquery": ("SELECT a.id, (SELECT b.price FROM bid b WHERE b.auction = a.id AND b.price > 5) "
+                                   "AS top FROM auction a", "correlated scalar subquery", "GROUP BY k) AS s ON s.k"),
     "in_subquery_under_or": ("SELECT id FROM person WHERE id IN (SELECT seller FROM auction) OR state = 'or'",
                              "IN/EXISTS (subquery)", "LEFT JOIN (SELECT DISTINCT cust FROM orders) m"),
     "uncorrelated_exists": ("SELECT id FROM person WHERE EXISTS (SELECT 1 FROM auction WHERE category = 10)",
@@ -682,7 +683,9 @@ REFUSED_FORMS: dict[str, tuple[str, str, str]] = {
     # (its columns read as unknown before: "unknown column 'n': t has ")
     "lateral_subquery": ("SELECT p.id, t.n FROM person p, LATERAL (SELECT count(*) AS n FROM auction a "
                          "WHERE a.seller = p.id) t", "a LATERAL subquery", "grouped by the columns it correlates on"),
-    "tuple_in_subquery": ("SELECT id FROM person WHERE (id, city) IN (SELECT seller, item_name FROM auction)",
+    # (a plain one is the EXISTS it equals: test_a_tuple_in_subquery_of_where_is_the_exists_it_equals)
+    "tuple_in_subquery": ("SELECT id FROM person WHERE (id, city) IN (SELECT seller, max(item_name) FROM auction "
+                          "GROUP BY seller)",
                           "IN (subquery)", "EXISTS (SELECT 1 FROM t WHERE t.x = a AND t.y = b)"),
     # (named "JOIN" before, which the query does not have)
     "two_semi_joins": ("SELECT p.id FROM person p WHERE EXISTS (SELECT 1 FROM auction a WHERE a.seller = p.id) "
@@ -773,6 +776,32 @@ def test_spark_forms_no_key_partitions_are_refused_with_a_rewrite(tmp_path: Path
     assert rewrite in issue.message and "WITH (refresh = 'full')" in issue.message, issue.message
 
 
+def test_scalar_subqueries_of_one_aggregate_become_joins() -> None:
+    """Issue 60 item 16: a scalar subquery was refused, correlated or not."""
+    planned = plan("SELECT a.id, (SELECT count(*) FROM bid b WHERE b.auction = a.id) AS n FROM auction a").plan
+    assert "SELECT a.id AS id, COALESCE(_scalar1._v, 0) AS n FROM __epochal_leaf_0 AS a LEFT JOIN (SELECT " \
+        "b.auction AS _k0, COUNT(*) AS _v FROM __epochal_leaf_1 AS b GROUP BY b.auction) AS _scalar1 " \
+        "ON _scalar1._k0 = a.id" in planned.query, planned.query
+    planned = plan("SELECT a.id FROM auction a WHERE a.reserve > (SELECT avg(b.price) FROM bid b)").plan
+    assert "CROSS JOIN __epochal_leaf_1 AS _scalar1 WHERE a.reserve > _scalar1._v" in planned.query, planned.query
+    # a value that is no aggregate (zero rows or several), and a correlation that is no equality, keep theirs
+    with pytest.raises(Unmaintainable, match="correlated scalar subquery"):
+        plan("SELECT a.id, (SELECT b.price FROM bid b WHERE b.auction = a.id) AS p FROM auction a")
+    with pytest.raises(Unmaintainable, match="correlated scalar subquery"):
+        plan("SELECT a.id, (SELECT max(b.price) FROM bid b WHERE b.price > a.reserve) AS p FROM auction a")
+
+
+def test_a_tuple_in_subquery_of_where_is_the_exists_it_equals() -> None:
+    """Issue 60 item 16: (a, b) IN (SELECT x, y ...) was refused for returning two columns."""
+    planned = plan("SELECT a.id FROM auction a WHERE a.reserve > 1 AND (a.id, a.reserve) IN "
+                   "(SELECT DISTINCT b.auction, b.price FROM bid b WHERE b.price > 2)").plan
+    assert "WHERE a.reserve > 1 AND EXISTS(SELECT 1 FROM __epochal_leaf_1 AS b WHERE b.price > 2 AND " \
+        "b.auction = a.id AND b.price = a.reserve)" in planned.query, planned.query
+    # negated (NULL and false differ there): keeps its refusal
+    with pytest.raises(Unmaintainable, match="NOT IN"):
+        plan("SELECT a.id FROM auction a WHERE (a.id, a.reserve) NOT IN (SELECT b.auction, b.price FROM bid b)")
+
+
 def test_exists_under_or_becomes_a_left_join_with_its_distinct_keys() -> None:
     """Issue 60 item 16: an EXISTS that is not a top-level conjunct of WHERE was refused."""
     planned = plan(
@@ -782,6 +811,11 @@ def test_exists_under_or_becomes_a_left_join_with_its_distinct_keys() -> None:
     assert planned.key_classes == ("_exists1._k0 = a.id",)
     assert "LEFT JOIN (SELECT DISTINCT b.auction AS _k0 FROM __epochal_leaf_1 AS b WHERE b.price > 5) AS _exists1 " \
         "ON _exists1._k0 = a.id WHERE a.reserve > 1 OR NOT (NOT _exists1._k0 IS NULL)" in planned.query
+    # an EXISTS column of an ungrouped select list: the same left join, its match the column
+    planned = plan("SELECT a.id, EXISTS (SELECT 1 FROM bid b WHERE b.auction = a.id) AS has_bids FROM auction a").plan
+    assert "SELECT a.id AS id, (NOT _exists1._k0 IS NULL) AS has_bids FROM __epochal_leaf_0 AS a LEFT JOIN " \
+        "(SELECT DISTINCT b.auction AS _k0 FROM __epochal_leaf_1 AS b) AS _exists1 ON _exists1._k0 = a.id" \
+        in planned.query, planned.query
     # a correlation that is no equality, and IN under OR, keep their refusals
     with pytest.raises(Unmaintainable, match="IN/EXISTS"):
         plan("SELECT a.id FROM auction a WHERE a.reserve > 1 OR EXISTS (SELECT 1 FROM bid b WHERE b.price > a.reserve)")

@@ -683,15 +683,36 @@ EXISTS_UNDER_OR = {
     "(SELECT 1 FROM customers c WHERE c.id = o.cust AND c.region = 'eu')",
     "unknown_or_cheap": "SELECT o.id FROM orders o WHERE NOT EXISTS (SELECT 1 FROM customers c WHERE c.id = o.cust) "
     "OR o.price < 10",
+    # a column of the select list (refused before too)
+    "vip_flag": "SELECT o.id, EXISTS (SELECT 1 FROM customers c WHERE c.id = o.cust AND c.tier > 1) AS vip "
+    "FROM orders o",
     # grouped by another key: the filtered join is a stage
     "tiered_items": "SELECT o.item, count(*) AS n FROM orders o WHERE o.qty IS NULL OR (o.qty > 0 AND EXISTS "
     "(SELECT 1 FROM customers c WHERE c.id = o.cust AND c.tier > 1)) GROUP BY o.item",
 }
 
 
-def test_exists_under_or_is_a_left_join_and_matches_batch(spark, tmp_path: Path) -> None:
-    h = make_harness(tmp_path, files(EXISTS_UNDER_OR))
+#: Scalar subqueries of one aggregate (refused before): a left join with the aggregate grouped by
+#: the correlated columns (count's missing match is 0, the others' NULL), or a cross join with its one row
+SCALAR_AS_JOINS = {
+    "orders_per_customer": "SELECT c.id, (SELECT count(*) FROM orders o WHERE o.cust = c.id AND o.qty > 1) AS n, "
+    "(SELECT max(o.price) FROM orders o WHERE o.cust = c.id) AS top FROM customers c",
+    "above_customer_mean": "SELECT o.id FROM orders o WHERE o.price > (SELECT avg(o2.price) FROM orders o2 "
+    "WHERE o2.cust = o.cust) - 5",
+    "above_mean": "SELECT o.id, o.price FROM orders o WHERE o.price >= (SELECT avg(o2.price) FROM orders o2)",
+    "top_tier": "SELECT c.id FROM customers c WHERE c.tier = (SELECT max(c2.tier) FROM customers c2)",
+    # (a, b) IN (subquery) in WHERE: the EXISTS it equals (refused before too)
+    "qty_is_tier": "SELECT o.id FROM orders o WHERE o.price > 1 AND (o.cust, o.qty) IN (SELECT c.id, c.tier FROM "
+    "customers c)",
+}
+
+
+def test_exists_under_or_and_scalar_subqueries_are_joins_and_match_batch(spark, tmp_path: Path) -> None:
+    views = {**EXISTS_UNDER_OR, **SCALAR_AS_JOINS}
+    h = make_harness(tmp_path, files(views))
     (h.home / "data" / "customers").mkdir(parents=True, exist_ok=True)
     pipeline = load_pipeline(h.pipeline_dir)
     assert "LEFT JOIN" in pipeline.views["big_or_eu"].plan.query
-    run_epochs(h, dg.DagsterInstance.ephemeral(), spark, EXISTS_UNDER_OR)
+    assert "LEFT JOIN" in pipeline.views["orders_per_customer"].plan.query
+    assert "CROSS JOIN" in pipeline.views["above_mean"].plan.query
+    run_epochs(h, dg.DagsterInstance.ephemeral(), spark, views)

@@ -116,7 +116,8 @@ def test_every_kind_of_view_runs_on_spark_connect_and_matches_batch(spark, conne
         append_records(h.home / "data" / "customers", customers)
         # COMPACT_EVERY=1: every changed table is snapshotted on the server after each commit, so
         # the next epoch (and the checks below) read snapshots the server wrote, not only changes.
-        env = {"EPOCHAL_SPARK_REMOTE": connect_url, "EPOCHAL_COMPACT_EVERY": "1"}
+        # DEBUG: the materialization events, each naming its engine, are then on the console
+        env = {"EPOCHAL_SPARK_REMOTE": connect_url, "EPOCHAL_COMPACT_EVERY": "1", "EPOCHAL_LOG_LEVEL": "DEBUG"}
         if driver_rows is not None:
             env["EPOCHAL_DRIVER_ROWS"] = driver_rows
         run = h.run_subprocess(env=env, timeout=600)
