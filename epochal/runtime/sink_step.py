@@ -135,7 +135,10 @@ class SinkSteps:
             if delivered is None and start.skipped_upto is not None:
                 after = start.skipped_upto
             elif delivered is None and start.delivers_snapshot:
-                at = self._snapshot_epoch(name, start)
+                at, snapshot_hold = self._checked_snapshot_epoch(name, self._snapshot_epoch(name, start), upto)
+                if at is None:  # every committed epoch since the snapshot's failed an error check
+                    hold = snapshot_hold
+                    return DeliveryReport(name, lag_epochs=len(snapshot_hold.held))
                 after, snapshot = at, (at, StateAt(at))
             # Idle epochs (no change file) are delivered too, as nothing: the sink's progress then
             # says it holds everything up to ``upto``. Retention keeps undelivered change files.
@@ -270,6 +273,33 @@ class SinkSteps:
             )
             require(moved.history_upto is not None, f"sink {name}: a moved snapshot start lost its epoch")
             return moved.history_upto
+
+    def _checked_snapshot_epoch(self, name: str, at: int, upto: int | None) -> tuple[int | None, Hold]:
+        """The epoch of the sink's snapshot batch: ``at`` unless an error check upstream failed
+        there. A snapshot is a state the target shows, so it then moves to the newest later
+        committed epoch that passed (nothing of it is in the target yet: ``move_snapshot`` changes
+        nothing once a snapshot batch is PENDING), or is None, with the hold, while none has."""
+        first = self.checks.hold(name, [at])
+        if first.holding is None:
+            return at, first
+        table = self.ctx.pipeline.sinks[name].from_table
+        controller = self.ctx.controller
+        listed = [] if upto is None else controller.committed_locations(table, upto=upto, after=at, idle=True)
+        later = [e for e, _ in listed]
+        hold = self.checks.hold(name, [at, *later])
+        if hold.deliver_upto is None:
+            return None, hold
+        moved = controller.move_sink_snapshot(name, at, hold.deliver_upto)
+        require(moved.history_upto is not None, f"sink {name}: a moved snapshot start lost its epoch")
+        log.warning(
+            "sink %s: check %s failed at epoch %d, the state its snapshot batch was to show; the snapshot is "
+            "taken at epoch %s, the newest that passed",
+            name,
+            first.holding.check,
+            at,
+            moved.history_upto,
+        )
+        return moved.history_upto, hold
 
     def _write_batch(self, target: SinkTarget, batch: BatchId, payloads: list[Payload]) -> list[WriterResult]:
         """Pre-commit one batch: its change files, or for a snapshot batch the table's state, spread

@@ -119,15 +119,17 @@ def _order(i: int, customer: str, amount: int) -> str:
     return json.dumps({"id": i, "customer": customer, "amount": amount})
 
 
-def _target(h) -> Counter:  # noqa: ANN001
+def _target(h, table: str = "spend") -> Counter:  # noqa: ANN001
     with duckdb.connect(str(h.home / "out" / "o.duckdb"), read_only=True) as con:
-        return Counter(con.execute("SELECT customer, total, n FROM spend").fetchall())
+        if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchone()[0]:
+            return Counter()
+        return Counter(con.execute(f"SELECT customer, total, n FROM {table}").fetchall())
 
 
-def _batches(runtime) -> list[tuple[int, int]]:  # noqa: ANN001
+def _batches(runtime, sink: str = "spend_out") -> list[tuple[int, int]]:  # noqa: ANN001
     return [
         (b.id.first_epoch, b.id.last_epoch)
-        for b in runtime.controller.sink_coordinator.batches("spend_out")
+        for b in runtime.controller.sink_coordinator.batches(sink)
         if b.state is SinkBatchState.COMMITTED
     ]
 
@@ -193,6 +195,29 @@ def test_a_failing_error_check_holds_the_sink_until_an_epoch_passes_or_it_is_rel
     assert _target(h) == expected + Counter({("cat", -1, 1): 1})
     assert _batches(runtime)[-1] == (e4, e4)
     assert runtime.run_sink(e4, "spend_out").metadata["epochs_delivered"] == 0  # exactly once
+    released = _target(h)
+
+    # A sink added while the check fails: its snapshot batch would show a failing state, so it
+    # waits too, and starts at the first epoch that passes.
+    h.produce([_order(6, "dan", -2)])
+    e5 = run()  # fails (dan): the snapshot the new sink would start from
+    (h.pipeline_dir / "c.sql").write_text(
+        "CREATE SINK spend_new FROM spend WITH (connector = 'duckdb', database = 'out/o.duckdb', "
+        "table = 'spend_new', type = 'upsert', primary_key = 'customer');\n"
+    )
+    h.produce([_order(7, "eve", 1)])
+    e6 = run()  # still fails (dan)
+    runtime = h.runtime(spark)
+    assert runtime.controller.sink_coordinator.delivered_epoch("spend_new") is None
+    assert _target(h, "spend_new") == Counter()
+    assert runtime.controller.status()["sinks"]["spend_new"]["held_by_check"]["check"] == "no_negative_total"
+    h.produce([_order(6, "dan", 2), _order(5, "cat", 1)])  # (cat's -1 was released, not fixed)
+    e7 = run()  # passes
+    runtime = h.runtime(spark)
+    assert _batches(runtime, "spend_new") == [(0, e7)]  # one snapshot batch, at the epoch that passed
+    fixed = released - Counter({("cat", -1, 1): 1}) + Counter({("cat", 1, 1): 1, ("dan", 2, 1): 1, ("eve", 1, 1): 1})
+    assert _target(h, "spend_new") == _target(h) == fixed
+    assert e5 < e6 < e7
 
 
 def _last_run(instance: dg.DagsterInstance) -> str:
