@@ -36,6 +36,10 @@ CHECKS = """
 CREATE CHECK no_negative_total ON spend AS SELECT customer, total FROM spend WHERE total < 0;
 
 CREATE CHECK huge_order ON orders WITH (severity = 'warn') AS SELECT * FROM orders WHERE amount > 1000;
+
+-- find_in_set has no DuckDB counterpart: Spark runs this one
+CREATE CHECK listed ON spend WITH (severity = 'warn') AS
+SELECT spend.customer FROM spend WHERE find_in_set(customer, 'bob,zed') > 0;
 """
 
 
@@ -81,6 +85,7 @@ CREATE CHECK h ON spend WITH (colour = 'red') AS SELECT * FROM spend;
         "spend__row_count": ("spend", "error"),  # built in: a GROUP BY has at most its input's rows
         "no_negative_total": ("spend", "error"),
         "huge_order": ("orders", "warn"),
+        "listed": ("spend", "warn"),
         "spend": ("spend", "error"),
     }
     assert [c.name for c in pipeline.checks_holding("spend_out")] == ["spend__row_count", "no_negative_total", "spend"]
@@ -173,6 +178,8 @@ def test_a_failing_error_check_holds_the_sink_until_an_epoch_passes_or_it_is_rel
     assert not evaluations[("huge_order", str(e2))].passed
     assert evaluations[("spend__row_count", str(e2))].passed  # the built-in check: 2 customers <= 4 orders
     assert evaluations[("huge_order", str(e2))].severity == dg.AssetCheckSeverity.WARN
+    listed = evaluations[("listed", str(e2))]  # DuckDB could not run it, Spark did
+    assert not listed.passed and listed.metadata["sample"].value == [{"customer": "bob"}]
 
     h.produce([_order(3, "ann", 50)])  # ann 60: passes
     e3 = run()
