@@ -6,6 +6,7 @@ same from the snapshot as from the binlog (which holds it as seconds since the e
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -279,11 +280,18 @@ def consistent_snapshot(config: ServerConfig, columns: Sequence[str]) -> Iterato
         _query(conn, "COMMIT")
 
 
+def truncates(query: str, schema: str, config: ServerConfig) -> bool:
+    """Whether statement ``query``, run in database ``schema``, truncates the config's table."""
+    found = re.match(r"\s*TRUNCATE\s+(?:TABLE\s+)?(?:`?([^`.\s]+)`?\.)?`?([^`\s;]+)`?", query, re.IGNORECASE)
+    return found is not None and (found[1] or schema) == config.database and found[2] == config.table
+
+
 def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
     """The row changes of the table in binlog positions ``[start, end)``, in binlog order: the
     binlog is read from ``start`` (a transaction boundary) and no further than ``end``. An error
     when the binlog at ``start`` was purged."""
     from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.event import QueryEvent
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
     if end <= start:
@@ -301,7 +309,7 @@ def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
         resume_stream=True,
         blocking=False,
         is_mariadb=True,
-        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, QueryEvent],
         only_schemas=[config.database],
         only_tables=[config.table],
         enable_logging=False,
@@ -313,6 +321,11 @@ def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
             if at >= end:
                 break
             if at < start:
+                continue
+            if isinstance(event, QueryEvent):  # statements: a TRUNCATE of the table has no row events
+                schema = event.schema.decode(errors="replace") if isinstance(event.schema, bytes) else event.schema
+                if truncates(event.query, schema, config):
+                    changes.append(RowChange("truncate", at, None, None))
                 continue
             for row in event.rows:
                 if isinstance(event, WriteRowsEvent):

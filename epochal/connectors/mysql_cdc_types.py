@@ -199,7 +199,8 @@ def to_declared(value: object, declared: str) -> object:
 @dataclass(frozen=True)
 class RowChange:
     """One row of a binlog rows event: ``kind`` insert/update/delete, at ``offset`` (the event's
-    start), with the row before (update, delete) and after (insert, update) by column name."""
+    start), with the row before (update, delete) and after (insert, update) by column name; or a
+    TRUNCATE of the table (``kind`` truncate, no rows)."""
 
     kind: str
     offset: int
@@ -227,6 +228,12 @@ def binlog_records(
     for change in changes:
         if not lower <= change.offset < upper:
             continue
+        if change.kind == "truncate":
+            raise UpstreamChanged(
+                f"upstream table {table} was truncated (binlog position {shown(change.offset)}): TRUNCATE writes "
+                "no row events, so Epochal cannot apply it; delete the rows with DELETE instead, or drop the table "
+                "from the pipeline and add it again to read a new snapshot"
+            )
         for row in (change.before, change.after):
             if row is not None and list(row) != list(upstream):
                 added = [c for c in row if c not in upstream]

@@ -248,6 +248,18 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     unprivileged = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", username=USER)
     assert f"user '{USER}'@'%' lacks REPLICATION SLAVE (to read the binlog): GRANT REPLICATION SLAVE" in unprivileged
     assert re.search(rf"may not read {DB}.typed \(.*\): GRANT SELECT ON {DB}.typed TO '{USER}'@'%'", unprivileged)
+    # TRUNCATE writes a statement, no row events: it is refused by name at the epoch that meets it
+    config = mysql_cdc_server.ServerConfig("127.0.0.1", 3306, "root", "", DB, "typed", 5401)
+    with mysql_cdc_server.connect(config) as conn:
+        start = mysql_cdc_server.current_offset(conn)
+        upstream.execute("INSERT INTO typed VALUES (1, 2.5, NULL, 7)")
+        upstream.execute("TRUNCATE TABLE typed")
+        upstream.execute("TRUNCATE nokey")
+        end = mysql_cdc_server.current_offset(conn)
+    changes = mysql_cdc_server.read_changes(config, start, end)
+    assert [c.kind for c in changes] == ["insert", "truncate"]
+    with pytest.raises(EpochalError, match=rf"upstream table {DB}.typed was truncated .*delete the rows with DELETE"):
+        binlog_records(changes, f"{DB}.typed", [("id", "INT")], ["id"], ["id", "v", "w", "u"], start, end)
     direct = problems(
         "CREATE TABLE t (id INT, PRIMARY KEY (id)) WITH (connector = 'mysql-cdc', hostname = 'h', "
         f"username = 'u', database.name = '{DB}', server.id = '1', table.name = 'typed');"
