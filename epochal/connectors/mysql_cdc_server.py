@@ -291,7 +291,7 @@ def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
     binlog is read from ``start`` (a transaction boundary) and no further than ``end``. An error
     when the binlog at ``start`` was purged."""
     from pymysqlreplication import BinLogStreamReader
-    from pymysqlreplication.event import QueryEvent
+    from pymysqlreplication.event import MariadbGtidEvent, QueryEvent, XidEvent
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
     if end <= start:
@@ -309,7 +309,9 @@ def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
         resume_stream=True,
         blocking=False,
         is_mariadb=True,
-        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, QueryEvent],
+        # a transaction's first and last events, of every table: the read stops at the first one past
+        # ``end`` instead of reading the binlog to its end
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, QueryEvent, MariadbGtidEvent, XidEvent],
         only_schemas=[config.database],
         only_tables=[config.table],
         enable_logging=False,
@@ -320,7 +322,7 @@ def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
             at = pack(stream.log_file, event.packet.log_pos - event.event_size)
             if at >= end:
                 break
-            if at < start:
+            if at < start or isinstance(event, MariadbGtidEvent | XidEvent):
                 continue
             if isinstance(event, QueryEvent):  # statements: a TRUNCATE of the table has no row events
                 schema = event.schema.decode(errors="replace") if isinstance(event.schema, bytes) else event.schema
