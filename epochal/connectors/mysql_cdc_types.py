@@ -50,9 +50,10 @@ def file_named(files: Iterable[str], sequence: int) -> str | None:
 
 
 def shown(offset: int, files: Iterable[str] = ()) -> str:
-    """``mysql-bin.000042:1234`` for an offset (the file's name when known)."""
+    """``mysql-bin.000042:1234`` for an offset, when ``files`` (the server's) name its file."""
     sequence, position = unpack(offset)
-    return f"{file_named(files, sequence) or f'binlog.{sequence:06d}'}:{position}"
+    name = file_named(files, sequence)
+    return f"{name}:{position}" if name else f"position {position} of the binlog file numbered {sequence:06d}"
 
 
 def bytes_between(lower: int, upper: int, sizes: Sequence[tuple[str, int]]) -> int:
