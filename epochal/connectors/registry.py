@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from epochal.connectors.base import ConnectorSpec
 from epochal.connectors.log import LogConnectorSpec
+from epochal.connectors.mysql_cdc import MysqlCdcConnectorSpec
 from epochal.connectors.nexmark import NexmarkConnectorSpec
 from epochal.connectors.posix_fs import PosixFsConnectorSpec
 from epochal.connectors.postgres_cdc import PostgresCdcConnectorSpec
 
 SOURCE_CONNECTORS: dict[str, ConnectorSpec] = {
     spec.name: spec
-    for spec in (NexmarkConnectorSpec(), LogConnectorSpec(), PosixFsConnectorSpec(), PostgresCdcConnectorSpec())
+    for spec in (
+        NexmarkConnectorSpec(),
+        LogConnectorSpec(),
+        PosixFsConnectorSpec(),
+        PostgresCdcConnectorSpec(),
+        MysqlCdcConnectorSpec(),
+    )
 }
 
 

@@ -18,7 +18,7 @@ from epochal.pipeline.statements import Problem, Statement
 
 #: connectors whose source is declared without columns and read by tables FROM it (RisingWave's
 #: shared CDC source): CREATE TABLE t (...) FROM source TABLE 'schema.table'
-SHARED_CONNECTORS = ("postgres-cdc",)
+SHARED_CONNECTORS = ("postgres-cdc", "mysql-cdc")
 SUPPORTED_STATEMENTS = "CREATE TABLE, CREATE SOURCE, CREATE MATERIALIZED VIEW and CREATE SINK"
 
 FORMS = {

@@ -49,7 +49,7 @@ PIPELINE_ENV = "EPOCHAL_PIPELINE"
 #: Table PRIMARY KEYs (upsert tables, see epochal/storage/upsert.py); False refuses them all.
 SOURCE_PRIMARY_KEY_SUPPORTED = True
 #: Connectors whose records can update and delete by key; the others only append.
-SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log", "posix_fs", "postgres-cdc"})
+SOURCE_PRIMARY_KEY_CONNECTORS = frozenset({"log", "posix_fs", "postgres-cdc", "mysql-cdc"})
 
 #: FORMATs whose records upsert and delete rows by the table's PRIMARY KEY
 KEYED_FORMATS = ("upsert", "debezium")

@@ -69,7 +69,8 @@ def resolve_shared_sources(
                     where.file,
                     where.line,
                     f"table {name} reads FROM {parsed.from_source}, which is no "
-                    f"CREATE SOURCE {parsed.from_source} WITH (connector = 'postgres-cdc', ...) of the pipeline: "
+                    f"CREATE SOURCE {parsed.from_source} WITH (connector = '{' or '.join(SHARED_CONNECTORS)}', ...) of "
+                    "the pipeline: "
                     "declare it, or correct the name",
                 )
                 continue

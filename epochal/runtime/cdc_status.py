@@ -1,7 +1,8 @@
 """Where each change-data-capture source stands upstream, for `epochal status` and the source's
 asset metadata: the slot's confirmed LSN, the server's current LSN, the WAL the slot retains
 (bytes) and the lag in seconds (how old the newest committed changes are while WAL is retained
-past them). Only connectors that hold upstream WAL answer (``positions``: postgres-cdc)."""
+past them). For mysql-cdc: the server's binlog position, the committed epoch's end and the binlog
+bytes between. Only CDC connectors answer (``positions``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def cdc_positions(connector: object, committed_epoch: int | None) -> dict[str, o
         found = dict(positions())
     except EpochalError as error:  # the server is down: say so, status still prints
         return {"error": str(error)}
-    behind = int(found.get("slot_retained_wal_bytes", 0) or 0) > 0
+    behind = int(found.get("slot_retained_wal_bytes", found.get("binlog_bytes_behind", 0)) or 0) > 0
     lag = epoch_age_s(committed_epoch, time.time()) if committed_epoch is not None and behind else 0.0
     return {**found, "lag_seconds": lag}
 
@@ -32,7 +33,7 @@ def cdc_status(runtime: Any) -> dict[str, dict[str, object]]:
     committed = runtime.controller.committed_epoch()
     out = {}
     for name, source in runtime.pipeline.sources.items():
-        if source.connector != "postgres-cdc":
+        if source.connector not in ("postgres-cdc", "mysql-cdc"):
             continue
         found = cdc_positions(runtime.connector(name), committed)
         if found is not None:
@@ -47,6 +48,12 @@ def cdc_lines(cdc: dict[str, dict[str, object]]) -> list[str]:
     for name, p in cdc.items():
         if "error" in p:
             lines.append(f"  {name:<28} {p['error']}")
+            continue
+        if "server_binlog_position" in p:  # mysql-cdc: the committed epoch's end in the binlog
+            lines.append(
+                f"  {name:<28} {p.get('committed_binlog_position', '-')}  {p['server_binlog_position']}  "
+                f"{p.get('binlog_bytes_behind', 0)} binlog bytes behind  {p.get('lag_seconds', 0):.0f}s"
+            )
             continue
         lines.append(
             f"  {name:<28} {p.get('slot_confirmed_lsn', '-')}  {p.get('server_lsn', '-')}  "

@@ -505,7 +505,7 @@ def test_log_validation_names_the_fix(tmp_path):
 
 
 def test_registry_knows_every_connector():
-    assert set(SOURCE_CONNECTORS) == {"nexmark", "log", "posix_fs", "postgres-cdc"}
+    assert set(SOURCE_CONNECTORS) == {"nexmark", "log", "posix_fs", "postgres-cdc", "mysql-cdc"}
     assert connector_spec("nexmark").name == "nexmark"
     assert connector_spec("Log").name == "log"
     assert connector_spec("kafka") is None

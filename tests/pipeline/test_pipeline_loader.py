@@ -165,7 +165,7 @@ def test_real_connector_problems_are_reported(tmp_path: Path) -> None:
     assert [at(i) for i in found] == [("s.sql", 1), ("s.sql", 3)]
     assert found[0].message.startswith("source bid: column 'price' of the nexmark Bid table is BIGINT")
     assert found[1].message == (
-        "source q: unknown connector 'kafka': use connector = one of log, nexmark, posix_fs, postgres-cdc"
+        "source q: unknown connector 'kafka': use connector = one of log, mysql-cdc, nexmark, posix_fs, postgres-cdc"
     )
 
 
@@ -376,7 +376,7 @@ def test_table_primary_key_problems_point_at_the_key(tmp_path: Path) -> None:
         (
             ("s.sql", 1),
             "table bid: the nexmark connector is append-only: remove PRIMARY KEY "
-            "(only log, posix_fs, postgres-cdc tables take one)",
+            "(only log, mysql-cdc, posix_fs, postgres-cdc tables take one)",
         ),
         (
             ("s.sql", 4),

@@ -1,0 +1,323 @@
+"""MySQL/MariaDB change data capture: RisingWave's ``mysql-cdc`` source.
+
+A pipeline declares the connection once and a table per upstream table::
+
+    CREATE SOURCE shop WITH (connector = 'mysql-cdc', hostname = '127.0.0.1', port = '3306',
+      username = 'root', password = '${MYSQL_PASSWORD}', database.name = 'shop', server.id = '5401');
+    CREATE TABLE orders (id BIGINT, ..., PRIMARY KEY (id)) FROM shop TABLE 'shop.orders';
+
+The loader turns each such table into a source of this connector (epochal/pipeline/shared_sources.py).
+Offsets are binlog positions packed into one int (mysql_cdc_types.pack); a table is one split.
+
+* ``plan`` (injection) fixes the epoch's range ``[start, end)`` with ``end`` the server's binlog
+  position now (SHOW MASTER STATUS: the end of the last transaction written). A table's first range
+  starts at 0: before it is planned, its snapshot is staged (below).
+* ``read`` reads the binlog from ``start`` to ``end`` (mysql-replication, ROW events): both ends are
+  transaction boundaries, so whole transactions are read, and the same range reads the same rows.
+  The binlog is not consumed: nothing moves on the server when an epoch commits. A range whose
+  binlog was purged is an error naming the fix.
+* The snapshot: MariaDB's ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` tells the binlog position
+  the snapshot is exactly at (binlog_snapshot_file/position, no lock). The rows are staged as
+  Parquet under EPOCHAL_HOME with the position written last; changes before it are in the snapshot,
+  those at or after it apply on top. A snapshot killed half-way left no marker and is taken again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epochal.connectors import mysql_cdc_server as server
+from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.mysql_cdc_types import binlog_records, shown, to_declared
+from epochal.connectors.postgres_cdc import Snapshot, arrow_schema
+from epochal.errors import EpochalError
+from epochal.options import unknown_option_problems
+from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from epochal.pipeline.model import Column, SourceDef
+
+log = logging.getLogger("epochal.connectors.mysql_cdc")
+
+NAME = "mysql-cdc"
+TABLE_OPTION = "table.name"
+OPTIONS = ("connector", "hostname", "port", "username", "password", "database.name", "server.id", TABLE_OPTION)
+SUPPORTED_DECLARED = (
+    "BIGINT",
+    "INT",
+    "SMALLINT",
+    "TINYINT",
+    "DOUBLE",
+    "FLOAT",
+    "BOOLEAN",
+    "STRING",
+    "DATE",
+    "TIMESTAMP",
+)
+COMMITTED_FILE = "committed.json"
+
+
+def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | None, list[str]]:
+    problems = unknown_option_problems(NAME, options, OPTIONS)
+    for required in ("hostname", "username", "database.name", "server.id"):
+        if not (options.get(required) or "").strip():
+            problems.append(f"mysql-cdc source needs option {required} = '...'")
+    port = (options.get("port") or "3306").strip()
+    if not port.isdigit():
+        problems.append(f"option 'port' = '{port}' is not a port number, e.g. '3306'")
+    server_id = (options.get("server.id") or "").strip()
+    if server_id and not (server_id.isdigit() and 0 < int(server_id) < 2**32 - 1000):
+        problems.append(
+            f"option 'server.id' = '{server_id}' is not a replica id: a number from 1 to {2**32 - 1001}, unique "
+            "among the server's replicas (Epochal reads each table as server.id + 0..999)"
+        )
+    password = (options.get("password") or "").strip()
+    reference = server.ENV_REFERENCE.match(password)
+    if password and reference is None:
+        # the options are shown in the asset's description and kept with the statement's text
+        problems.append(
+            "option 'password' is written out: write it as password = '${NAME}' and export NAME=... in the "
+            "environment Epochal runs in (or omit it for a user without a password)"
+        )
+    elif reference is not None and reference[1].upper().startswith(("EPOCHAL_", "DAGSTER_")):
+        problems.append(
+            f"option 'password' = '${{{reference[1]}}}' reads one of Epochal's or Dagster's own settings: "
+            "export the password under a name of its own, e.g. MYSQL_PASSWORD"
+        )
+    table = (options.get(TABLE_OPTION) or "").strip()
+    if not table:
+        problems.append("a mysql-cdc table names its upstream table: CREATE TABLE t (...) FROM source TABLE 'db.table'")
+    database = (options.get("database.name") or "").strip()
+    if "." in table:
+        database, table = table.split(".", 1)
+    if problems:
+        return None, problems
+    config = server.ServerConfig(
+        hostname=options["hostname"].strip(),
+        port=int(port),
+        username=options["username"].strip(),
+        password=password,
+        database=database,
+        table=table,
+        server_id=int(server_id),
+    )
+    return config, []
+
+
+def _supported(declared: str) -> bool:
+    return declared in SUPPORTED_DECLARED or declared.replace(" ", "").startswith("DECIMAL(")
+
+
+class MysqlCdcConnectorSpec:
+    name = NAME
+    #: what the offsets point to: the server's binlog and the table
+    identity_options = ("hostname", "port", "database.name", TABLE_OPTION)
+    fields_by_spelling = False
+
+    def identity_value(self, option: str, value: str | None, home: Path | None = None) -> str | None:
+        if option == "port":
+            return (value or "3306").strip().lstrip("0") or "0"
+        return value.strip() if value is not None else None
+
+    def validate(self, columns: tuple[Column, ...], options: Mapping[str, str]) -> list[str]:
+        _, problems = parse_options(options)
+        for column in columns:
+            if not _supported(column.type):
+                problems.append(
+                    f"column '{column.name}' is {column.type}, which mysql-cdc does not read: "
+                    f"declare one of {', '.join(SUPPORTED_DECLARED)}, DECIMAL(p,s)"
+                )
+        return problems
+
+    def server_problems(
+        self, columns: tuple[Column, ...], key: tuple[str, ...], options: Mapping[str, str]
+    ) -> list[str]:
+        """What the server says at load (``mysql_cdc_server.load_problems``)."""
+        config, problems = parse_options(options)
+        if config is None:
+            return []  # the option problems are reported by validate
+        if not key:
+            return ["a mysql-cdc table needs the upstream table's PRIMARY KEY declared: add PRIMARY KEY (...)"]
+        return server.load_problems(config, [(c.name, c.type) for c in columns], key)
+
+    def create(self, source: SourceDef, home: Path) -> MysqlCdcSource:
+        config, problems = parse_options(source.options)
+        if config is None:
+            raise EpochalError(f"source {source.name}: " + "; ".join(problems))
+        return MysqlCdcSource(config, source, home)
+
+
+class MysqlCdcSource:
+    def __init__(self, config: server.ServerConfig, source: SourceDef, home: Path):
+        self.config = config
+        self.source = source
+        self.split = config.qualified
+        #: where the snapshot is staged, by source name (a source re-added later takes its own)
+        self.stage = Path(home) / "cdc" / source.name
+        self._upstream: list[str] | None = None
+
+    #: each table its own: the runtime then tells ``release_wal`` its committed end (kept for status)
+    @property
+    def wal_holder(self) -> tuple[str, ...]:
+        c = self.config
+        return (NAME, c.hostname, str(c.port), c.qualified, self.source.name)
+
+    def upstream(self) -> list[str]:
+        """The upstream table's columns when this connector first looked (a later ADD/DROP COLUMN
+        is an error at the epoch that meets it)."""
+        if self._upstream is None:
+            with server.connect(self.config) as conn:
+                found = server.upstream_columns(conn, self.config)
+            if found is None:
+                raise EpochalError(f"upstream table {self.config.qualified} is gone")
+            self._upstream = [c.name for c in found]
+        return self._upstream
+
+    def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
+        begin = start.get(self.split, 0)
+        if begin == 0:
+            self._ensure_snapshot()
+        with server.connect(self.config) as conn:
+            if begin:
+                server.check_not_purged(self.config, [n for n, _ in server.binary_logs(conn)], begin)
+            end = server.current_offset(conn)
+        self.upstream()
+        return [SplitRange(self.split, begin, max(begin, end))]
+
+    def release_wal(self, committed_end: int) -> None:
+        """Nothing to confirm on the server (the binlog is not consumed): the committed epoch's end
+        is kept beside the snapshot, for status to tell how far the table is behind."""
+        self.stage.mkdir(parents=True, exist_ok=True)
+        path = self.stage / COMMITTED_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"end": committed_end}))
+        os.replace(tmp, path)
+
+    def positions(self) -> Mapping[str, object]:
+        """The server's binlog position, the committed epoch's end and the binlog bytes between."""
+        path = self.stage / COMMITTED_FILE
+        committed = json.loads(path.read_text())["end"] if path.exists() else None
+        return server.server_positions(self.config, committed)
+
+    # --- snapshot ---------------------------------------------------------------------------
+
+    @property
+    def _marker(self) -> Path:
+        return self.stage / "snapshot.json"
+
+    def snapshot(self) -> Snapshot | None:
+        if not self._marker.exists():
+            return None
+        data = json.loads(self._marker.read_text())
+        return Snapshot(int(data["offset"]), tuple(data["files"]), int(data["rows"]))
+
+    def _ensure_snapshot(self) -> Snapshot:
+        # a re-plan of the first epoch after a recovery reads the same snapshot (its binlog must still be there)
+        return self.snapshot() or self._take_snapshot()
+
+    def _take_snapshot(self) -> Snapshot:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns = self.source.columns
+        schema = arrow_schema(columns)
+        types = [c.type for c in columns]
+        with server.consistent_snapshot(self.config, [c.name for c in columns]) as (offset, batches):
+            directory = self.stage / f"snapshot-{offset}"
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / "rows.parquet"
+            rows = 0
+            with pq.ParquetWriter(path, schema) as writer:
+                for batch in batches:
+                    typed = [
+                        {n: to_declared(v, t) for n, v, t in zip(schema.names, r, types, strict=True)} for r in batch
+                    ]
+                    writer.write_table(pa.Table.from_pylist(typed, schema))
+                    rows += len(batch)
+                    log.info("mysql-cdc %s: snapshot of %s: %d rows staged", self.source.name, self.split, rows)
+        _fsync(path)
+        tmp = self._marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"offset": offset, "files": [str(path)], "rows": rows}))
+        _fsync(tmp)
+        os.replace(tmp, self._marker)
+        _fsync(self.stage)
+        log.info("mysql-cdc %s: snapshot of %s at %s done: %d rows", self.source.name, self.split, shown(offset), rows)
+        return Snapshot(offset, (str(path),), rows)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def records(self, upper: int, lower: int) -> list[tuple]:
+        """The binlog records of ``[lower, upper)``: declared columns and ``_op`` (no Spark)."""
+        changes = server.read_changes(self.config, lower, upper)
+        return binlog_records(
+            changes,
+            self.split,
+            [(c.name, c.type) for c in self.source.columns],
+            self.source.primary_key,
+            self.upstream(),
+            lower,
+            upper,
+        )
+
+    def read(self, spark: SparkSession, ranges: list[SplitRange]) -> SourceBatch:
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+
+        frames: list[DataFrame] = []
+        count = 0
+        names = [c.name for c in self.source.columns]
+        ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.source.columns)
+        for r in ranges:
+            lower = r.start
+            if r.start == 0:
+                snapshot = self.snapshot()
+                if snapshot is None or snapshot.lsn > r.end:
+                    raise EpochalError(
+                        f"the snapshot of {self.split} that the epoch was planned with is gone from "
+                        f"{self.stage}: run `epochal recover` to plan it again"
+                    )
+                lower = snapshot.lsn
+                count += snapshot.rows
+                frames.append(
+                    spark.read.schema(ddl)
+                    .parquet(*snapshot.files)
+                    .select(
+                        *[F.col(f"`{n}`") for n in names],
+                        F.lit(UPSERT).alias(OP_COLUMN),
+                        F.lit(r.split).alias(SPLIT_COLUMN),
+                        F.lit(-1).cast("bigint").alias(OFFSET_COLUMN),
+                    )
+                )
+            records = self.records(r.end, lower)
+            count += len(records)
+            schema = arrow_schema(self.source.columns).append(pa.field(OP_COLUMN, pa.string()))
+            table = pa.Table.from_pylist([dict(zip(schema.names, rec, strict=True)) for rec in records], schema)
+            table = table.append_column(SPLIT_COLUMN, pa.array([r.split] * len(records), pa.string()))
+            table = table.append_column(OFFSET_COLUMN, pa.array(range(len(records)), pa.int64()))
+            frames.append(
+                spark.createDataFrame(table).select(
+                    *[F.col(f"`{n}`").cast(c.type) for n, c in zip(names, self.source.columns, strict=True)],
+                    OP_COLUMN,
+                    SPLIT_COLUMN,
+                    OFFSET_COLUMN,
+                )
+            )
+        rows = frames[0]
+        for frame in frames[1:]:
+            rows = rows.unionByName(frame)
+        return SourceBatch(rows=rows, records=count)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
