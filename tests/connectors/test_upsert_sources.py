@@ -327,7 +327,7 @@ def test_loader_refuses_a_key_on_nexmark(tmp_path):
     )
     assert errors == [
         "/p.sql:1: table person: the nexmark connector is append-only: remove PRIMARY KEY "
-        "(only log, posix_fs, postgres-cdc tables take one)"
+        "(only log, mysql-cdc, posix_fs, postgres-cdc tables take one)"
     ]
 
 
