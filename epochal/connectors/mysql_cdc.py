@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 from epochal.connectors import mysql_cdc_server as server
 from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.cdc_snapshot import Snapshot, arrow_schema, stage_snapshot, staged_snapshot
 from epochal.connectors.mysql_cdc_types import binlog_records, shown, to_declared
-from epochal.connectors.postgres_cdc import Snapshot, arrow_schema
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems
 from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
@@ -208,48 +208,27 @@ class MysqlCdcSource:
 
     # --- snapshot ---------------------------------------------------------------------------
 
-    @property
-    def _marker(self) -> Path:
-        return self.stage / "snapshot.json"
-
     def snapshot(self) -> Snapshot | None:
-        if not self._marker.exists():
-            return None
-        data = json.loads(self._marker.read_text())
-        return Snapshot(int(data["offset"]), tuple(data["files"]), int(data["rows"]))
+        return staged_snapshot(self.stage)
 
     def _ensure_snapshot(self) -> Snapshot:
         # a re-plan of the first epoch after a recovery reads the same snapshot (its binlog must still be there)
         return self.snapshot() or self._take_snapshot()
 
     def _take_snapshot(self) -> Snapshot:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        columns = self.source.columns
-        schema = arrow_schema(columns)
-        types = [c.type for c in columns]
-        with server.consistent_snapshot(self.config, [c.name for c in columns]) as (offset, batches):
-            directory = self.stage / f"snapshot-{offset}"
-            directory.mkdir(parents=True, exist_ok=True)
-            path = directory / "rows.parquet"
-            rows = 0
-            with pq.ParquetWriter(path, schema) as writer:
-                for batch in batches:
-                    typed = [
-                        {n: to_declared(v, t) for n, v, t in zip(schema.names, r, types, strict=True)} for r in batch
-                    ]
-                    writer.write_table(pa.Table.from_pylist(typed, schema))
-                    rows += len(batch)
-                    log.info("mysql-cdc %s: snapshot of %s: %d rows staged", self.source.name, self.split, rows)
-        _fsync(path)
-        tmp = self._marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"offset": offset, "files": [str(path)], "rows": rows}))
-        _fsync(tmp)
-        os.replace(tmp, self._marker)
-        _fsync(self.stage)
-        log.info("mysql-cdc %s: snapshot of %s at %s done: %d rows", self.source.name, self.split, shown(offset), rows)
-        return Snapshot(offset, (str(path),), rows)
+        types = [c.type for c in self.source.columns]
+        label = f"mysql-cdc {self.source.name} ({self.split})"
+        with server.consistent_snapshot(self.config, list(self.source.column_names)) as (offset, batches):
+            snapshot = stage_snapshot(
+                self.stage,
+                offset,
+                self.source.columns,
+                batches,
+                lambda row: [to_declared(v, t) for v, t in zip(row, types, strict=True)],
+                label,
+            )
+        log.info("%s: snapshot at %s done: %d rows", label, shown(offset), snapshot.rows)
+        return snapshot
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -278,12 +257,12 @@ class MysqlCdcSource:
             lower = r.start
             if r.start == 0:
                 snapshot = self.snapshot()
-                if snapshot is None or snapshot.lsn > r.end:
+                if snapshot is None or snapshot.position > r.end:
                     raise EpochalError(
                         f"the snapshot of {self.split} that the epoch was planned with is gone from "
                         f"{self.stage}: run `epochal recover` to plan it again"
                     )
-                lower = snapshot.lsn
+                lower = snapshot.position
                 count += snapshot.rows
                 frames.append(
                     spark.read.schema(ddl)
@@ -313,11 +292,3 @@ class MysqlCdcSource:
         for frame in frames[1:]:
             rows = rows.unionByName(frame)
         return SourceBatch(rows=rows, records=count)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

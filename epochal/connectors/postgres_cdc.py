@@ -31,12 +31,12 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epochal.connectors import pg_cdc_server as server
 from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.cdc_snapshot import Snapshot, arrow_schema, stage_snapshot, staged_snapshot
 from epochal.connectors.pg_cdc_changes import SUPPORTED_DECLARED, parser, typed_row, wal_records
 from epochal.connectors.pgoutput import lsn_text
 from epochal.errors import EpochalError
@@ -44,7 +44,6 @@ from epochal.options import unknown_option_problems
 from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from epochal.pipeline.model import Column, SourceDef
@@ -162,13 +161,6 @@ class PostgresCdcConnectorSpec:
         return PostgresCdcSource(config, source, home)
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    lsn: int
-    files: tuple[str, ...]
-    rows: int
-
-
 class PostgresCdcSource:
     def __init__(self, config: server.ServerConfig, source: SourceDef, home: Path):
         self.config = config
@@ -230,62 +222,25 @@ class PostgresCdcSource:
 
     # --- snapshot ---------------------------------------------------------------------------
 
-    @property
-    def _marker(self) -> Path:
-        return self.stage / "snapshot.json"
-
     def snapshot(self) -> Snapshot | None:
-        if not self._marker.exists():
-            return None
-        data = json.loads(self._marker.read_text())
-        return Snapshot(int(data["lsn"]), tuple(data["files"]), int(data["rows"]))
+        return staged_snapshot(self.stage)
 
     def _ensure_snapshot(self, conn: object) -> Snapshot:
         staged = self.snapshot()
         position = server.slot_position(conn, self.config)
-        if staged is not None and position is not None and staged.lsn >= position:
+        if staged is not None and position is not None and staged.position >= position:
             return staged  # a re-plan after a recovery reads the same snapshot
         return self._take_snapshot()
 
     def _take_snapshot(self) -> Snapshot:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        columns = self.source.columns
-        parsers = [parser(c.type) for c in columns]
-        schema = arrow_schema(columns)
-        with server.consistent_snapshot(self.config, [c.name for c in columns]) as (lsn, batches):
-            directory = self.stage / f"snapshot-{lsn}"
-            directory.mkdir(parents=True, exist_ok=True)
-            path = directory / "rows.parquet"
-            rows = 0
-            with pq.ParquetWriter(path, schema) as writer:
-                for batch in batches:
-                    typed = [dict(zip(schema.names, typed_row(r, parsers), strict=True)) for r in batch]
-                    writer.write_table(pa.Table.from_pylist(typed, schema))
-                    rows += len(batch)
-                    log.info(
-                        "postgres-cdc %s: snapshot of %s at %s: %d rows staged",
-                        self.source.name,
-                        self.config.qualified,
-                        lsn_text(lsn),
-                        rows,
-                    )
-        _fsync(path)
-        marker = {"lsn": lsn, "files": [str(path)], "rows": rows}
-        tmp = self._marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps(marker))
-        _fsync(tmp)
-        os.replace(tmp, self._marker)
-        _fsync(self.stage)
-        log.info(
-            "postgres-cdc %s: snapshot of %s at LSN %s done: %d rows",
-            self.source.name,
-            self.config.qualified,
-            lsn_text(lsn),
-            rows,
-        )
-        return Snapshot(lsn, (str(path),), rows)
+        parsers = [parser(c.type) for c in self.source.columns]
+        label = f"postgres-cdc {self.source.name} ({self.config.qualified})"
+        with server.consistent_snapshot(self.config, list(self.source.column_names)) as (lsn, batches):
+            snapshot = stage_snapshot(
+                self.stage, lsn, self.source.columns, batches, lambda row: typed_row(row, parsers), label
+            )
+        log.info("%s: snapshot at LSN %s done: %d rows", label, lsn_text(lsn), snapshot.rows)
+        return snapshot
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -315,12 +270,12 @@ class PostgresCdcSource:
             lower = r.start
             if r.start == 0:
                 snapshot = self.snapshot()
-                if snapshot is None or snapshot.lsn > r.end:
+                if snapshot is None or snapshot.position > r.end:
                     raise EpochalError(
                         f"the snapshot of {self.config.qualified} that the epoch was planned with "
                         f"is gone from {self.stage}: run `epochal recover` to plan it again"
                     )
-                lower = snapshot.lsn
+                lower = snapshot.position
                 count += snapshot.rows
                 frames.append(
                     spark.read.schema(ddl)
@@ -350,36 +305,6 @@ class PostgresCdcSource:
         for frame in frames[1:]:
             rows = rows.unionByName(frame)
         return SourceBatch(rows=rows, records=count)
-
-
-def arrow_schema(columns: tuple[Column, ...]) -> pa.Schema:
-    import pyarrow as pa
-
-    simple = {
-        "BIGINT": pa.int64(),
-        "INT": pa.int32(),
-        "SMALLINT": pa.int16(),
-        "TINYINT": pa.int8(),
-        "DOUBLE": pa.float64(),
-        "FLOAT": pa.float32(),
-        "BOOLEAN": pa.bool_(),
-        "STRING": pa.string(),
-        "DATE": pa.date32(),
-        "TIMESTAMP": pa.timestamp("us", tz="UTC"),
-    }
-    fields = []
-    for c in columns:
-        decimal = re.fullmatch(r"DECIMAL\((\d+),(\d+)\)", c.type.replace(" ", ""))
-        fields.append(pa.field(c.name, pa.decimal128(int(decimal[1]), int(decimal[2])) if decimal else simple[c.type]))
-    return pa.schema(fields)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def wal_holder(options: Mapping[str, str]) -> tuple[str, ...] | None:
