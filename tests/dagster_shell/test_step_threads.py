@@ -59,11 +59,17 @@ def test_independent_steps_overlap_and_the_epochs_stay_exact(spark, tmp_path: Pa
         result = h.run_in_process(instance)
         assert result.success, [e.message for e in result.all_events if e.is_failure]
     steps = _intervals(instance, result)
-    # Both sources wait only for the barrier, and the two views only for their own source: with
-    # two threads each pair runs side by side.
+    # Both sources wait only for the barrier, and each view only for its own source: with two
+    # threads the sources run side by side, and so does one branch's view with the other branch
+    # (which pair depends on which source ends first, which a loaded machine decides).
     assert _overlap(steps["source__bid"], steps["source__orders"]), steps
-    assert _overlap(steps["view__big_bids"], steps["view__big_orders"]) or _overlap(
-        steps["view__big_bids"], steps["source__orders"]
+    assert any(
+        _overlap(steps[a], steps[b])
+        for a, b in (
+            ("view__big_bids", "view__big_orders"),
+            ("view__big_bids", "source__orders"),
+            ("view__big_orders", "source__bid"),
+        )
     ), steps
     runtime = h.runtime(spark)
     assert len(runtime.controller.epoch_log.epochs([EpochState.COMMITTED])) == 2
