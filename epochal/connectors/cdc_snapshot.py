@@ -5,7 +5,8 @@ log position (a PostgreSQL LSN, a binlog offset), and written as Parquet. An epo
 starts with them: changes before the position are in the snapshot, those at or after it apply on
 top. The rows must be on the disk before the marker names them, and the marker is written last
 (atomically), so a snapshot killed half-way is no snapshot and is taken again; a staged one is read
-the same by every re-run of the epoch that plans it.
+the same by every re-run of the epoch that plans it. ``cdc_batch`` is what both connectors' ``read``
+returns: the snapshot's rows (in a table's first range) followed by the log's records.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.errors import EpochalError
 from epochal.storage.durability import sync_tree
+from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
     from epochal.pipeline.model import Column
 
@@ -103,3 +108,63 @@ def arrow_schema(columns: tuple[Column, ...]) -> pa.Schema:
         decimal = re.fullmatch(r"DECIMAL\((\d+),(\d+)\)", c.type.replace(" ", ""))
         fields.append(pa.field(c.name, pa.decimal128(int(decimal[1]), int(decimal[2])) if decimal else simple[c.type]))
     return pa.schema(fields)
+
+
+def cdc_batch(
+    spark: SparkSession,
+    columns: tuple[Column, ...],
+    ranges: list[SplitRange],
+    snapshot: Callable[[], Snapshot | None],
+    records: Callable[[int, int], list[tuple]],
+    table: str,
+    stage: Path,
+) -> SourceBatch:
+    """The keyed records of ``ranges`` of one CDC table: in a table's first range (its start is 0)
+    the staged ``snapshot``'s rows as upserts, then ``records(end, start)`` of the log (the declared
+    columns and ``_op``; from the snapshot's position in a first range), in log order."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    frames: list[DataFrame] = []
+    count = 0
+    names = [c.name for c in columns]
+    ddl = ", ".join(f"`{c.name}` {c.type}" for c in columns)
+    for r in ranges:
+        lower = r.start
+        if r.start == 0:
+            staged = snapshot()
+            if staged is None or staged.position > r.end:
+                raise EpochalError(
+                    f"the snapshot of {table} that the epoch was planned with is gone from {stage}: "
+                    "run `epochal recover` to plan it again"
+                )
+            lower = staged.position
+            count += staged.rows
+            frames.append(
+                spark.read.schema(ddl)
+                .parquet(*staged.files)
+                .select(
+                    *[F.col(f"`{n}`") for n in names],
+                    F.lit(UPSERT).alias(OP_COLUMN),
+                    F.lit(r.split).alias(SPLIT_COLUMN),
+                    F.lit(-1).cast("bigint").alias(OFFSET_COLUMN),
+                )
+            )
+        found = records(r.end, lower)
+        count += len(found)
+        schema = arrow_schema(columns).append(pa.field(OP_COLUMN, pa.string()))
+        rows = pa.Table.from_pylist([dict(zip(schema.names, rec, strict=True)) for rec in found], schema)
+        rows = rows.append_column(SPLIT_COLUMN, pa.array([r.split] * len(found), pa.string()))
+        rows = rows.append_column(OFFSET_COLUMN, pa.array(range(len(found)), pa.int64()))
+        frames.append(
+            spark.createDataFrame(rows).select(
+                *[F.col(f"`{n}`").cast(c.type) for n, c in zip(names, columns, strict=True)],
+                OP_COLUMN,
+                SPLIT_COLUMN,
+                OFFSET_COLUMN,
+            )
+        )
+    batch = frames[0]
+    for frame in frames[1:]:
+        batch = batch.unionByName(frame)
+    return SourceBatch(rows=batch, records=count)

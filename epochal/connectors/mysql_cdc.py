@@ -33,14 +33,13 @@ from typing import TYPE_CHECKING
 
 from epochal.connectors import mysql_cdc_server as server
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.connectors.cdc_snapshot import Snapshot, arrow_schema, stage_snapshot, staged_snapshot
+from epochal.connectors.cdc_snapshot import Snapshot, cdc_batch, stage_snapshot, staged_snapshot
 from epochal.connectors.mysql_cdc_types import binlog_records, shown, to_declared
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems
-from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
     from epochal.pipeline.model import Column, SourceDef
 
@@ -246,49 +245,4 @@ class MysqlCdcSource:
         )
 
     def read(self, spark: SparkSession, ranges: list[SplitRange]) -> SourceBatch:
-        import pyarrow as pa
-        from pyspark.sql import functions as F
-
-        frames: list[DataFrame] = []
-        count = 0
-        names = [c.name for c in self.source.columns]
-        ddl = ", ".join(f"`{c.name}` {c.type}" for c in self.source.columns)
-        for r in ranges:
-            lower = r.start
-            if r.start == 0:
-                snapshot = self.snapshot()
-                if snapshot is None or snapshot.position > r.end:
-                    raise EpochalError(
-                        f"the snapshot of {self.split} that the epoch was planned with is gone from "
-                        f"{self.stage}: run `epochal recover` to plan it again"
-                    )
-                lower = snapshot.position
-                count += snapshot.rows
-                frames.append(
-                    spark.read.schema(ddl)
-                    .parquet(*snapshot.files)
-                    .select(
-                        *[F.col(f"`{n}`") for n in names],
-                        F.lit(UPSERT).alias(OP_COLUMN),
-                        F.lit(r.split).alias(SPLIT_COLUMN),
-                        F.lit(-1).cast("bigint").alias(OFFSET_COLUMN),
-                    )
-                )
-            records = self.records(r.end, lower)
-            count += len(records)
-            schema = arrow_schema(self.source.columns).append(pa.field(OP_COLUMN, pa.string()))
-            table = pa.Table.from_pylist([dict(zip(schema.names, rec, strict=True)) for rec in records], schema)
-            table = table.append_column(SPLIT_COLUMN, pa.array([r.split] * len(records), pa.string()))
-            table = table.append_column(OFFSET_COLUMN, pa.array(range(len(records)), pa.int64()))
-            frames.append(
-                spark.createDataFrame(table).select(
-                    *[F.col(f"`{n}`").cast(c.type) for n, c in zip(names, self.source.columns, strict=True)],
-                    OP_COLUMN,
-                    SPLIT_COLUMN,
-                    OFFSET_COLUMN,
-                )
-            )
-        rows = frames[0]
-        for frame in frames[1:]:
-            rows = rows.unionByName(frame)
-        return SourceBatch(rows=rows, records=count)
+        return cdc_batch(spark, self.source.columns, ranges, self.snapshot, self.records, self.split, self.stage)
