@@ -7,14 +7,18 @@ bytes between. Only CDC connectors answer (``positions``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from epochal.epoch import epoch_age_s
 from epochal.errors import EpochalError
+from epochal.pipeline.ddl import SHARED_CONNECTORS
 
 
-def cdc_positions(connector: object, committed_epoch: int | None) -> dict[str, object] | None:
-    """``connector``'s upstream positions with the lag, None for a connector that holds no WAL."""
+def cdc_positions(connector: object, committed_epoch: Callable[[], int | None]) -> dict[str, object] | None:
+    """``connector``'s upstream positions with the lag, None for a connector that holds no WAL.
+    ``committed_epoch`` is asked only for a CDC connector (a meta-store read every other source's
+    step would pay for nothing)."""
     positions = getattr(connector, "positions", None)
     if positions is None:
         return None
@@ -23,19 +27,19 @@ def cdc_positions(connector: object, committed_epoch: int | None) -> dict[str, o
     except EpochalError as error:  # the server is down: say so, status still prints
         return {"error": str(error)}
     behind = int(found.get("slot_retained_wal_bytes", found.get("binlog_bytes_behind", 0)) or 0) > 0
-    lag = epoch_age_s(committed_epoch, time.time()) if committed_epoch is not None and behind else 0.0
+    committed = committed_epoch() if behind else None
+    lag = epoch_age_s(committed, time.time()) if committed is not None else 0.0
     return {**found, "lag_seconds": lag}
 
 
 def cdc_status(runtime: Any) -> dict[str, dict[str, object]]:
     """Per CDC source of ``runtime``'s pipeline (an EpochRuntime, not imported: it imports the
     source step, which imports this), its ``cdc_positions``."""
-    committed = runtime.controller.committed_epoch()
     out = {}
     for name, source in runtime.pipeline.sources.items():
-        if source.connector not in ("postgres-cdc", "mysql-cdc"):
+        if source.connector not in SHARED_CONNECTORS:
             continue
-        found = cdc_positions(runtime.connector(name), committed)
+        found = cdc_positions(runtime.connector(name), runtime.controller.committed_epoch)
         if found is not None:
             out[name] = found
     return out

@@ -54,7 +54,7 @@ class SourceSteps:
         cannot tell its splits' ends (a generator such as Nexmark) reports neither."""
         connector = self.ctx.connector(name)
         # a CDC source: its slot's and the server's LSNs, the WAL retained (epochal/runtime/cdc_status.py)
-        upstream = cdc_positions(connector, self.ctx.controller.committed_epoch())
+        upstream = cdc_positions(connector, self.ctx.controller.committed_epoch)
         if upstream is not None:
             return upstream
         split_ends = getattr(connector, "split_ends", None)
