@@ -137,8 +137,12 @@ def main() -> None:
         for size in sizes:
             for kind in kinds:
                 pipe = Pipe(root / f"n{size}", kind, spark)
-                # warm-up: one small epoch, so the session has run this plan's shape once
+                # warm-up: one small epoch and one read by executors (more than
+                # log_lines.SPARK_DRIVER_READ_BYTES), so the session has run this plan's shapes once
+                # and its Python workers are up, as in a long-lived process
                 pipe.append(1000, False)
+                pipe.step()
+                pipe.append(120_000, False)
                 pipe.step()
                 ours: list[float] = []
                 base: list[float] = []

@@ -8,12 +8,13 @@ row limit, could not be read at all. Without it, Spark gives lines but not their
 So the driver finds a range's byte offsets with a sparse index of where lines start
 (:class:`LineIndex`, filled while the planner counts lines anyway) and reads only those bytes:
 
-* a read of at most ``DRIVER_READ_BYTES`` (an epoch's records, a backfill chunk) is read on the
-  driver and handed to Spark as one Arrow table: no Python worker to start, which costs seconds
-  in a fresh process;
-* a larger one is cut into pieces of about ``PIECE_BYTES`` at indexed line starts, and the
-  ``LogLinesDataSource`` (a Spark Python data source) reads each piece on an executor, so no
-  process ever holds more than one piece. Both are ``log_lines_spark.read_lines``.
+* a read of at most ``SPARK_DRIVER_READ_BYTES`` (a small epoch's records, a backfill chunk) is
+  read on the driver and handed to Spark as one Arrow table: no Python worker to start, which
+  costs seconds in a fresh process;
+* a larger one is cut into pieces at indexed line starts (at least ``MIN_PIECES`` where the
+  index allows, at most ``PIECE_BYTES`` each), and the ``LogLinesDataSource`` (a Spark Python
+  data source) reads each piece on an executor, in parallel, so no process ever holds more than
+  one piece. Both are ``log_lines_spark.read_lines``.
 
 Both decode a piece with :func:`piece_batches`, so the two paths give the same rows: ``split``,
 ``offset`` (the line number) and ``raw`` (the line without its newline; a stray ``\\r`` and blank
@@ -36,11 +37,20 @@ LINES_SCHEMA = "split STRING, offset BIGINT, raw STRING"
 #: bytes counted per read() while indexing or seeking
 COUNT_CHUNK = 1 << 20
 #: a line start is remembered about this often, so finding any line reads at most this much
-CHECKPOINT_BYTES = 8 << 20
-#: reads up to this size go through the driver (no Python worker); larger ones are read in pieces
+#: (and a read can be cut into pieces no finer than this)
+CHECKPOINT_BYTES = 4 << 20
+#: the most the DuckDB driver path (``log_driver``) reads into the driver's memory
 DRIVER_READ_BYTES = 32 << 20
-#: the size of one executor's piece of a large read
+#: reads up to this size are handed to Spark from the driver (no Python worker); larger ones are
+#: read in pieces by executors. Far below DRIVER_READ_BYTES: measured on 300,000 lines (14 MB),
+#: the driver's Arrow hand-over and its single-partition plan cost 2.7 s against 1.5 s for two
+#: pieces read by executors (benchmarks/bench_source_step.py), and the pieces run in parallel
+SPARK_DRIVER_READ_BYTES = 4 << 20
+#: the largest piece of a large read
 PIECE_BYTES = 64 << 20
+#: a read is cut into at least this many pieces where the index's marks allow it, so that a
+#: machine's cores share it (beyond that, pieces of PIECE_BYTES)
+MIN_PIECES = 4
 #: lines per Arrow batch handed to Spark
 BATCH_LINES = 1 << 16
 #: the name LogLinesDataSource is registered under
@@ -93,11 +103,13 @@ class LineIndex:
         return at_byte
 
     def pieces(self, f: BinaryIO, split: str, start: int, end: int) -> list[LinePiece]:
-        """Lines [``start``, ``end``) as pieces of about PIECE_BYTES, cut at remembered line starts."""
+        """Lines [``start``, ``end``) as pieces of about a MIN_PIECES-th of the range (at most
+        PIECE_BYTES), cut at remembered line starts."""
         first, last = self.byte_of(f, start), self.byte_of(f, end)
+        size = min(PIECE_BYTES, max(1, (last - first) // MIN_PIECES))
         cuts = [(start, first)]
         for line, byte in self.marks:
-            if start < line < end and byte - cuts[-1][1] >= PIECE_BYTES:
+            if start < line < end and byte - cuts[-1][1] >= size and last - byte >= size // 2:
                 cuts.append((line, byte))
         bounds = [*cuts, (end, last)]
         return [
