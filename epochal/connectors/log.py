@@ -253,7 +253,9 @@ class LogSource:
         from epochal.connectors.log_lines_spark import read_lines
 
         lines = read_lines(spark, self.line_pieces(ranges)).select(
-            "split", "offset", F.regexp_replace("raw", "\r$", "").alias("raw")  # tolerate CRLF producers
+            "split",
+            "offset",
+            F.regexp_replace("raw", "\r$", "").alias("raw"),  # tolerate CRLF producers
         )
         return self.parse_lines(lines)
 
@@ -322,13 +324,21 @@ class LogSource:
         by_name = {c.name: c for c in self.columns}
         keys = tuple(by_name[k] for k in self.primary_key)
         raw = F.col("raw")
-        # Two parses: the key and _op alone decide what a record is (a delete is valid when they
-        # are), the full schema is only needed for upserts. _op is read as STRING, which takes any
-        # JSON value (5 comes back as "5"), so an odd _op is reported as such.
-        parsed = _parsed_once(
-            lines, {"_parsed": _parse(raw, self.columns), "_head": _parse(raw, (*keys, Column(OP_KEY, "STRING")))}
-        )
-        op_text = F.col("_head").getField(OP_KEY)
+        # One parse of every field and _op for every line. The key and _op alone decide what a
+        # record is (a delete is valid when they are), so a line whose full parse does not fit is
+        # parsed again for them alone: CASE WHEN evaluates that second parse only for such lines,
+        # rare, where every line once paid for two parses. _op is read
+        # as STRING, which takes any JSON value (5 comes back as "5"), so an odd _op is reported.
+        parsed = _parsed_once(lines, {"_parsed": _parse(raw, (*self.columns, Column(OP_KEY, "STRING")))})
+        row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
+        # (behind a barrier of its own, so it too is evaluated once per line, and only when needed)
+        parsed = _parsed_once(parsed, {"_head": F.when(~row_fits, _parse(raw, (*keys, Column(OP_KEY, "STRING"))))})
+        head = F.col("_head")
+
+        def head_field(key: str) -> "SparkColumn":
+            return F.when(row_fits, F.col("_parsed").getField(key)).otherwise(head.getField(key))
+
+        op_text = head_field(OP_KEY)
         lowered = F.lower(op_text)
         parsed = parsed.withColumn(
             "_op_norm",
@@ -338,14 +348,13 @@ class LogSource:
         )
         op = F.col("_op_norm")
         is_delete = op == DELETE
-        head_fits = F.col("_head").isNotNull() & F.col("_head").getField(_CORRUPT).isNull()
-        row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
-        missing = [F.col("_head").getField(k.key).isNull() for k in keys]
+        head_fits = row_fits | (head.isNotNull() & head.getField(_CORRUPT).isNull())
+        missing = [head_field(k.key).isNull() for k in keys]
         key_missing = reduce(lambda a, b: a | b, missing)
         good = head_fits & op.isNotNull() & ~key_missing & (is_delete | row_fits)
 
         values = [
-            F.col("_head").getField(c.key).alias(c.name)
+            head_field(c.key).alias(c.name)
             if c in keys
             else F.when(~is_delete, F.col("_parsed").getField(c.key)).alias(c.name)
             for c in self.columns
@@ -401,8 +410,6 @@ def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:
         take[split] = min(backlog[split], remaining // (len(order) - i))
         remaining -= take[split]
     return take
-
-
 
 
 def _parse(raw: "SparkColumn", columns: "Iterable[Column]") -> "SparkColumn":

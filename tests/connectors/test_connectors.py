@@ -288,7 +288,8 @@ def test_log_bad_lines_become_dead_letters_and_good_lines_come_through(spark, tm
 @pytest.mark.parametrize("keyed, parses", [(False, 1), (True, 2)])
 def test_log_read_parses_each_line_once_per_parse(spark, tmp_path, keyed, parses, capsys):
     """The optimizer used to copy each parse into every expression that read it: a keyed read's
-    plan held 13 from_json calls per line (1.6 s for 100,000 lines, 0.8-1.1 s parsed once)."""
+    plan held 13 from_json calls per line (1.6 s for 100,000 lines, 0.8-1.1 s parsed once). A keyed
+    read's second parse (its key and _op alone) runs only for a line whose full parse misfits."""
     assert_log_read_parses_once(spark, tmp_path, keyed, parses, capsys)
 
 
@@ -373,7 +374,7 @@ def test_log_reads_a_range_from_its_bytes_alone(spark, tmp_path, monkeypatch, th
 def assert_log_reads_ranges(spark, tmp_path, monkeypatch, through: str) -> None:
     """``spark`` may be a Connect client: then the executors' pieces are read by the server's workers."""
     if through == "executors":
-        monkeypatch.setattr(log_lines, "DRIVER_READ_BYTES", 0)
+        monkeypatch.setattr(log_lines, "SPARK_DRIVER_READ_BYTES", 0)
     monkeypatch.setattr(log_lines, "COUNT_CHUNK", 4096)  # index marks every few KB, not every 8 MB
     monkeypatch.setattr(log_lines, "CHECKPOINT_BYTES", 4096)
     monkeypatch.setattr(log_lines, "PIECE_BYTES", 20_000)
