@@ -83,6 +83,23 @@ def marked_rows(marked: "DataFrame") -> "DataFrame":
     return marked.where(F.col(FITS)).drop(FITS)
 
 
+def observed_rows(marked: "DataFrame") -> "tuple[DataFrame, Callable[[], bool]]":
+    """The rows of a ``SourceBatch.marked`` (as ``marked_rows``), and a question, to be asked once
+    an action has consumed them, whether any line did not fit: the action counts the misfits as it
+    passes (a Spark Observation), so the lines are read and parsed once, with no cache and no
+    second job."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation()
+    counted = marked.observe(observation, F.sum(F.when(~F.col(FITS), 1).otherwise(0)).alias("misfits"))
+
+    def rejected() -> bool:
+        return (observation.get.get("misfits") or 0) > 0
+
+    return marked_rows(counted), rejected
+
+
 def any_rejected(marked: "DataFrame") -> bool:
     """Whether a ``SourceBatch.marked`` has a line that does not fit (a Spark job)."""
     from pyspark.sql import functions as F

@@ -439,9 +439,10 @@ class EpochRuntime:
         inclusive: bool,
         restrict: tuple[tuple[str, ...], DataFrame] | None = None,
         cached: bool = True,
+        keys_at_most: int | None = None,
     ) -> tuple[DataFrame, int]:
         """``table``'s rows inside ``epoch`` and the stored rows read: ``StateReader.read_state``."""
-        return self.reader.read_state(table, epoch, inclusive, restrict, cached)
+        return self.reader.read_state(table, epoch, inclusive, restrict, cached, keys_at_most=keys_at_most)
 
     def query_schema(self, table: str) -> StructType:
         """``table``'s columns and types as its query gives them (:class:`QuerySchemas`)."""

@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 
+#: Restricted to more keys than this, a snapshot is read whole rather than by the keys' vnodes:
+#: with 2,048 keys hashed over 256 vnodes, each vnode is untouched with odds of about e^-8, so the job that
+#: would find the touched vnodes (a pass over every key; 2.6 s of a 300,000-row source epoch)
+#: prunes nothing. The restriction's semi-join still keeps only the keys' rows.
+PRUNE_VNODES_KEYS = 2048
+
+
 class SourceRows(Protocol):
     """A SOURCE's rows read back from its connector (``epochal.runtime.source_history.SourceHistory``)."""
 
@@ -74,6 +81,7 @@ class StateReader:
         inclusive: bool,
         restrict: tuple[tuple[str, ...], DataFrame] | None = None,
         cached: bool = True,
+        keys_at_most: int | None = None,
     ) -> tuple[DataFrame, int]:
         """``table``'s rows as seen inside ``epoch`` (with that epoch's change when ``inclusive``),
         and how many stored rows were read to get them; a table without change files
@@ -86,7 +94,8 @@ class StateReader:
         snapshot's distribution key only the keys' vnode directories of the snapshot are read.
         ``cached`` False: the snapshot is scanned from its files even where the warm snapshot cache
         would take it (a one-off read, such as a backfill's: filling the cache scans every column
-        and keeps them all, for a read that does not come back)."""
+        and keeps them all, for a read that does not come back). ``keys_at_most``: a bound on the
+        restriction's keys, when the caller knows one (see ``PRUNE_VNODES_KEYS``)."""
         try:
             parts = self.catalog.state_parts(table, epoch, inclusive)
         except StateCompacted:
@@ -95,7 +104,7 @@ class StateReader:
             # A SOURCE that stores nothing: its connector reads the records again.
             rows, records = self.history.read(table, epoch, inclusive)
             return (rows if restrict is None else semi_join(rows, restrict)), records
-        weighted, rows_read = self.read_weighted(parts, restrict, cached, self.declared(table))
+        weighted, rows_read = self.read_weighted(parts, restrict, cached, self.declared(table), keys_at_most)
         if weighted is None:
             # No change file yet (every epoch so far was idle, or none ran): the table is empty.
             return self.spark.createDataFrame([], self.schema_of(table)), 0
@@ -157,6 +166,7 @@ class StateReader:
         restrict: tuple[tuple[str, ...], DataFrame] | None,
         cached: bool = True,
         declared: StructType | None = None,
+        keys_at_most: int | None = None,
     ) -> tuple[DataFrame | None, int]:
         """The rows ``parts`` add up to, not yet netted, with rows read. Without change files this is
         the snapshot as it is (no ``_weight`` column: every row counts once), and so it is when no
@@ -167,7 +177,9 @@ class StateReader:
 
         if parts.snapshot is None and not parts.changes:
             return None, 0
-        base, rows_read = (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict, cached)
+        base, rows_read = (
+            (None, 0) if parts.snapshot is None else self._read_snapshot(parts.snapshot, restrict, cached, keys_at_most)
+        )
         base = None if base is None else aligned(base, declared)
         if not parts.changes:
             return base, rows_read
@@ -185,7 +197,11 @@ class StateReader:
         return changes, rows_read
 
     def _read_snapshot(
-        self, snapshot: Snapshot, restrict: tuple[tuple[str, ...], DataFrame] | None, cached: bool = True
+        self,
+        snapshot: Snapshot,
+        restrict: tuple[tuple[str, ...], DataFrame] | None,
+        cached: bool = True,
+        keys_at_most: int | None = None,
     ) -> tuple[DataFrame, int]:
         from pyspark.sql.types import StructType
 
@@ -204,7 +220,12 @@ class StateReader:
                 return found, snapshot.rows
         dirs = self.warehouse.vnode_dirs(snapshot.location)
         chosen: list[int] | None = None  # None: every vnode
-        if restrict is not None and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames()):
+        prune = keys_at_most is None or keys_at_most <= PRUNE_VNODES_KEYS
+        if (
+            prune
+            and restrict is not None
+            and tuple(restrict[0]) == tuple(snapshot.distribution_key or schema.fieldNames())
+        ):
             # At most 256 small ints come to the driver: which vnode directories hold the keys.
             columns, keys = restrict
             typed = _typed_keys(schema, columns, keys, names=list(columns))

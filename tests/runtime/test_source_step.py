@@ -57,10 +57,10 @@ def test_a_big_epoch_reads_and_parses_its_lines_once(spark, tmp_path: Path, monk
     restricted = []
     read_state = StateReader.read_state
 
-    def spied(self, table, epoch, inclusive, restrict=None, cached=True):  # noqa: ANN001, ANN202
+    def spied(self, table, epoch, inclusive, restrict=None, cached=True, keys_at_most=None):  # noqa: ANN001, ANN202
         if table == "t" and not inclusive:  # the source step's read of the rows before its epoch
             restricted.append(restrict is not None)
-        return read_state(self, table, epoch, inclusive, restrict, cached)
+        return read_state(self, table, epoch, inclusive, restrict, cached, keys_at_most)
 
     monkeypatch.setattr(StateReader, "read_state", spied)
     # updates of earlier ids (a keyed source looks up their rows) and new ids, no dead letter
