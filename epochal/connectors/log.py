@@ -17,11 +17,11 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epochal.connectors.base import FITS, SourceBatch, SplitRange
+from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.json_lines import OP_KEY, SHOWN_VALUE_CHARS, UPSERT_OPS, keyed_records, plain_records
 from epochal.connectors.log_lines import LineIndex, LinePiece, open_index
 from epochal.errors import EpochalError
 from epochal.options import (
@@ -34,11 +34,9 @@ from epochal.options import (
     with_options,
 )
 from epochal.pipeline.model import Column
-from epochal.sql import quote
-from epochal.storage.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
+from epochal.storage.upsert import DELETE
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column as SparkColumn
     from pyspark.sql import DataFrame, SparkSession
 
     from epochal.pipeline.model import SourceDef
@@ -50,15 +48,9 @@ LOG_FORMATS = ("json",)
 STARTUP_MODES = ("earliest", "latest")
 SUFFIX = ".jsonl"
 DEFAULT_SPLIT = "0"
-#: JSON key reserved for the change operation ("_op": "delete"); never a column
-OP_KEY = "_op"
-#: ``_op`` values (lower-cased) that make a record of a keyed source an upsert; absent is one too
-UPSERT_OPS = ("insert", "upsert", "update")
 
 # Split names end up in Spark paths, where Hadoop treats * ? [ ] { } as globs: keep them plain.
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
-_CORRUPT = "__epochal_corrupt_record"
-_SHOWN_VALUE_CHARS = 80
 
 
 def valid_split_name(split: str) -> bool:
@@ -267,21 +259,8 @@ class LogSource:
         # blank lines keep their offset but are not records (what append_records skips, too)
         lines = lines.where(~F.col("raw").rlike(r"^\s*$"))
         if self.primary_key:
-            return self._read_keyed(lines)
-
-        parsed = _parsed_once(lines, {"_parsed": _parse(F.col("raw"), self.columns)})
-        # from_json puts the whole line in the corrupt column for malformed JSON, non-objects and
-        # values that do not convert to the declared type; it never returns NULL for a non-blank line
-        good = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
-        values = [F.col("_parsed").getField(c.key).alias(c.name) for c in self.columns]
-        rows = parsed.where(good).select(*values)
-        columns = self.columns
-
-        def explain(rejected: "DataFrame") -> "DataFrame":
-            return rejected.select("split", "offset", "raw", _reason(F.col("raw"), columns).alias("reason"))
-
-        marked = parsed.select(*values, good.alias(FITS))
-        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain, marked=marked)
+            return keyed_records(lines, self.columns, self.primary_key)
+        return plain_records(lines, self.columns)
 
     def line_pieces(self, ranges: list[SplitRange]) -> list[tuple[str, LinePiece]]:
         """``(path, piece)`` for the lines of ``ranges``: what ``read`` reads (and the driver path,
@@ -314,88 +293,6 @@ class LogSource:
             if f is not None:
                 f.close()
 
-    def _read_keyed(self, lines: "DataFrame") -> SourceBatch:
-        """Records of a source with a primary key: the declared columns, then ``_op`` ('upsert' or
-        'delete'), ``_split`` and ``_offset`` (which order the records of one key; see
-        ``epochal.storage.upsert``). A delete needs only its key: its other fields are ignored, so they
-        cannot make it a dead letter, and come out NULL."""
-        from pyspark.sql import functions as F
-
-        by_name = {c.name: c for c in self.columns}
-        keys = tuple(by_name[k] for k in self.primary_key)
-        raw = F.col("raw")
-        # One parse of every field and _op for every line. The key and _op alone decide what a
-        # record is (a delete is valid when they are), so a line whose full parse does not fit is
-        # parsed again for them alone: CASE WHEN evaluates that second parse only for such lines,
-        # rare, where every line once paid for two parses. _op is read
-        # as STRING, which takes any JSON value (5 comes back as "5"), so an odd _op is reported.
-        parsed = _parsed_once(lines, {"_parsed": _parse(raw, (*self.columns, Column(OP_KEY, "STRING")))})
-        row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
-        # (behind a barrier of its own, so it too is evaluated once per line, and only when needed)
-        parsed = _parsed_once(parsed, {"_head": F.when(~row_fits, _parse(raw, (*keys, Column(OP_KEY, "STRING"))))})
-        head = F.col("_head")
-
-        def head_field(key: str) -> "SparkColumn":
-            return F.when(row_fits, F.col("_parsed").getField(key)).otherwise(head.getField(key))
-
-        op_text = head_field(OP_KEY)
-        lowered = F.lower(op_text)
-        parsed = parsed.withColumn(
-            "_op_norm",
-            F.when(op_text.isNull() | lowered.isin(*UPSERT_OPS), F.lit(UPSERT)).when(
-                lowered == DELETE, F.lit(DELETE)
-            ),  # NULL: unknown
-        )
-        op = F.col("_op_norm")
-        is_delete = op == DELETE
-        head_fits = row_fits | (head.isNotNull() & head.getField(_CORRUPT).isNull())
-        missing = [head_field(k.key).isNull() for k in keys]
-        key_missing = reduce(lambda a, b: a | b, missing)
-        good = head_fits & op.isNotNull() & ~key_missing & (is_delete | row_fits)
-
-        values = [
-            head_field(c.key).alias(c.name)
-            if c in keys
-            else F.when(~is_delete, F.col("_parsed").getField(c.key)).alias(c.name)
-            for c in self.columns
-        ]
-        record = [
-            *values,
-            op.alias(OP_COLUMN),
-            F.col("split").alias(SPLIT_COLUMN),
-            F.col("offset").cast("bigint").alias(OFFSET_COLUMN),
-        ]
-        rows = parsed.where(good).select(*record)
-
-        columns = self.columns
-
-        def explain(rejected: "DataFrame") -> "DataFrame":
-            # only the fields a record needs can make it a misfit: the key for a delete, all for an
-            # upsert (a delete whose key does not fit is still known as one because from_json keeps
-            # the fields that did parse, spark.sql.json.enablePartialResults; without it the reason
-            # lists all fields)
-            misfit = F.when(is_delete, _reason(raw, keys)).otherwise(_reason(raw, columns))
-            unknown_op = F.concat(
-                F.lit(f'unknown {OP_KEY} "'), _shorten(op_text), F.lit('": use insert, update or delete')
-            )
-            absent = F.concat_ws(
-                "; ",
-                *[
-                    F.when(m, F.lit(f"primary key column '{k.name}' is missing or null"))
-                    for k, m in zip(keys, missing, strict=True)
-                ],
-            )
-            reason = (
-                F.when(~head_fits, misfit)  # malformed, not an object, or a key of the wrong type
-                .when(op.isNull(), unknown_op)
-                .when(key_missing, absent)
-                .otherwise(misfit)  # an upsert whose other fields do not fit
-            )
-            return rejected.select("split", "offset", "raw", reason.alias("reason"))
-
-        marked = parsed.select(*record, good.alias(FITS))
-        return SourceBatch(rows=rows, rejected=parsed.where(~good), explain=explain, marked=marked)
-
 
 def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:
     """How many records each split gets: all of it without a budget, else an even split of the
@@ -410,74 +307,6 @@ def _share(backlog: Mapping[str, int], budget: int | None) -> dict[str, int]:
         take[split] = min(backlog[split], remaining // (len(order) - i))
         remaining -= take[split]
     return take
-
-
-def _parse(raw: "SparkColumn", columns: "Iterable[Column]") -> "SparkColumn":
-    """``raw`` parsed as a struct of ``columns`` plus the corrupt-record field."""
-    from pyspark.sql import functions as F
-
-    # (JSON keys are case-sensitive: fields go by the DDL's spelling, ``Column.key``)
-    fields = [f"{quote(c.key)} {c.type}" for c in columns] + [f"{quote(_CORRUPT)} STRING"]
-    return F.from_json(raw, ", ".join(fields), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
-
-
-def _parsed_once(lines: "DataFrame", parses: Mapping[str, "SparkColumn"]) -> "DataFrame":
-    """``lines`` with a column per parse, each parse evaluated once per line.
-
-    Added with ``withColumn``, a parse is an alias the optimizer may copy into every expression
-    that reads it: the record filter is pushed below the projection and each of its references
-    becomes a from_json call of its own, and so does each field read afterwards. A keyed read's
-    plan then held 13 from_json calls per line (100,000 lines: 1.6 s to read, 0.8-1.1 s parsed
-    once). Generator outputs are never inlined, so producing the parses with ``inline`` of a
-    one-element array is a barrier the filter stays above."""
-    from pyspark.sql import functions as F
-
-    once = F.struct(*[parse.alias(name) for name, parse in parses.items()])
-    return lines.select("*", F.inline(F.array(once)))
-
-
-def _shorten(text: "SparkColumn") -> "SparkColumn":
-    """``text`` cut to what a reason shows."""
-    from pyspark.sql import functions as F
-
-    return F.when(
-        F.length(text) > _SHOWN_VALUE_CHARS, F.concat(F.substring(text, 1, _SHOWN_VALUE_CHARS), F.lit("..."))
-    ).otherwise(text)
-
-
-def _reason(raw: "SparkColumn", columns: "tuple[Column, ...]") -> "SparkColumn":
-    """Why ``raw`` was rejected, as a sentence: malformed JSON, not an object, or which fields do
-    not fit their declared type and what they held instead. Only evaluated for rejected lines."""
-    from pyspark.sql import functions as F
-
-    variant = F.try_parse_json(raw)
-    kind = F.split(F.schema_of_variant(variant), "<").getItem(0)
-    got = (
-        F.when(kind == "ARRAY", F.lit("an array"))
-        .when(kind == "STRING", F.lit("a string"))
-        .when(kind == "BOOLEAN", F.lit("a boolean"))
-        .when(kind == "VOID", F.lit("null"))
-        .otherwise(F.lit("a number"))
-    )
-    misfits = []
-    for c in columns:
-        typed = F.from_json(raw, f"{quote(c.key)} {c.type}").getField(c.key)
-        # VARIANT keeps the value as written, so the reason can quote it
-        value = F.from_json(raw, f"{quote(c.key)} VARIANT").getField(c.key)
-        shown = _shorten(F.to_json(value))
-        misfits.append(
-            F.when(
-                typed.isNull() & value.isNotNull() & ~F.is_variant_null(value),
-                F.concat(F.lit(f"field '{c.key}': expected {c.type}, got "), shown),
-            )
-        )
-    fields = F.concat_ws("; ", *misfits) if misfits else F.lit("")
-    return (
-        F.when(F.json_object_keys(raw).isNull() & variant.isNull(), F.lit("malformed JSON"))
-        .when(F.json_object_keys(raw).isNull(), F.concat(F.lit("not a JSON object: got "), got))
-        .when(fields != "", fields)
-        .otherwise(F.lit("does not fit the declared schema"))
-    )
 
 
 # --- producing (no Spark) -------------------------------------------------------------------------
@@ -548,7 +377,7 @@ def check_records(lines: Iterable[str], fmt: str = "json", keys: Sequence[str] =
             continue  # blank lines are skipped, as the reader skips them
         problem = json_record_problem(line, keys)
         if problem is not None:
-            shown = line if len(line) <= _SHOWN_VALUE_CHARS else line[:_SHOWN_VALUE_CHARS] + "..."
+            shown = line if len(line) <= SHOWN_VALUE_CHARS else line[:SHOWN_VALUE_CHARS] + "..."
             raise EpochalError(
                 f"line {number} is not a record: {problem}; nothing was written. Fix the line or remove it "
                 f"(line {number}: {shown!r})"

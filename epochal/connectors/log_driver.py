@@ -63,7 +63,7 @@ import re
 from datetime import date
 from typing import TYPE_CHECKING, NoReturn
 
-from epochal.connectors.log import _CORRUPT, OP_KEY, UPSERT_OPS
+from epochal.connectors.json_lines import CORRUPT, OP_KEY, UPSERT_OPS
 from epochal.connectors.log_lines import DRIVER_READ_BYTES, piece_batches
 from epochal.storage.upsert import DELETE, OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
 
@@ -149,7 +149,7 @@ def read_or_decline(source: LogSource, ranges: list[SplitRange], budget: int = D
     keyed = bool(source.primary_key)
     exact = {c.key for c in source.columns} | ({OP_KEY} if keyed else set())
     # a key that differs from these only in case is declined; so is Spark's corrupt-record field
-    watched = {form for name in (*exact, _CORRUPT) for form in (name.lower(), name.casefold())}
+    watched = {form for name in (*exact, CORRUPT) for form in (name.lower(), name.casefold())}
     # a DECIMAL needs a number's digits as written: json then makes Decimals of them, not floats
     exact_numbers = any(_DECIMAL.fullmatch(c.type) for c in source.columns)
     records: list[dict[str, object]] = []

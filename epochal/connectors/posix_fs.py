@@ -33,17 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epochal.connectors.base import DEAD_LETTER_SCHEMA, SourceBatch, SplitRange
-from epochal.connectors.log import (
-    _CORRUPT,
-    LogConfig,
-    LogSource,
-    _parse,
-    _parsed_once,
-    _reason,
-    _shorten,
-    record_lines,
-    valid_split_name,
-)
+from epochal.connectors.json_lines import CORRUPT, misfit_reason, parse_json, parsed_once, shorten
+from epochal.connectors.log import LogConfig, LogSource, record_lines, valid_split_name
 from epochal.errors import EpochalError
 from epochal.options import (
     ENCODE_KEY,
@@ -350,7 +341,7 @@ class PosixFsSource:
                 F.when(
                     m,
                     F.concat(
-                        F.lit(f"field '{c.key}': expected {c.type}, got "), _shorten(F.get_json_object(F.col(t), "$.v"))
+                        F.lit(f"field '{c.key}': expected {c.type}, got "), shorten(F.get_json_object(F.col(t), "$.v"))
                     ),
                 )
                 for m, c, t in zip(misfit, columns, texts, strict=True)
@@ -412,9 +403,7 @@ class PosixFsSource:
             misfits = [
                 F.when(
                     F.col(f"_t{i}").isNotNull() & F.col(f"_v{i}").isNull(),
-                    F.concat(
-                        F.lit(f"field '{c.key}': expected {c.type}, got '"), _shorten(F.col(f"_t{i}")), F.lit("'")
-                    ),
+                    F.concat(F.lit(f"field '{c.key}': expected {c.type}, got '"), shorten(F.col(f"_t{i}")), F.lit("'")),
                 )
                 for i, c in enumerate(columns)
             ]
@@ -471,11 +460,11 @@ def debezium_records(lines: "DataFrame", columns: "tuple[Column, ...]", primary_
         "split", "offset", "raw", op_text.alias("_op_text"), op.alias("_op_norm"), image.alias("_image")
     )
     image_col = F.col("_image")
-    parsed = _parsed_once(staged, {"_parsed": _parse(image_col, columns), "_head": _parse(image_col, keys)})
+    parsed = parsed_once(staged, {"_parsed": parse_json(image_col, columns), "_head": parse_json(image_col, keys)})
     op_col = F.col("_op_norm")
     is_delete = op_col == DELETE
-    head_fits = F.col("_head").isNotNull() & F.col("_head").getField(_CORRUPT).isNull()
-    row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(_CORRUPT).isNull()
+    head_fits = F.col("_head").isNotNull() & F.col("_head").getField(CORRUPT).isNull()
+    row_fits = F.col("_parsed").isNotNull() & F.col("_parsed").getField(CORRUPT).isNull()
     missing = [F.col("_head").getField(k.key).isNull() for k in keys]
     key_missing = reduce(lambda a, b: a | b, missing)
     good = op_col.isNotNull() & image_col.isNotNull() & head_fits & ~key_missing & (is_delete | row_fits)
@@ -496,9 +485,9 @@ def debezium_records(lines: "DataFrame", columns: "tuple[Column, ...]", primary_
         op_shown = F.col("_op_text")
         side = F.when(is_delete, F.lit('"before"')).otherwise(F.lit('"after"'))
         reason = (
-            F.when(F.json_object_keys(raw).isNull(), _reason(raw, ()))
+            F.when(F.json_object_keys(raw).isNull(), misfit_reason(raw, ()))
             .when(op_shown.isNull(), F.lit('no Debezium "op" field: a change event has op c, r, u or d'))
-            .when(op_col.isNull(), F.concat(F.lit('Debezium op "'), _shorten(op_shown), F.lit('" is not c, r, u or d')))
+            .when(op_col.isNull(), F.concat(F.lit('Debezium op "'), shorten(op_shown), F.lit('" is not c, r, u or d')))
             .when(image_col.isNull(), F.concat(F.lit("op "), op_shown, F.lit(" has no "), side, F.lit(" object")))
             .when(
                 head_fits & key_missing,
@@ -510,7 +499,7 @@ def debezium_records(lines: "DataFrame", columns: "tuple[Column, ...]", primary_
                     ],
                 ),
             )
-            .otherwise(F.when(is_delete, _reason(image_col, keys)).otherwise(_reason(image_col, columns)))
+            .otherwise(F.when(is_delete, misfit_reason(image_col, keys)).otherwise(misfit_reason(image_col, columns)))
         )
         return rejected.select("split", "offset", "raw", reason.alias("reason"))
 

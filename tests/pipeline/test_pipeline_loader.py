@@ -1429,7 +1429,7 @@ def test_every_column_name_the_engine_adds_is_reserved() -> None:
         assert internal_name_use(name) is not None, name
     for prefix in (partial._OLD, partial._DELTA, partial._GONE, partial._IN, partial._OUT, partial._REDO):
         assert internal_name_use(prefix + "total") is not None, prefix
-    from epochal.connectors.log import _CORRUPT
+    from epochal.connectors.json_lines import CORRUPT as _CORRUPT
 
     assert internal_name_use(_CORRUPT) is not None
     for name in upsert.RECORD_COLUMNS:
