@@ -8,11 +8,11 @@ problems (a bad type, a duplicate column) are all collected.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from epochal.options import ENCODE_KEY, ENCODE_OPTION_PREFIX, FORMAT_KEY
-from epochal.pipeline.ddl_tokens import Token, _SyntaxError, tokenize
+from epochal.pipeline.ddl_tokens import Token, _SyntaxError
+from epochal.pipeline.ddl_types import NESTED_TYPES, ColumnTypeGrammar
 from epochal.pipeline.model import Column
 from epochal.pipeline.statements import Problem, Statement
 
@@ -29,50 +29,6 @@ FORMS = {
     "view": "CREATE MATERIALIZED VIEW name AS SELECT ...",
     "sink": "CREATE SINK name FROM table WITH (connector = '...', key = 'value', ...)",
 }
-
-#: Accepted type spellings -> Spark's canonical DDL name. DECIMAL is handled apart (precision, scale).
-TYPE_NAMES = {
-    "BIGINT": "BIGINT",
-    "LONG": "BIGINT",
-    "INT": "INT",
-    "INTEGER": "INT",
-    "SMALLINT": "SMALLINT",
-    "SHORT": "SMALLINT",
-    "TINYINT": "TINYINT",
-    "BYTE": "TINYINT",
-    "DOUBLE": "DOUBLE",
-    "FLOAT": "FLOAT",
-    "REAL": "FLOAT",
-    "BOOLEAN": "BOOLEAN",
-    "BOOL": "BOOLEAN",
-    "STRING": "STRING",
-    "VARCHAR": "STRING",
-    "TEXT": "STRING",
-    "DATE": "DATE",
-    "TIMESTAMP": "TIMESTAMP",
-}
-DECIMAL_NAMES = ("DECIMAL", "DEC", "NUMERIC")
-NESTED_TYPES = ("ARRAY", "MAP", "STRUCT")
-#: Types Spark has that a table cannot hold, with why and what to declare instead.
-_REFUSED_TYPES = {
-    # (Spark 4's TIME is a preview behind spark.sql.timeType.enabled, off by default: a query over
-    # it fails [UNSUPPORTED_TIME_TYPE]; the driver path, the sinks and the oracle do not map it yet)
-    "TIME": "Spark's TIME type is a preview, off by default (spark.sql.timeType.enabled), so Spark refuses "
-    "any query over it; declare it STRING ('HH:MM:SS', compared in order as text) or INT seconds since midnight",
-    "VARIANT": "a table's changes are netted by comparing whole rows, and Spark cannot compare or group a "
-    "VARIANT; declare it STRING (JSON text) and parse_json it where it is read",
-}
-SUPPORTED_TYPES = (
-    "BIGINT, INT, SMALLINT, TINYINT, DOUBLE, FLOAT, BOOLEAN, STRING, DATE, TIMESTAMP, DECIMAL(p,s), "
-    "ARRAY<t>, STRUCT<name: t, ...>"
-)
-#: Spark's bounds and defaults for DECIMAL
-MAX_DECIMAL_PRECISION = 38
-DEFAULT_DECIMAL = (10, 0)
-
-# Names become Spark table names and Dagster asset keys, so keep them plain.
-_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -124,95 +80,19 @@ class ParsedSink:
 Parsed = ParsedSource | ParsedView | ParsedSink
 
 
-class _Parser:
+class _Parser(ColumnTypeGrammar):
     def __init__(self, statement: Statement):
-        self.statement = statement
-        self.tokens = tokenize(statement.text)
-        self.i = 0
+        super().__init__(statement)
         self.kind = ""  # "table" / "source" / "view" / "sink" once known, for the form in error messages
-        self.problems: list[Problem] = []
-        #: "source bid" once the name is parsed; prefixes problems so they say what they are about
-        self.subject = ""
 
-    # -- helpers -------------------------------------------------------------------------
-    def line(self, pos: int) -> int:
-        return self.statement.line + self.statement.text.count("\n", 0, pos)
-
-    def peek(self, ahead: int = 0) -> Token:
-        return self.tokens[min(self.i + ahead, len(self.tokens) - 1)]
-
-    def advance(self) -> Token:
-        token = self.peek()
-        self.i = min(self.i + 1, len(self.tokens) - 1)
-        return token
-
-    def fail(self, expected: str, token: Token | None = None) -> _SyntaxError:
-        token = token or self.peek()
+    def statement_form(self) -> tuple[str, str]:
         what = {
             "table": "CREATE TABLE",
             "source": "CREATE SOURCE",
             "view": "CREATE MATERIALIZED VIEW",
             "sink": "CREATE SINK",
         }
-        message = f"syntax error in {what[self.kind]}: expected {expected}, found {token.describe()}"
-        return _SyntaxError(token.start, f"{message}; the form is: {FORMS[self.kind]}")
-
-    def problem(self, token: Token, message: str) -> None:
-        prefix = f"{self.subject}: " if self.subject else ""
-        self.problems.append(Problem(self.line(token.start), prefix + message))
-
-    def accept_word(self, *words: str) -> bool:
-        if self.peek().is_word(*words):
-            self.advance()
-            return True
-        return False
-
-    def expect_word(self, word: str) -> Token:
-        if not self.peek().is_word(word):
-            raise self.fail(word)
-        return self.advance()
-
-    def accept_punct(self, ch: str) -> bool:
-        token = self.peek()
-        if token.kind == "punct" and token.value == ch:
-            self.advance()
-            return True
-        return False
-
-    def expect_punct(self, ch: str, expected: str | None = None) -> None:
-        if not self.accept_punct(ch):
-            raise self.fail(expected or f"'{ch}'")
-
-    def expect_end(self) -> None:
-        if self.peek().kind != "end":
-            raise self.fail("the end of the statement")
-
-    def name(self, what: str, column: bool = False) -> tuple[str, Token]:
-        """An identifier, lower-cased (names are case-insensitive). A table's name becomes a
-        directory, a Spark table and a Dagster asset key, so it is letters, digits and underscores;
-        a ``column`` may be any quoted name (```user-id```, ```Event Type```), as in Spark."""
-        token = self.peek()
-        if token.kind not in ("word", "ident"):
-            raise self.fail(what)
-        self.advance()
-        value = token.value.lower()
-        if column:
-            if not value.strip() or _CONTROL_RE.search(value):
-                self.problem(token, f"{what} '{token.value}' must hold a visible character and no control character")
-            return value, token
-        if not _NAME_RE.match(value):
-            self.problem(
-                token,
-                f"{what} '{token.value}' must be letters, digits and underscores, not starting with "
-                "a digit (names become Spark table, column and Dagster asset names)",
-            )
-        return value, token
-
-    def if_not_exists(self) -> None:
-        # Accepted for RisingWave compatibility; a pipeline is declarative, so it changes nothing.
-        if self.accept_word("IF"):
-            self.expect_word("NOT")
-            self.expect_word("EXISTS")
+        return what[self.kind], FORMS[self.kind]
 
     # -- statements ----------------------------------------------------------------------
     def parse(self) -> Parsed | None:
@@ -249,8 +129,7 @@ class _Parser:
             hint = " (Epochal has no INSERT path yet: a table reads its rows WITH (connector = '...'))"
         self.problem(
             self.tokens[0],
-            f"'{shown} ...' is not supported: a pipeline contains only {SUPPORTED_STATEMENTS} "
-            f"statements{hint}",
+            f"'{shown} ...' is not supported: a pipeline contains only {SUPPORTED_STATEMENTS} statements{hint}",
         )
 
     def source(self, create: Token) -> ParsedSource:
@@ -335,8 +214,7 @@ class _Parser:
                 if key not in column_tokens:
                     self.problem(
                         key_token,
-                        f"PRIMARY KEY column '{key}' is not a column "
-                        f"(columns: {', '.join(c.name for c in columns)})",
+                        f"PRIMARY KEY column '{key}' is not a column (columns: {', '.join(c.name for c in columns)})",
                     )
                 elif types[key].startswith(NESTED_TYPES):
                     self.problem(
@@ -355,97 +233,6 @@ class _Parser:
             from_source=from_source,
             from_table=from_table,
         )
-
-    def column_type(self, column: str) -> str:
-        token = self.peek()
-        if token.kind != "word":
-            raise self.fail(f"a type for column {column} ({SUPPORTED_TYPES})")
-        self.advance()
-        word = token.value.upper()
-        if word in NESTED_TYPES and self.accept_punct("<"):
-            return self.nested_type(word, column)
-        params: list[int] = []
-        if self.accept_punct("("):
-            while True:
-                number = self.peek()
-                if number.kind != "number" or not number.value.isdigit():
-                    raise self.fail(f"an integer type parameter for column {column}")
-                params.append(int(self.advance().value))
-                if self.accept_punct(")"):
-                    break
-                self.expect_punct(",", "',' or ')' in the type parameters")
-        if word == "DOUBLE":
-            self.accept_word("PRECISION")  # PostgreSQL/RisingWave spelling
-        if word in DECIMAL_NAMES:
-            return self.decimal(token, column, params)
-        canonical = TYPE_NAMES.get(word)
-        if canonical is None:
-            reason = _REFUSED_TYPES.get(word)
-            if reason is not None:
-                self.problem(token, f"{word} column {column} is not supported: {reason}")
-                return word
-            self.problem(
-                token,
-                f"type '{token.value}' of column {column} is not supported: use one of {SUPPORTED_TYPES}",
-            )
-            return word
-        if params and word != "VARCHAR":  # VARCHAR(n) is accepted and read as STRING
-            self.problem(token, f"type {word} of column {column} takes no parameters: write {canonical}")
-        return canonical
-
-    def nested_type(self, word: str, column: str) -> str:
-        """The rest of ARRAY<t> or STRUCT<name: t, ...> (the '<' read), as Spark DDL; MAP<k, v> is
-        read to name it in its refusal.
-
-        A struct's field names are backquoted as written: a JSON record's keys match them by
-        their exact spelling, and Spark keeps them in the value's type."""
-        if word == "ARRAY":
-            element = self.column_type(f"{column}[]")
-            self.expect_punct(">", f"'>' after the element type of ARRAY in column {column}")
-            return f"ARRAY<{element}>"
-        if word == "MAP":
-            start = self.peek()
-            key = self.column_type(f"{column} (map key)")
-            self.expect_punct(",", f"',' between the key and value types of MAP in column {column}")
-            value = self.column_type(f"{column} (map value)")
-            self.expect_punct(">", f"'>' after the value type of MAP in column {column}")
-            # Netting a change compares whole rows (a keyed table's upsert, a view's diff), and
-            # Spark can neither compare nor group maps
-            self.problem(
-                start,
-                f"MAP column {column} is not supported: Spark cannot compare or group maps, which a change "
-                f"needs; declare it STRING (a JSON object arrives as its text) and read it in a view with "
-                f"from_json({column}, 'MAP<{key}, {value}>')['key']",
-            )
-            return f"MAP<{key}, {value}>"
-        fields: list[str] = []
-        if self.accept_punct(">"):
-            return "STRUCT<>"
-        while True:
-            name = self.peek()
-            if name.kind not in ("word", "ident"):
-                raise self.fail(f"a field name in the STRUCT of column {column}, e.g. STRUCT<os: STRING>")
-            self.advance()
-            self.accept_punct(":")
-            field_type = self.column_type(f"{column}.{name.value}")
-            escaped = name.value.replace("`", "``")
-            fields.append(f"`{escaped}`: {field_type}")
-            if self.accept_punct(">"):
-                return f"STRUCT<{', '.join(fields)}>"
-            self.expect_punct(",", f"',' or '>' after field {name.value} in the STRUCT of column {column}")
-
-    def decimal(self, token: Token, column: str, params: list[int]) -> str:
-        if len(params) > 2:
-            self.problem(token, f"DECIMAL of column {column} takes at most (precision, scale)")
-            return "DECIMAL"
-        precision, scale = (params + list(DEFAULT_DECIMAL[len(params) :]))[:2]
-        if not 1 <= precision <= MAX_DECIMAL_PRECISION or not 0 <= scale <= precision:
-            self.problem(
-                token,
-                f"DECIMAL({precision},{scale}) of column {column} is invalid: precision must be 1 to "
-                f"{MAX_DECIMAL_PRECISION} and scale 0 to the precision",
-            )
-        return f"DECIMAL({precision},{scale})"
 
     def options(self) -> Options:
         self.expect_punct("(", "'(' and the options, e.g. WITH (key = 'value')")
