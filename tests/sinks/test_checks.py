@@ -141,7 +141,7 @@ def _batches(runtime, sink: str = "spend_out") -> list[tuple[int, int]]:  # noqa
 
 def test_a_failing_error_check_holds_the_sink_until_an_epoch_passes_or_it_is_released(spark, tmp_path: Path) -> None:
     from epochal.cli.checks_cmd import cmd_checks
-    from epochal.cli.main import status_lines, with_epoch_times
+    from epochal.cli.status_view import status_lines, with_epoch_times
 
     h = make_harness(tmp_path, {"a.sql": SOURCES, "b.sql": CHECKS})
     instance = dg.DagsterInstance.ephemeral()
