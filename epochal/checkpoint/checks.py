@@ -146,6 +146,10 @@ class CheckRecords:
         """What holds ``sink`` now (None: nothing), for `epochal status`."""
 
         def write(cur: Cursor) -> None:
+            now = cur.execute("SELECT check_name, epoch FROM check_holds WHERE sink = ?", [sink]).fetchone()
+            wanted = None if hold is None else (hold.check, hold.epoch)
+            if (None if now is None else (now[0], int(now[1]))) == wanted:
+                return  # every sink step asks: most find what the last one wrote, and write nothing
             cur.execute("DELETE FROM check_holds WHERE sink = ?", [sink])
             if hold is not None:
                 cur.execute(
