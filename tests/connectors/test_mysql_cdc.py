@@ -250,6 +250,34 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     assert "option 'server.id' = 'x' is not a replica id" in no_id
 
 
+def test_a_range_is_read_from_its_start_not_from_the_oldest_binlog(upstream, monkeypatch) -> None:
+    """The binlog dump starts at the range's file and position. (It once started at the oldest
+    binlog whatever the range: every read decoded the whole history, and once that outlasted the
+    server's patience each reconnect began again, and an epoch's read never ended.)"""
+    from pymysqlreplication import BinLogStreamReader
+
+    upstream.execute("CREATE TABLE IF NOT EXISTS spans (id int PRIMARY KEY, v text)")
+    upstream.execute("INSERT INTO spans VALUES (1, 'before the range')")
+    upstream.execute("FLUSH BINARY LOGS")  # an older binlog file with the table's rows in it
+    config = mysql_cdc_server.ServerConfig("127.0.0.1", 3306, "root", "", DB, "spans", 5401)
+    with mysql_cdc_server.connect(config) as conn:
+        start = mysql_cdc_server.current_offset(conn)
+        upstream.execute("INSERT INTO spans VALUES (2, 'in the range')")
+        end = mysql_cdc_server.current_offset(conn)
+    fetch = BinLogStreamReader.fetchone
+
+    def spying(self):  # noqa: ANN001, ANN202
+        event = fetch(self)
+        # stop at the first event before the range (the whole history could take minutes to read)
+        if event is not None and (at := pack(self.log_file, event.packet.log_pos - event.event_size)) < start:
+            raise AssertionError(f"read an event at {at}, before the range's start {start}")
+        return event
+
+    monkeypatch.setattr(BinLogStreamReader, "fetchone", spying)
+    changes = mysql_cdc_server.read_changes(config, start, end)
+    assert [(c.kind, c.after["id"]) for c in changes] == [("insert", 2)]
+
+
 def test_binlog_records_and_positions_are_pure() -> None:
     columns = [("id", "INT"), ("v", "STRING"), ("ok", "BOOLEAN"), ("at", "TIMESTAMP")]
     upstream = ["id", "v", "ok", "at"]
