@@ -308,7 +308,12 @@ def read_changes(config: ServerConfig, start: int, end: int) -> list[RowChange]:
         log_pos=unpack(start)[1],
         resume_stream=True,
         blocking=False,
-        is_mariadb=True,
+        # Not is_mariadb=True: with it (and no GTID position), mysql-replication 1.0 sends MariaDB an
+        # empty file name and position 4, dropping log_file/log_pos, so every read decoded the binlog
+        # from the oldest file; once that took longer than the server keeps the dump going, each
+        # reconnect started over and the read never ended. The classic dump (file and position)
+        # is MariaDB's too; its events (GTID, annotate) are told apart by type either way.
+        is_mariadb=False,
         # a transaction's first and last events, of every table: the read stops at the first one past
         # ``end`` instead of reading the binlog to its end
         only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, QueryEvent, MariadbGtidEvent, XidEvent],

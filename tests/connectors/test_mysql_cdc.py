@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import struct
 from collections import Counter
 from pathlib import Path
 
-import pymysql
 import pytest
 
 from epochal.connectors import mysql_cdc_server
@@ -20,6 +18,7 @@ from epochal.connectors.mysql_cdc_types import RowChange, binlog_records, bytes_
 from epochal.errors import EpochalError, PipelineError
 from epochal.pipeline.loader import load_pipeline
 from epochal.runtime.cdc_status import cdc_lines, cdc_status
+from tests.connectors.cdc_oracle import mysql_connect, mysql_rows, state_rows
 from tests.epochal_harness import make_harness
 
 DB = "epochal_cdc_test"
@@ -42,15 +41,9 @@ UPSTREAM_DDL = [
 ]
 
 
-def _connect() -> pymysql.Connection:
-    return pymysql.connect(
-        host="127.0.0.1", port=3306, user="root", autocommit=True, init_command="SET time_zone='+00:00'"
-    )
-
-
 @pytest.fixture(scope="module")
 def upstream():
-    conn = _connect()
+    conn = mysql_connect()
     with conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {DB}")
         cur.execute(f"DROP USER IF EXISTS '{USER}'@'%'")
@@ -92,19 +85,7 @@ def _insert(cur, ids: list[int]) -> None:  # noqa: ANN001
 
 def _expected(cur) -> Counter:  # noqa: ANN001
     """``SELECT *`` of upstream, with each value as the declared type holds it."""
-    cur.execute("SELECT * FROM orders")
-    out = Counter()
-    for r in cur.fetchall():
-        r = list(r)
-        r[6] = None if r[6] is None else bool(r[6])
-        r[9] = None if r[9] is None else "\\x" + r[9].hex()
-        r[10] = None if r[10] is None else struct.unpack("f", struct.pack("f", r[10]))[0]
-        out[tuple(r)] += 1
-    return out
-
-
-def _state(runtime) -> Counter:  # noqa: ANN001
-    return Counter(tuple(r) for r in runtime.state("orders").collect())
+    return mysql_rows(cur, "SELECT * FROM orders")
 
 
 def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upstream, monkeypatch) -> None:
@@ -120,7 +101,7 @@ def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upst
     def racing_snapshot(config, columns):  # noqa: ANN001, ANN202
         context = taken(config, columns)
         offset, batches = context.__enter__()
-        other = _connect()
+        other = mysql_connect()
         with other.cursor() as cur:
             cur.execute(f"USE {DB}")
             cur.execute("BEGIN")
@@ -150,7 +131,7 @@ def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upst
 
     epoch()
     monkeypatch.setattr(mysql_cdc_server, "consistent_snapshot", taken)
-    got, want = _state(runtime), _expected(upstream)
+    got, want = state_rows(runtime, "orders"), _expected(upstream)
     assert got == want, (sorted(got - want), sorted(want - got))
     assert {r[0] for r in got} == {1, 2, 4, 5, 6, 7, 8, 100}
     assert reports[0].metadata["records_read"] == 8 + 4  # the snapshot's rows, then 2 updates, a delete, an insert
@@ -171,7 +152,7 @@ def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upst
     upstream.execute("UPDATE orders SET status = 'late', flag = NULL WHERE id = 9")
     upstream.execute("COMMIT")
     second = epoch()
-    got, want = _state(runtime), _expected(upstream)
+    got, want = state_rows(runtime, "orders"), _expected(upstream)
     assert got == want, (sorted(got - want), sorted(want - got))
     assert {r[0] for r in got} == {1, 2, 4, 7, 8, 9, 41}
     (second_range,) = runtime.controller.offsets(second, "orders")
@@ -184,7 +165,7 @@ def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upst
     assert connector.records(second_range.end, second_range.start) == before
     assert [r[-1] for r in before].count("delete") == 5  # 5 -> 40, 6, 100, 10, 40 -> 41
     epoch()
-    assert _state(runtime) == _expected(upstream)
+    assert state_rows(runtime, "orders") == _expected(upstream)
 
     # status and the asset metadata show the server's binlog position, the committed end and the bytes between
     upstream.execute("UPDATE orders SET status = 'pending' WHERE id = 2")
@@ -267,6 +248,34 @@ def test_load_refuses_what_cannot_be_read(tmp_path: Path, upstream) -> None:
     assert "table t: a mysql-cdc table is declared FROM a source of the connection" in direct
     no_id = problems("CREATE TABLE t (id INT, PRIMARY KEY (id)) FROM shop TABLE 'typed';", **{"server.id": "x"})
     assert "option 'server.id' = 'x' is not a replica id" in no_id
+
+
+def test_a_range_is_read_from_its_start_not_from_the_oldest_binlog(upstream, monkeypatch) -> None:
+    """The binlog dump starts at the range's file and position. (It once started at the oldest
+    binlog whatever the range: every read decoded the whole history, and once that outlasted the
+    server's patience each reconnect began again, and an epoch's read never ended.)"""
+    from pymysqlreplication import BinLogStreamReader
+
+    upstream.execute("CREATE TABLE IF NOT EXISTS spans (id int PRIMARY KEY, v text)")
+    upstream.execute("INSERT INTO spans VALUES (1, 'before the range')")
+    upstream.execute("FLUSH BINARY LOGS")  # an older binlog file with the table's rows in it
+    config = mysql_cdc_server.ServerConfig("127.0.0.1", 3306, "root", "", DB, "spans", 5401)
+    with mysql_cdc_server.connect(config) as conn:
+        start = mysql_cdc_server.current_offset(conn)
+        upstream.execute("INSERT INTO spans VALUES (2, 'in the range')")
+        end = mysql_cdc_server.current_offset(conn)
+    fetch = BinLogStreamReader.fetchone
+
+    def spying(self):  # noqa: ANN001, ANN202
+        event = fetch(self)
+        # stop at the first event before the range (the whole history could take minutes to read)
+        if event is not None and (at := pack(self.log_file, event.packet.log_pos - event.event_size)) < start:
+            raise AssertionError(f"read an event at {at}, before the range's start {start}")
+        return event
+
+    monkeypatch.setattr(BinLogStreamReader, "fetchone", spying)
+    changes = mysql_cdc_server.read_changes(config, start, end)
+    assert [(c.kind, c.after["id"]) for c in changes] == [("insert", 2)]
 
 
 def test_binlog_records_and_positions_are_pure() -> None:

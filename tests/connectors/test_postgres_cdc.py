@@ -5,7 +5,6 @@ The CDC table is checked against ``SELECT *`` of the upstream table read indepen
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import struct
 from collections import Counter
@@ -20,11 +19,18 @@ from epochal.connectors.pgoutput import lsn_int, lsn_text
 from epochal.errors import EpochalError, PipelineError
 from epochal.pipeline.loader import load_pipeline
 from epochal.runtime.cdc_status import cdc_lines, cdc_status
+from tests.connectors.cdc_oracle import (
+    create_pg_database,
+    drop_pg_database,
+    pg_dsn,
+    pg_rows,
+    slot_confirmed,
+    state_rows,
+)
 from tests.epochal_harness import make_harness
 
 DB = "epochal_cdc_test"
-ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-UPSTREAM = f"host=127.0.0.1 port=5432 user=postgres dbname={DB} options='-c TimeZone=UTC'"
+UPSTREAM = pg_dsn(DB)
 SLOT = "epochal_cdc_test_slot"
 
 SOURCE = f"""
@@ -50,21 +56,13 @@ CREATE TABLE typed (id int PRIMARY KEY, v numeric(5,1), w int4range);
 """
 
 
-def _drop_test_database() -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", [DB])
-        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-
-
 @pytest.fixture(scope="module")
 def upstream():
-    _drop_test_database()
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {DB}")
+    create_pg_database(DB)
     with psycopg.connect(UPSTREAM, autocommit=True) as conn:
         conn.execute(UPSTREAM_DDL)
         yield conn
-    _drop_test_database()
+    drop_pg_database(DB)
 
 
 def _row(i: int, status: str | None = "new", amount: str = "10.50") -> tuple:
@@ -95,30 +93,11 @@ def _insert(conn: psycopg.Connection, ids: range | list[int]) -> None:
 
 def _expected(conn: psycopg.Connection) -> Counter:
     """``SELECT *`` of upstream, with each value as the declared type holds it."""
-    rows = conn.execute(
+    return pg_rows(
+        conn,
         "SELECT id, customer, amount, status, updated_at, seen, flag, day, ref::text, doc::text, "
-        "'\\x' || encode(raw, 'hex'), ratio, score, code FROM orders"
-    ).fetchall()
-    out = Counter()
-    for r in rows:
-        r = list(r)
-        r[4] = r[4].replace(tzinfo=None) if r[4] else None  # TIMESTAMP: Spark collects UTC-session naive values
-        r[5] = r[5].astimezone(dt.UTC).replace(tzinfo=None) if r[5] else None
-        out[tuple(r)] += 1
-    return out
-
-
-def _state(runtime) -> Counter:  # noqa: ANN001
-    return Counter(tuple(r) for r in runtime.state("orders").collect())
-
-
-def _slot_confirmed() -> int:
-    with psycopg.connect(ADMIN) as admin:
-        return lsn_int(
-            admin.execute(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", [SLOT]
-            ).fetchone()[0]
-        )
+        "'\\x' || encode(raw, 'hex'), ratio, score, code FROM orders",
+    )
 
 
 def test_snapshot_then_live_changes_equal_upstream_through_recovery(
@@ -173,9 +152,9 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
 
     first = epoch()
     monkeypatch.setattr(pg_cdc_server, "consistent_snapshot", taken)
-    got, want = _state(runtime), _expected(upstream)
+    got, want = state_rows(runtime, "orders"), _expected(upstream)
     assert got == want, (sorted(got - want), sorted(want - got))
-    assert len(_state(runtime)) == 8  # 1..8 without 3, with 100
+    assert len(state_rows(runtime, "orders")) == 8  # 1..8 without 3, with 100
 
     # Multi-statement transactions: an update to NULL, a changed primary key, deletes, a row
     # inserted and deleted in one transaction, and a second transaction on the same keys.
@@ -190,8 +169,8 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
         upstream.execute("UPDATE orders SET status = 'late' WHERE id = 9")
         upstream.execute("UPDATE items SET sku = 'c', qty = NULL WHERE sku = 'a'")
     second = epoch()
-    assert _state(runtime) == _expected(upstream)
-    assert {r[0] for r in _state(runtime)} == {1, 2, 4, 7, 8, 9, 41}
+    assert state_rows(runtime, "orders") == _expected(upstream)
+    assert {r[0] for r in state_rows(runtime, "orders")} == {1, 2, 4, 7, 8, 9, 41}
     assert Counter(map(tuple, runtime.state("items").collect())) == Counter([("b", 2), ("c", None)])
 
     # A re-read of an epoch's range reads the same changes, even after more were committed.
@@ -219,14 +198,14 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     fourth = epoch()
     monkeypatch.setattr(runtime, "plan", plan)
     assert fourth > third
-    assert _state(runtime) == _expected(upstream)
+    assert state_rows(runtime, "orders") == _expected(upstream)
 
     # The slot's confirmed position follows the committed epochs, never an in-flight one.
     ends = {t: runtime.controller.offsets(fourth, t)[0].end for t in ("orders", "items")}
     assert ends["orders"] < ends["items"]
     assert Counter(map(tuple, runtime.state("items").collect())) == Counter([("b", 3), ("c", None)])
     in_flight = epoch(run=False)
-    assert _slot_confirmed() == ends["orders"]
+    assert slot_confirmed(SLOT) == ends["orders"]
     assert runtime.controller.offsets(in_flight, "items")[0].start == ends["items"]
     # status and the asset metadata show where the slot and the server are, and what is retained
     (shown,) = [v for k, v in cdc_status(runtime).items() if k == "orders"]
