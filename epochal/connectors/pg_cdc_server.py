@@ -8,6 +8,7 @@ the output functions of the session that peeks).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -66,6 +67,8 @@ class ServerConfig:
     publication: str
     #: about how many rows a chunk of the snapshot holds (``snapshot.chunk.rows``)
     chunk_rows: int = 100_000
+    #: ``password`` is the password itself, read from the environment already (``resolved``)
+    password_resolved: bool = False
 
     @property
     def qualified(self) -> str:
@@ -75,9 +78,15 @@ class ServerConfig:
     def quoted(self) -> str:
         return f'"{self.schema}"."{self.table}"'
 
+    def resolved(self) -> ServerConfig:
+        """This config with the password read from the driver's environment: for Spark tasks,
+        whose processes (on other machines, or forked before it was set) may not have it."""
+        password = self.conninfo().get("password", "")
+        return dataclasses.replace(self, password=str(password), password_resolved=True)
+
     def conninfo(self, **extra: str) -> dict[str, object]:
         password = self.password
-        match = ENV_REFERENCE.match(password.strip())
+        match = None if self.password_resolved else ENV_REFERENCE.match(password.strip())
         if match:
             if match[1] not in os.environ:
                 raise EpochalError(

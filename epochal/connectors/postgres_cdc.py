@@ -282,7 +282,7 @@ class PostgresCdcSource:
                 len(plan),
                 total,
             )
-            columns, config = self.source.columns, self.config
+            columns, config = self.source.columns, self.config.resolved()
 
             def stage_one(chunk: cdc_chunks.Chunk) -> cdc_chunks.StagedChunk:
                 return stage_chunk(config, columns, key, types, exported, lsn, directory, chunk)
