@@ -29,11 +29,12 @@ from epochal.connectors.cdc_chunks import (
     record_chunk,
 )
 from epochal.connectors.cdc_snapshot import arrow_schema
-from epochal.connectors.pg_cdc_changes import parser, typed_row
+from epochal.connectors.pg_cdc_changes import parser
 from epochal.storage.durability import sync_tree
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from epochal.pipeline.model import Column
@@ -43,7 +44,6 @@ log = logging.getLogger("epochal.connectors.postgres_cdc")
 _INTEGERS = ("int2", "int4", "int8")
 #: compared byte by byte on the server, so that the server's order is Python's (code points)
 _COLLATABLE = ("text", "varchar", "bpchar")
-_FETCH_ROWS = 50_000
 
 
 def key_types(conn: psycopg.Connection, config: server.ServerConfig, key: Sequence[str]) -> tuple[str, ...]:
@@ -138,28 +138,77 @@ def stage_chunk(
 ) -> StagedChunk:
     """Reads ``chunk`` in the exported ``snapshot`` (at ``position``) and stages it: its Parquet
     file on the disk first, then its record. Runs in a Spark task (or on the driver)."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
+    from psycopg import sql
 
     schema = arrow_schema(columns)
-    parsers = [parser(c.type) for c in columns]
     path = chunk_file_path(directory, chunk.index)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    rows = 0
     query, params = chunk_query(config, [c.name for c in columns], key, types, chunk)
-    with server.snapshot_transaction(config, snapshot) as conn, conn.cursor(name="epochal_chunk") as cursor:
-        cursor.execute(query, params)
-        with pq.ParquetWriter(tmp, schema) as writer:
-            while batch := cursor.fetchmany(_FETCH_ROWS):
-                typed = [typed_row(row, parsers) for row in batch]
-                arrays = [pa.array([r[i] for r in typed], schema.field(i).type) for i in range(len(schema))]
-                writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
-                rows += len(batch)
+    copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
+    with server.snapshot_transaction(config, snapshot) as conn, conn.cursor() as cursor:
+        data = bytearray()
+        with cursor.copy(copy, params) as rows_in:
+            for block in rows_in:
+                data += block
+    table = typed_table(bytes(data), columns, schema)
+    rows = table.num_rows
+    pq.write_table(table, tmp)
     sync_tree(str(tmp))
     os.replace(tmp, path)
     staged = StagedChunk(chunk, position, rows, str(path))
     record_chunk(directory, staged)  # syncs the directory: the file's entry and the record's
     return staged
+
+
+def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> pa.Table:
+    """The rows of a ``COPY ... (FORMAT csv)`` of values as text, as the declared columns' values:
+    the same values ``typed_row`` gives for each text (the WAL's), converted a column at a time in
+    Arrow; a column Arrow cannot convert whole goes through ``typed_row``'s parser value by value."""
+    import pyarrow as pa
+    from pyarrow import csv as pacsv
+
+    names = [c.name for c in columns]
+    if not csv:
+        return schema.empty_table()
+    text = pacsv.read_csv(
+        pa.BufferReader(csv),
+        read_options=pacsv.ReadOptions(column_names=names),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # COPY's csv: NULL is an unquoted empty field, an empty string a quoted one
+        convert_options=pacsv.ConvertOptions(
+            column_types={n: pa.string() for n in names},
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+            null_values=[""],
+        ),
+    )
+    arrays = [
+        _typed_column(text.column(i).combine_chunks(), c.type, schema.field(i).type) for i, c in enumerate(columns)
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _typed_column(values: pa.Array, declared: str, target: pa.DataType) -> pa.Array:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        if declared == "STRING":
+            return values
+        if declared == "BOOLEAN":  # boolout writes t, a ::text cast true
+            return pc.or_(pc.equal(values, "t"), pc.equal(values, "true"))
+        if declared == "FLOAT":  # as float() then float32: the same rounding as the WAL's values
+            return pc.cast(pc.cast(values, pa.float64()), target, safe=False)
+        if declared == "TIMESTAMP":
+            try:
+                return pc.cast(values, target)  # timestamptz: printed with its offset (+00)
+            except pa.ArrowInvalid:  # timestamp: no offset, taken as UTC
+                return pc.cast(pc.cast(values, pa.timestamp("us")), target)
+        return pc.cast(values, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        parse = parser(declared)
+        return pa.array([None if v is None else parse(v) for v in values.to_pylist()], target)
 
 
 def stage_chunks(
