@@ -173,7 +173,7 @@ def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> p
         return schema.empty_table()
     text = pacsv.read_csv(
         pa.BufferReader(csv),
-        read_options=pacsv.ReadOptions(column_names=names),
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=False),  # a task is one core
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         # COPY's csv: NULL is an unquoted empty field, an empty string a quoted one
         convert_options=pacsv.ConvertOptions(

@@ -234,8 +234,14 @@ class PostgresCdcSource:
             server.advance(self.config, committed_end)
 
     def positions(self) -> Mapping[str, object]:
-        """The slot's and the server's LSNs and the WAL the slot retains, for status."""
-        return server.server_positions(self.config)
+        """The slot's and the server's LSNs and the WAL the slot retains, and the snapshot's chunks
+        staged of its plan, for status and the source step's asset metadata."""
+        found = dict(server.server_positions(self.config))
+        directory = self.stage / "chunks"
+        plan = cdc_chunks.load_plan(directory)
+        if plan is not None:
+            found["snapshot_chunks"] = f"{len(cdc_chunks.staged_chunks(directory, plan))}/{len(plan)}"
+        return found
 
     # --- snapshot ---------------------------------------------------------------------------
 

@@ -102,6 +102,7 @@ def test_chunked_snapshot_resumes_after_a_kill_and_equals_upstream(
     chunks = runtime.connector("nums").snapshot().chunks
     assert chunks[0].position == chunks[1].position < chunks[2].position == chunks[5].position
     report = runtime.run_source(epoch, "nums")
+    assert report.metadata["snapshot_chunks"] == "6/6"  # shown in the source step's asset metadata
     runtime.run_source(epoch, "names")
     runtime.commit(epoch)
     _equal(runtime, upstream)
