@@ -44,6 +44,8 @@ log = logging.getLogger("epochal.connectors.postgres_cdc")
 _INTEGERS = ("int2", "int4", "int8")
 #: compared byte by byte on the server, so that the server's order is Python's (code points)
 _COLLATABLE = ("text", "varchar", "bpchar")
+#: declared types whose values Arrow's CSV reader parses from PostgreSQL's text exactly as Python does
+_PARSED_BY_ARROW = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "STRING", "DATE")
 
 
 def key_types(conn: psycopg.Connection, config: server.ServerConfig, key: Sequence[str]) -> tuple[str, ...]:
@@ -166,27 +168,44 @@ def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> p
     the same values ``typed_row`` gives for each text (the WAL's), converted a column at a time in
     Arrow; a column Arrow cannot convert whole goes through ``typed_row``'s parser value by value."""
     import pyarrow as pa
-    from pyarrow import csv as pacsv
 
     names = [c.name for c in columns]
     if not csv:
         return schema.empty_table()
-    text = pacsv.read_csv(
+    # the types Arrow parses straight from the text as Python does (ints, decimals, doubles, dates,
+    # strings); the others are read as text and converted after; any value Arrow refuses: all as text
+    direct = {
+        c.name: schema.field(i).type
+        for i, c in enumerate(columns)
+        if c.type in _PARSED_BY_ARROW or c.type.startswith("DECIMAL")
+    }
+    try:
+        text = _read_csv(csv, names, {n: direct.get(n, pa.string()) for n in names})
+    except pa.ArrowInvalid:
+        direct = {}
+        text = _read_csv(csv, names, {n: pa.string() for n in names})
+    arrays = [
+        text.column(i).combine_chunks()
+        if c.name in direct
+        else _typed_column(text.column(i).combine_chunks(), c.type, schema.field(i).type)
+        for i, c in enumerate(columns)
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _read_csv(csv: bytes, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    import pyarrow as pa
+    from pyarrow import csv as pacsv
+
+    return pacsv.read_csv(
         pa.BufferReader(csv),
         read_options=pacsv.ReadOptions(column_names=names, use_threads=False),  # a task is one core
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         # COPY's csv: NULL is an unquoted empty field, an empty string a quoted one
         convert_options=pacsv.ConvertOptions(
-            column_types={n: pa.string() for n in names},
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-            null_values=[""],
+            column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=False, null_values=[""]
         ),
     )
-    arrays = [
-        _typed_column(text.column(i).combine_chunks(), c.type, schema.field(i).type) for i, c in enumerate(columns)
-    ]
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _typed_column(values: pa.Array, declared: str, target: pa.DataType) -> pa.Array:
