@@ -12,6 +12,15 @@ staged and read), then per repeat: M row changes upstream (updates of existing i
 snapshot epoch's time and rows/s, and per change epoch its time, the part spent peeking and decoding
 the WAL on the driver (``records``), and the changes committed per second. The table is checked
 against ``SELECT count(*), sum(k)`` upstream at the end.
+
+The snapshot against Spark's own reader: the staging of the snapshot (the plan of the first epoch:
+key chunks read as Spark tasks into Parquet) is timed against ``spark.read.jdbc`` of the same table
+partitioned by key (numPartitions = the session's cores), on the same SparkSession, both read into
+the void (``noop``) and written as Parquet; the ratios are printed (issue 59: at most 2x). It needs
+the PostgreSQL JDBC driver at /usr/share/java/postgresql.jar (``apt-get install -y
+libpostgresql-jdbc-java``), or --jdbc-jar; without it the comparison is skipped.
+
+    python benchmarks/bench_pg_cdc.py --rows 1000000 --repeats 0   # the snapshot ratio at 1M rows
 """
 
 from __future__ import annotations
@@ -66,6 +75,38 @@ def change(conn: Any, first_new: int, count: int, existing: int) -> None:
         done += n
 
 
+def compare_with_jdbc(spark: Any, rows: int, staging_s: float, root: Path) -> dict[str, float]:
+    """``spark.read.jdbc`` of the table partitioned by key, into the void and into Parquet, timed
+    (best of two) against the snapshot's staging; prints the ratios."""
+    cores = spark.sparkContext.defaultParallelism
+    reader = (
+        spark.read.format("jdbc")
+        .option("url", f"jdbc:postgresql://127.0.0.1:5432/{DB}")
+        .option("driver", "org.postgresql.Driver")
+        .option("user", "postgres")
+        .option("dbtable", "t")
+        .option("partitionColumn", "id")
+        .option("lowerBound", "0")
+        .option("upperBound", str(rows))
+        .option("numPartitions", str(cores))
+        .option("fetchsize", "50000")
+    )
+    noop, parquet = [], []
+    for i in range(2):
+        noop.append(harness.timed(lambda: reader.load().write.format("noop").mode("overwrite").save())[0])
+        target = str(root / f"jdbc-{i}")
+        parquet.append(harness.timed(lambda target=target: reader.load().write.parquet(target))[0])
+    found = {"cores": cores, "jdbc_noop_s": min(noop), "jdbc_parquet_s": min(parquet), "staging_s": staging_s}
+    found["ratio_noop"] = staging_s / found["jdbc_noop_s"]
+    found["ratio_parquet"] = staging_s / found["jdbc_parquet_s"]
+    log(
+        f"snapshot staging {staging_s:.2f} s vs spark.read.jdbc ({cores} partitions by key) "
+        f"{found['jdbc_noop_s']:.2f} s read, {found['jdbc_parquet_s']:.2f} s read+Parquet: "
+        f"ratio {found['ratio_noop']:.2f}x / {found['ratio_parquet']:.2f}x"
+    )
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000, help="rows in the snapshot")
@@ -73,6 +114,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="--rows 10000 --changes 10000 --repeats 1")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--jdbc-jar", default="/usr/share/java/postgresql.jar", help="PostgreSQL JDBC driver")
     parser.add_argument("--json", help="result file (default benchmarks/results/bench_pg_cdc-<time>.json)")
     args = parser.parse_args()
     if args.quick:
@@ -84,11 +126,11 @@ def main() -> None:
 
     from epochal.spark.session import build_spark_session
 
-    spark = build_spark_session(
-        master="local[2]",
-        app_name="bench_pg_cdc",
-        conf={"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"},
-    )
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.ui.showConsoleProgress": "false"}
+    jdbc = Path(args.jdbc_jar).exists()
+    if jdbc:
+        conf["spark.jars"] = args.jdbc_jar  # the benchmark's comparison only, not the product
+    spark = build_spark_session(master="local[2]", app_name="bench_pg_cdc", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     drop_database()
     with psycopg.connect(ADMIN, autocommit=True) as admin:
@@ -105,9 +147,12 @@ def main() -> None:
             (pipeline / "cdc.sql").write_text(PIPELINE)
             runtime = runtime_for(Path(root) / "home", pipeline, spark, {"EPOCHAL_DRIVER_ROWS": "0"})
 
+            staging: list[float] = []
+
             def epoch() -> tuple[float, float]:
                 started = time.perf_counter()
                 record, _ = runtime.start_epoch(None, None)
+                staging.append(time.perf_counter() - started)
                 (r,) = runtime.controller.offsets(record.epoch, "t")
                 decode_started = time.perf_counter()
                 if r.start:
@@ -117,8 +162,25 @@ def main() -> None:
                 runtime.commit(record.epoch)
                 return time.perf_counter() - started - decoding, decoding
 
+            # Python workers started and Spark warmed up first, as for the JDBC read's best of two
+            spark.range(2, numPartitions=2).mapInArrow(lambda batches: batches, "id long").collect()
+            connector = runtime.connector("t")
+            take = connector._take_snapshot
+            snapshot_only: list[float] = []
+
+            def timed_take(*a: Any) -> Any:  # the snapshot itself, without the slot's creation
+                seconds, taken = harness.timed(lambda: take(*a))
+                snapshot_only.append(seconds)
+                return taken
+
+            connector._take_snapshot = timed_take
             snapshot_s, _ = epoch()
-            log(f"snapshot epoch: {args.rows:,} rows in {snapshot_s:.2f} s")
+            log(
+                f"snapshot epoch: {args.rows:,} rows in {snapshot_s:.2f} s; plan {staging[0]:.2f} s, of which "
+                f"the snapshot's staging {snapshot_only[0]:.2f} s (the rest: the slot and the publication)"
+            )
+            if jdbc:
+                results["jdbc"] = compare_with_jdbc(spark, args.rows, snapshot_only[0], Path(root))
             rows: list[list[str]] = []
             per_s: list[float] = []
             next_id = args.rows
@@ -133,9 +195,13 @@ def main() -> None:
             got = runtime.state("t").selectExpr("count(*)", "sum(k)").collect()[0]
             if tuple(got) != tuple(want):
                 raise SystemExit(f"the CDC table differs from upstream: {tuple(got)} != {tuple(want)}")
-            print(table(["epoch", "changes", "epoch s", "peek+decode s", "changes/s"], rows), flush=True)
-            log(f"median: {median(per_s):,.0f} row changes/s committed; snapshot {args.rows / snapshot_s:,.0f} rows/s")
-            results = {"snapshot_s": snapshot_s, "changes_per_s": per_s, "load": harness.load_now()}
+            if rows:
+                print(table(["epoch", "changes", "epoch s", "peek+decode s", "changes/s"], rows), flush=True)
+                log(f"median: {median(per_s):,.0f} row changes/s committed")
+            log(f"snapshot {args.rows / snapshot_s:,.0f} rows/s")
+            results.update(
+                {"snapshot_s": snapshot_s, "staging_s": staging[0], "changes_per_s": per_s, "load": harness.load_now()}
+            )
     finally:
         drop_database()
         spark.stop()

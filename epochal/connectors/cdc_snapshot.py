@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.connectors.base import SourceBatch, SplitRange
+from epochal.connectors.cdc_chunks import StagedChunk, describe, from_description, write_durably
 from epochal.errors import EpochalError
 from epochal.storage.durability import sync_tree
 from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
@@ -42,6 +43,9 @@ class Snapshot:
     position: int
     files: tuple[str, ...]
     rows: int
+    #: a snapshot staged in key chunks (postgres-cdc): each at its own position (``position`` is
+    #: the lowest); a record applies on top only per ``cdc_chunks.KeyFilter``. Empty: one position.
+    chunks: tuple[StagedChunk, ...] = ()
 
 
 def staged_snapshot(stage: Path) -> Snapshot | None:
@@ -50,7 +54,26 @@ def staged_snapshot(stage: Path) -> Snapshot | None:
     if not marker.exists():
         return None
     data = json.loads(marker.read_text())
-    return Snapshot(int(data["position"]), tuple(data["files"]), int(data["rows"]))
+    chunks = tuple(from_description(data.get("chunks", [])))
+    return Snapshot(int(data["position"]), tuple(data["files"]), int(data["rows"]), chunks)
+
+
+def write_marker(stage: Path, chunks: Sequence[StagedChunk]) -> Snapshot:
+    """The marker of a snapshot staged in ``chunks`` (their files and records durable already):
+    written last, atomically, it makes them the table's snapshot."""
+    snapshot = Snapshot(
+        min(c.position for c in chunks), tuple(c.file for c in chunks), sum(c.rows for c in chunks), tuple(chunks)
+    )
+    write_durably(
+        stage / MARKER,
+        {
+            "position": snapshot.position,
+            "files": list(snapshot.files),
+            "rows": snapshot.rows,
+            "chunks": describe(chunks),
+        },
+    )
+    return snapshot
 
 
 def stage_snapshot(

@@ -63,15 +63,19 @@ def wal_records(
     upstream: Sequence[str],
     lower: int,
     upper: int,
+    keep: Callable[[tuple, int], bool] | None = None,
 ) -> list[tuple]:
     """The records of ``table`` (schema, name) in the transactions with ``lower <= commit LSN <
     upper``: each the declared ``columns`` (name, type) then ``_op``. An update that changes the key
     is a delete of the old key and an upsert of the new one. ``upstream`` are the table's columns
-    when the pipeline loaded: a Relation message with others is an upstream ADD/DROP COLUMN."""
+    when the pipeline loaded: a Relation message with others is an upstream ADD/DROP COLUMN.
+    ``keep(key, commit LSN)`` says whether a record of that key applies (a chunked snapshot's
+    ``KeyFilter``): a key change's delete and upsert are judged each by its own key."""
     parsers = [parser(t) for _, t in columns]
     if any(p is None for p in parsers):
         raise EpochalError(f"unsupported declared type among {columns}")
     names = [n for n, _ in columns]
+    key_at = [names.index(k) for k in key]
     records: list[tuple] = []
     decoder = Decoder()
     for item in decoder.decode(messages):
@@ -92,7 +96,9 @@ def wal_records(
             old_key = [change.old.get(k) for k in key]
             if change.kind == "delete" or old_key != [change.new.get(k) for k in key]:
                 row = [change.old.get(n) if n in key else None for n in names]
-                records.append((*typed_row(row, parsers), DELETE))
+                typed = typed_row(row, parsers)
+                if keep is None or keep(tuple(typed[i] for i in key_at), change.commit_lsn):
+                    records.append((*typed, DELETE))
         if change.kind == "delete" and change.old is None:
             raise EpochalError(f"a delete of {where} came without its old key: set REPLICA IDENTITY DEFAULT")
         if change.new is not None:
@@ -111,7 +117,9 @@ def wal_records(
                             "REPLICA IDENTITY FULL so that every update carries it"
                         )
                 row.append(value)
-            records.append((*typed_row(row, parsers), UPSERT))
+            typed = typed_row(row, parsers)
+            if keep is None or keep(tuple(typed[i] for i in key_at), change.commit_lsn):
+                records.append((*typed, UPSERT))
     return records
 
 

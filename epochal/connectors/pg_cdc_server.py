@@ -8,6 +8,7 @@ the output functions of the session that peeks).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -64,6 +65,10 @@ class ServerConfig:
     table: str
     slot: str
     publication: str
+    #: about how many rows a chunk of the snapshot holds (``snapshot.chunk.rows``)
+    chunk_rows: int = 100_000
+    #: ``password`` is the password itself, read from the environment already (``resolved``)
+    password_resolved: bool = False
 
     @property
     def qualified(self) -> str:
@@ -73,9 +78,15 @@ class ServerConfig:
     def quoted(self) -> str:
         return f'"{self.schema}"."{self.table}"'
 
+    def resolved(self) -> ServerConfig:
+        """This config with the password read from the driver's environment: for Spark tasks,
+        whose processes (on other machines, or forked before it was set) may not have it."""
+        password = self.conninfo().get("password", "")
+        return dataclasses.replace(self, password=str(password), password_resolved=True)
+
     def conninfo(self, **extra: str) -> dict[str, object]:
         password = self.password
-        match = ENV_REFERENCE.match(password.strip())
+        match = None if self.password_resolved else ENV_REFERENCE.match(password.strip())
         if match:
             if match[1] not in os.environ:
                 raise EpochalError(
@@ -391,12 +402,11 @@ def retire_table(config: ServerConfig, last_of_slot: bool) -> None:
 
 
 @contextmanager
-def consistent_snapshot(config: ServerConfig, columns: Sequence[str]) -> Iterator[tuple[int, Iterator[list[tuple]]]]:
-    """The table's rows as of one LSN, and that LSN: a temporary slot's consistent point. A change
-    whose transaction commits before it is in these rows; one that commits at or after it is not.
-    Yields (lsn, batches of rows as text, in key order)."""
-    from psycopg import IsolationLevel, sql
-
+def exported_snapshot(config: ServerConfig) -> Iterator[tuple[int, str]]:
+    """A snapshot exported exactly at one LSN, and that LSN: a temporary slot's consistent point. A
+    change whose transaction commits before it is seen in the snapshot; one that commits at or after
+    it is not. Yields (lsn, snapshot id); any connection may ``SET TRANSACTION SNAPSHOT`` to it
+    (``snapshot_transaction``) until the context ends."""
     with connect(config, replication="database") as replication:
         name = f"epochal_snap_{os.getpid()}_{time.monotonic_ns() % 10**9}"
         result = replication.pgconn.exec_(
@@ -406,25 +416,20 @@ def consistent_snapshot(config: ServerConfig, columns: Sequence[str]) -> Iterato
             raise EpochalError(
                 f"cannot take a snapshot of {config.qualified}: {result.error_message.decode(errors='replace').strip()}"
             )
-        lsn = lsn_int(result.get_value(0, 1).decode())
-        snapshot = result.get_value(0, 2).decode()
-        with connect(config) as conn:
-            conn.autocommit = False
-            conn.isolation_level = IsolationLevel.REPEATABLE_READ
-            with conn.transaction():
-                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                query = sql.SQL("SELECT {} FROM {}").format(
-                    sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns),
-                    sql.Identifier(config.schema, config.table),
-                )
-                with conn.cursor(name="epochal_snapshot") as cursor:
-                    cursor.execute(query)
+        yield lsn_int(result.get_value(0, 1).decode()), result.get_value(0, 2).decode()
 
-                    def batches() -> Iterator[list[tuple]]:
-                        while rows := cursor.fetchmany(50_000):
-                            yield rows
 
-                    yield lsn, batches()
+@contextmanager
+def snapshot_transaction(config: ServerConfig, snapshot: str) -> Iterator[psycopg.Connection]:
+    """A connection in a REPEATABLE READ transaction that sees exactly the exported ``snapshot``."""
+    from psycopg import IsolationLevel, sql
+
+    with connect(config) as conn:
+        conn.autocommit = False
+        conn.isolation_level = IsolationLevel.REPEATABLE_READ
+        with conn.transaction():
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+            yield conn
 
 
 def server_positions(config: ServerConfig) -> Mapping[str, object]:

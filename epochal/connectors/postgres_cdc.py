@@ -18,10 +18,13 @@ and ``table.name``. Offsets are LSNs; a table is one split. How an epoch is read
   a transaction is never split across epochs.
 * The slot's confirmed position moves (``release_wal``) only to the end of the committed epoch of
   every table that shares the slot, so a recovery reads the same changes again.
-* The snapshot: a temporary replication slot exports a snapshot exactly at its consistent point
-  L0; the table's rows in that snapshot are staged as Parquet under EPOCHAL_HOME, durably, with
-  L0 and the file list written last. Changes committed before L0 are in it and skipped; those at or
-  after L0 apply on top. A snapshot killed half-way left no marker and is taken again.
+* The snapshot: the table's key space is split into chunks (``snapshot.chunk.rows``, about
+  100,000 rows each); a temporary replication slot exports a snapshot exactly at its consistent
+  point L, and every chunk is read in it by a Spark task of its own and staged as Parquet under
+  EPOCHAL_HOME, durably, then its record (key range, L, rows). A kill keeps the chunks recorded;
+  the rest are read at a new exported snapshot L' > L. The marker naming them all is written last.
+  A log record for key k at LSN p applies on top only if p >= the position of k's chunk
+  (``cdc_chunks.KeyFilter``, which argues why nothing is lost or doubled).
 """
 
 from __future__ import annotations
@@ -30,14 +33,16 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epochal.connectors import cdc_chunks
 from epochal.connectors import pg_cdc_server as server
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.connectors.cdc_snapshot import Snapshot, cdc_batch, stage_snapshot, staged_snapshot
+from epochal.connectors.cdc_snapshot import MARKER, Snapshot, cdc_batch, staged_snapshot, write_marker
 from epochal.connectors.pg_cdc_changes import SUPPORTED_DECLARED, parser, typed_row, wal_records
+from epochal.connectors.pg_cdc_snapshot import key_types, plan_chunks, stage_chunk, stage_chunks
 from epochal.connectors.pgoutput import lsn_text
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems
@@ -62,6 +67,7 @@ OPTIONS = (
     "schema.name",
     "slot.name",
     "publication.name",
+    cdc_chunks.CHUNK_ROWS_OPTION,
     TABLE_OPTION,
 )
 CONNECTION_FILE = "connection.json"
@@ -94,6 +100,12 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
             f"option 'password' = '${{{reference[1]}}}' reads one of Epochal's or Dagster's own settings: "
             "export the password under a name of its own, e.g. SHOP_PASSWORD"
         )
+    chunk_rows = (options.get(cdc_chunks.CHUNK_ROWS_OPTION) or str(cdc_chunks.DEFAULT_CHUNK_ROWS)).strip()
+    if not chunk_rows.isdigit() or int(chunk_rows) < 1:
+        problems.append(
+            f"option '{cdc_chunks.CHUNK_ROWS_OPTION}' = '{chunk_rows}' is not a number of rows, "
+            f"e.g. '{cdc_chunks.DEFAULT_CHUNK_ROWS}'"
+        )
     table = (options.get(TABLE_OPTION) or "").strip()
     if not table:
         problems.append(
@@ -114,6 +126,7 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
         table=table,
         slot=slot,
         publication=(options.get("publication.name") or slot).strip(),
+        chunk_rows=int(chunk_rows),
     )
     return config, []
 
@@ -168,6 +181,11 @@ class PostgresCdcSource:
         #: where the snapshot is staged, by source name (a source re-added later takes its own)
         self.stage = Path(home) / "cdc" / source.name
         self._upstream: list[str] | None = None
+        self._spark: Callable[[], SparkSession] | None = None
+
+    def bind_spark(self, spark: Callable[[], SparkSession]) -> None:
+        """Where the snapshot's chunks are read as tasks; unbound, they are read on the driver."""
+        self._spark = spark
 
     #: sources whose connectors answer the same ``wal_holder`` share a slot (see ``release_wal``)
     @property
@@ -216,8 +234,14 @@ class PostgresCdcSource:
             server.advance(self.config, committed_end)
 
     def positions(self) -> Mapping[str, object]:
-        """The slot's and the server's LSNs and the WAL the slot retains, for status."""
-        return server.server_positions(self.config)
+        """The slot's and the server's LSNs and the WAL the slot retains, and the snapshot's chunks
+        staged of its plan, for status and the source step's asset metadata."""
+        found = dict(server.server_positions(self.config))
+        directory = self.stage / "chunks"
+        plan = cdc_chunks.load_plan(directory)
+        if plan is not None:
+            found["snapshot_chunks"] = f"{len(cdc_chunks.staged_chunks(directory, plan))}/{len(plan)}"
+        return found
 
     # --- snapshot ---------------------------------------------------------------------------
 
@@ -229,16 +253,55 @@ class PostgresCdcSource:
         position = server.slot_position(conn, self.config)
         if staged is not None and position is not None and staged.position >= position:
             return staged  # a re-plan after a recovery reads the same snapshot
-        return self._take_snapshot()
+        return self._take_snapshot(position or 0)
 
-    def _take_snapshot(self) -> Snapshot:
-        parsers = [parser(c.type) for c in self.source.columns]
+    def _take_snapshot(self, slot_position: int) -> Snapshot:
+        """Stages the chunks not yet staged (all of them the first time) at one new exported
+        snapshot, then the marker. Chunks staged before a kill are kept when the slot still holds
+        the WAL from their position on; else (a snapshot for a recreated slot) all are read again."""
+        import shutil
+
         label = f"postgres-cdc {self.source.name} ({self.config.qualified})"
-        with server.consistent_snapshot(self.config, list(self.source.column_names)) as (lsn, batches):
-            snapshot = stage_snapshot(
-                self.stage, lsn, self.source.columns, batches, lambda row: typed_row(row, parsers), label
+        directory = self.stage / "chunks"
+        key = tuple(self.source.primary_key)
+        previous = staged_snapshot(self.stage)
+        plan = cdc_chunks.load_plan(directory)
+        done = cdc_chunks.staged_chunks(directory, plan) if plan is not None else {}
+        if previous is not None or any(s.position < slot_position for s in done.values()):
+            shutil.rmtree(directory, ignore_errors=True)
+            (self.stage / MARKER).unlink(missing_ok=True)
+            plan, done = None, {}
+        with server.exported_snapshot(self.config) as (lsn, exported):
+            with server.snapshot_transaction(self.config, exported) as conn:
+                types = key_types(conn, self.config, key)
+                if plan is None:
+                    plan, total = plan_chunks(conn, self.config, key, types, self.config.chunk_rows)
+                    cdc_chunks.save_plan(directory, plan)
+                else:
+                    total = sum(s.rows for s in done.values()) * len(plan) // max(len(done), 1)
+            pending = [c for c in plan if c.index not in done]
+            log.info(
+                "%s: snapshot at LSN %s: %d chunks of %d to read (about %d rows)",
+                label,
+                lsn_text(lsn),
+                len(pending),
+                len(plan),
+                total,
             )
-        log.info("%s: snapshot at LSN %s done: %d rows", label, lsn_text(lsn), snapshot.rows)
+            columns, config = self.source.columns, self.config.resolved()
+
+            def stage_one(chunk: cdc_chunks.Chunk) -> cdc_chunks.StagedChunk:
+                return stage_chunk(config, columns, key, types, exported, lsn, directory, chunk)
+
+            spark = self._spark() if self._spark is not None else None
+            stage_chunks(spark, stage_one, pending, directory, label, total)
+        staged = cdc_chunks.staged_chunks(directory, plan)
+        if len(staged) != len(plan):
+            missing = sorted(set(range(len(plan))) - set(staged))
+            raise EpochalError(f"{label}: the snapshot's chunks {missing} were not staged: plan the epoch again")
+        chunks = [staged[i] for i in range(len(plan))]
+        snapshot = write_marker(self.stage, chunks)
+        log.info("%s: snapshot done: %d rows in %d chunks", label, snapshot.rows, len(chunks))
         return snapshot
 
     # --- reading ----------------------------------------------------------------------------
@@ -247,6 +310,14 @@ class PostgresCdcSource:
         """The WAL records of ``[lower, upper)``: declared columns and ``_op`` (no Spark)."""
         messages = server.peek(self.config, upper, lower)
         columns = [(c.name, c.type) for c in self.source.columns]
+        staged = self.snapshot()
+        keep = None
+        if staged is not None and staged.chunks:
+            # the first range's records from the lowest chunk position on: each applies only on
+            # top of a chunk read before it (cdc_chunks.KeyFilter)
+            types = {c.name: c.type for c in self.source.columns}
+            parsers = [parser(types[k]) for k in self.source.primary_key]
+            keep = cdc_chunks.KeyFilter(staged.chunks, lambda bound: typed_row(bound, parsers)).keep
         return wal_records(
             messages,
             (self.config.schema, self.config.table),
@@ -255,6 +326,7 @@ class PostgresCdcSource:
             self.upstream(),
             lower,
             upper,
+            keep,
         )
 
     def read(self, spark: SparkSession, ranges: list[SplitRange]) -> SourceBatch:

@@ -194,7 +194,11 @@ class EpochRuntime:
                     raise InvariantViolation(
                         f"source {source} has connector {definition.connector!r}, which the loader refuses"
                     )
-                self._connectors[source] = spec.create(definition, self.settings.home)
+                connector = spec.create(definition, self.settings.home)
+                bind = getattr(connector, "bind_spark", None)
+                if bind is not None:  # postgres-cdc reads its snapshot's chunks as Spark tasks
+                    bind(lambda: self.spark)
+                self._connectors[source] = connector
             return self._connectors[source]
 
     # ------------------------------------------------------------------ epochs

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import struct
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -113,29 +114,19 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
 
     # Rows changed while the snapshot is read: committed after its consistent point, so they come
     # through the WAL, on top of the snapshot, neither lost nor doubled.
-    taken = pg_cdc_server.consistent_snapshot
+    taken = pg_cdc_server.exported_snapshot
 
-    def racing_snapshot(config, columns):  # noqa: ANN001, ANN202
-        context = taken(config, columns)
-        if config.table != "orders":
-            return context
-        lsn, batches = context.__enter__()
-        with psycopg.connect(UPSTREAM, autocommit=True) as other:
-            with other.transaction():
-                other.execute("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)")
-                other.execute("DELETE FROM orders WHERE id = 3")
-                _insert(other, [100])
+    @contextmanager
+    def racing_snapshot(config):  # noqa: ANN001, ANN202
+        with taken(config) as (lsn, exported):
+            if config.table == "orders":
+                with psycopg.connect(UPSTREAM, autocommit=True) as other, other.transaction():
+                    other.execute("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)")
+                    other.execute("DELETE FROM orders WHERE id = 3")
+                    _insert(other, [100])
+            yield lsn, exported
 
-        class Wrapped:
-            def __enter__(self):  # noqa: ANN204
-                return lsn, batches
-
-            def __exit__(self, *exc):  # noqa: ANN002, ANN204
-                return context.__exit__(*exc)
-
-        return Wrapped()
-
-    monkeypatch.setattr(pg_cdc_server, "consistent_snapshot", racing_snapshot)
+    monkeypatch.setattr(pg_cdc_server, "exported_snapshot", racing_snapshot)
 
     def epoch(run: bool = True) -> int:
         number = runtime.controller.epoch_log.inject(runtime.plan).epoch
@@ -151,7 +142,7 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
         runtime.commit(number)
 
     first = epoch()
-    monkeypatch.setattr(pg_cdc_server, "consistent_snapshot", taken)
+    monkeypatch.setattr(pg_cdc_server, "exported_snapshot", taken)
     got, want = state_rows(runtime, "orders"), _expected(upstream)
     assert got == want, (sorted(got - want), sorted(want - got))
     assert len(state_rows(runtime, "orders")) == 8  # 1..8 without 3, with 100

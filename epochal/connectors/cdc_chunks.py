@@ -1,0 +1,186 @@
+"""A CDC table's snapshot in primary-key chunks, and which log records apply on top of it.
+
+Pure logic, no Spark and no server. The key space is split into ranges ``[lower, upper)`` (key
+tuples; the first chunk has no lower bound, the last no upper bound), so every key, even one
+inserted after the split, falls in exactly one chunk. Each chunk is read in a transaction whose
+snapshot sits exactly at a log position (an exported snapshot's consistent point) and staged with
+that position. Chunks read in one go share one position; chunks read after a kill share a later one.
+
+Why nothing is lost or doubled (the per-row visibility rule, as in RisingWave's snapshot backfill):
+a log record at position ``p`` for key ``k`` applies only if ``p >= P(k)``, ``P(k)`` the position of
+the chunk whose range holds ``k``. A change committed before ``P(k)`` is already in that chunk's rows
+(the chunk's snapshot saw it), so applying it again would double it (or resurrect a deleted row);
+a change committed at or after ``P(k)`` is not in the chunk, so it must apply, on top of the chunk's
+rows, which come first in the table's first range. A row that moves key (an update of the primary
+key) is a delete of the old key and an upsert of the new one, each judged by its own key's chunk:
+the old key's chunk may be staged before the move (holds the row: the delete applies) and the new
+key's after it (holds the row already: the upsert is skipped), or any other mix, and each half is
+right on its own. An update that leaves a TOASTed value unchanged finds the row in state, since the
+chunk that holds it is applied before the log.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from epochal.storage.durability import sync_tree
+
+#: the rows a chunk holds, about; an option of the source
+DEFAULT_CHUNK_ROWS = 100_000
+CHUNK_ROWS_OPTION = "snapshot.chunk.rows"
+PLAN_FILE = "chunks.json"
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    #: key bounds as the server prints them (``::text``), None for an open end
+    lower: tuple[str, ...] | None
+    upper: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class StagedChunk:
+    chunk: Chunk
+    #: the log position its rows are exactly at
+    position: int
+    rows: int
+    file: str
+
+
+def integer_boundaries(low: int, high: int, rows: int, chunk_rows: int) -> list[tuple[str, ...]]:
+    """Inner boundaries splitting ``[low, high]`` (a one-column integer key) into equal-width
+    ranges of about ``chunk_rows`` of the table's ``rows`` each."""
+    if chunk_rows < 1:
+        raise ValueError(f"{CHUNK_ROWS_OPTION} must be at least 1, not {chunk_rows}")
+    count = min(max(1, math.ceil(rows / chunk_rows)), max(1, high - low + 1))
+    width = (high - low + 1) / count
+    bounds = sorted({low + int(i * width) for i in range(1, count)})
+    return [(str(b),) for b in bounds if low < b <= high]
+
+
+def chunks_of(boundaries: Sequence[tuple[str, ...]]) -> list[Chunk]:
+    """The chunks between sorted inner ``boundaries``: n boundaries make n + 1 chunks."""
+    edges: list[tuple[str, ...] | None] = [None, *boundaries, None]
+    return [Chunk(i, edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+class KeyFilter:
+    """Whether a log record at a position applies on top of the chunks staged at their positions."""
+
+    def __init__(self, staged: Sequence[StagedChunk], parse: Callable[[tuple[str, ...]], Key]):
+        ordered = sorted(staged, key=lambda s: s.chunk.index)
+        self._uppers = [parse(s.chunk.upper) for s in ordered[:-1] if s.chunk.upper is not None]
+        if len(self._uppers) != len(ordered) - 1 or (ordered and ordered[-1].chunk.upper is not None):
+            raise ValueError("the staged chunks do not cover the key space: only the last chunk has no upper bound")
+        self._positions = [s.position for s in ordered]
+        self.everything_after = max(self._positions, default=0)
+
+    def position_of(self, key: Key) -> int:
+        """The position of the chunk whose range holds ``key``."""
+        return self._positions[bisect.bisect_right(self._uppers, tuple(key))]
+
+    def keep(self, key: Key, position: int) -> bool:
+        return position >= self.everything_after or position >= self.position_of(key)
+
+
+# --- the durable records ---------------------------------------------------------------------------
+
+
+def write_durably(path: Path, data: object) -> None:
+    """``data`` as JSON at ``path``, atomically and on the disk (with its directory entry)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    sync_tree(str(tmp))
+    os.replace(tmp, path)
+    sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync of the directory's own entries only: parallel tasks write beside each other in it, so
+    walking it (``sync_tree``) would meet their temporary files as they vanish."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def chunk_record_path(directory: Path, index: int) -> Path:
+    return directory / f"chunk-{index:05d}.json"
+
+
+def chunk_file_path(directory: Path, index: int) -> Path:
+    return directory / f"chunk-{index:05d}.parquet"
+
+
+def save_plan(directory: Path, chunks: Sequence[Chunk]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    write_durably(directory / PLAN_FILE, [[c.lower, c.upper] for c in chunks])
+
+
+def load_plan(directory: Path) -> list[Chunk] | None:
+    path = directory / PLAN_FILE
+    if not path.exists():
+        return None
+    edges = json.loads(path.read_text())
+    return [Chunk(i, _bound(lo), _bound(hi)) for i, (lo, hi) in enumerate(edges)]
+
+
+def _bound(value: list[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
+
+
+def record_chunk(directory: Path, staged: StagedChunk) -> None:
+    """The chunk's record, written once its rows are durable: a chunk with a record is kept on resume."""
+    write_durably(
+        chunk_record_path(directory, staged.chunk.index),
+        {"position": staged.position, "rows": staged.rows, "file": staged.file},
+    )
+
+
+def staged_chunks(directory: Path, chunks: Sequence[Chunk]) -> dict[int, StagedChunk]:
+    """The chunks of the plan whose rows are staged and recorded, by index."""
+    found = {}
+    for chunk in chunks:
+        path = chunk_record_path(directory, chunk.index)
+        if path.exists():
+            data = json.loads(path.read_text())
+            found[chunk.index] = StagedChunk(chunk, int(data["position"]), int(data["rows"]), data["file"])
+    return found
+
+
+def describe(staged: Sequence[StagedChunk]) -> list[dict[str, object]]:
+    """The chunks as the snapshot's marker lists them (what ``from_description`` reads back)."""
+    return [
+        {
+            "index": s.chunk.index,
+            "lower": s.chunk.lower,
+            "upper": s.chunk.upper,
+            "position": s.position,
+            "rows": s.rows,
+            "file": s.file,
+        }
+        for s in staged
+    ]
+
+
+def from_description(items: Sequence[dict[str, Any]]) -> list[StagedChunk]:
+    return [
+        StagedChunk(
+            Chunk(int(d["index"]), _bound(d["lower"]), _bound(d["upper"])),
+            int(d["position"]),
+            int(d["rows"]),
+            d["file"],
+        )
+        for d in items
+    ]

@@ -1,0 +1,298 @@
+"""Staging a postgres-cdc table's snapshot in primary-key chunks, read as parallel Spark tasks.
+
+The driver exports one snapshot (a temporary slot's consistent point, LSN L) and splits the key
+space (``cdc_chunks``); each Spark task opens its own connection, joins the exported snapshot
+(``SET TRANSACTION SNAPSHOT``), reads its chunk's rows with a server-side cursor and writes them as
+one Parquet file, durably, then the chunk's record (``cdc_chunks.record_chunk``). The exporting
+connection stays open until every task ended. Work that grows with the rows runs in the tasks; the
+driver only plans and waits. Without a SparkSession (a connector used on its own) the same function
+runs on the driver, one chunk after the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epochal.connectors import pg_cdc_server as server
+from epochal.connectors.cdc_chunks import (
+    Chunk,
+    StagedChunk,
+    chunk_file_path,
+    chunk_record_path,
+    chunks_of,
+    integer_boundaries,
+    record_chunk,
+)
+from epochal.connectors.cdc_snapshot import arrow_schema
+from epochal.connectors.pg_cdc_changes import parser
+from epochal.storage.durability import sync_tree
+
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from epochal.pipeline.model import Column
+
+log = logging.getLogger("epochal.connectors.postgres_cdc")
+
+_INTEGERS = ("int2", "int4", "int8")
+#: compared byte by byte on the server, so that the server's order is Python's (code points)
+_COLLATABLE = ("text", "varchar", "bpchar")
+#: declared types whose values Arrow's CSV reader parses from PostgreSQL's text exactly as Python does
+_PARSED_BY_ARROW = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "STRING", "DATE")
+
+
+def key_types(conn: psycopg.Connection, config: server.ServerConfig, key: Sequence[str]) -> tuple[str, ...]:
+    """The upstream types (pg_type.typname) of the key's columns."""
+    by_name = {c.name: c.typname for c in server.upstream_columns(conn, config) or []}
+    return tuple(by_name.get(k, "") for k in key)
+
+
+def _key_sql(key: Sequence[str], types: Sequence[str]):  # noqa: ANN202 - psycopg Composable
+    """The key's columns, comma-separated, text ones in byte order."""
+    from psycopg import sql
+
+    parts = [
+        sql.SQL('{} COLLATE "C"' if t in _COLLATABLE else "{}").format(sql.Identifier(k))
+        for k, t in zip(key, types, strict=True)
+    ]
+    return sql.SQL(", ").join(parts)
+
+
+def plan_chunks(
+    conn: psycopg.Connection, config: server.ServerConfig, key: Sequence[str], types: Sequence[str], chunk_rows: int
+) -> tuple[list[Chunk], int]:
+    """The table's chunks of about ``chunk_rows`` rows, and its rows as estimated (exact when the
+    table was never analyzed). A one-column integer key is split by min/max in equal widths; any
+    other key at every ``chunk_rows``-th key in key order (an index-only scan on the server; only
+    the boundaries come back)."""
+    from psycopg import sql
+
+    table = sql.Identifier(config.schema, config.table)
+    (estimate,) = conn.execute(
+        "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [config.quoted]
+    ).fetchone()
+    if not estimate or estimate <= 0:
+        (estimate,) = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+    if estimate <= chunk_rows:
+        return chunks_of([]), int(estimate)
+    if len(key) == 1 and types[0] in _INTEGERS:
+        low, high = conn.execute(
+            sql.SQL("SELECT min({k}), max({k}) FROM {t}").format(k=sql.Identifier(key[0]), t=table)
+        ).fetchone()
+        if low is None:
+            return chunks_of([]), 0
+        return chunks_of(integer_boundaries(low, high, int(estimate), chunk_rows)), int(estimate)
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT {keys} FROM (SELECT {cols}, row_number() OVER (ORDER BY {order}) AS n FROM {t}) s "
+            "WHERE n % {c} = 1 AND n > 1 ORDER BY n"
+        ).format(
+            keys=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key),
+            cols=sql.SQL(", ").join(sql.Identifier(k) for k in key),
+            order=_key_sql(key, types),
+            t=table,
+            c=sql.Literal(chunk_rows),
+        )
+    ).fetchall()
+    return chunks_of([tuple(r) for r in rows]), int(estimate)
+
+
+def chunk_query(
+    config: server.ServerConfig, columns: Sequence[str], key: Sequence[str], types: Sequence[str], chunk: Chunk
+):  # noqa: ANN201
+    """The SELECT of ``chunk``'s rows (every value as text) and its parameters."""
+    from psycopg import sql
+
+    where, params = [], []
+    ordered = sql.SQL("({})").format(_key_sql(key, types))
+    marks = sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("%s") for _ in key))
+    if chunk.lower is not None:
+        where.append(sql.SQL("{} >= {}").format(ordered, marks))
+        params += list(chunk.lower)
+    if chunk.upper is not None:
+        where.append(sql.SQL("{} < {}").format(ordered, marks))
+        params += list(chunk.upper)
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns),
+        sql.Identifier(config.schema, config.table),
+    )
+    if where:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
+    return query, params
+
+
+def stage_chunk(
+    config: server.ServerConfig,
+    columns: tuple[Column, ...],
+    key: tuple[str, ...],
+    types: tuple[str, ...],
+    snapshot: str,
+    position: int,
+    directory: Path,
+    chunk: Chunk,
+) -> StagedChunk:
+    """Reads ``chunk`` in the exported ``snapshot`` (at ``position``) and stages it: its Parquet
+    file on the disk first, then its record. Runs in a Spark task (or on the driver)."""
+    import pyarrow.parquet as pq
+    from psycopg import sql
+
+    schema = arrow_schema(columns)
+    path = chunk_file_path(directory, chunk.index)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    query, params = chunk_query(config, [c.name for c in columns], key, types, chunk)
+    copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
+    with server.snapshot_transaction(config, snapshot) as conn, conn.cursor() as cursor:
+        data = bytearray()
+        with cursor.copy(copy, params) as rows_in:
+            for block in rows_in:
+                data += block
+    table = typed_table(bytes(data), columns, schema)
+    rows = table.num_rows
+    pq.write_table(table, tmp)
+    sync_tree(str(tmp))
+    os.replace(tmp, path)
+    staged = StagedChunk(chunk, position, rows, str(path))
+    record_chunk(directory, staged)  # syncs the directory: the file's entry and the record's
+    return staged
+
+
+def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> pa.Table:
+    """The rows of a ``COPY ... (FORMAT csv)`` of values as text, as the declared columns' values:
+    the same values ``typed_row`` gives for each text (the WAL's), converted a column at a time in
+    Arrow; a column Arrow cannot convert whole goes through ``typed_row``'s parser value by value."""
+    import pyarrow as pa
+
+    names = [c.name for c in columns]
+    if not csv:
+        return schema.empty_table()
+    # the types Arrow parses straight from the text as Python does (ints, decimals, doubles, dates,
+    # strings); the others are read as text and converted after; any value Arrow refuses: all as text
+    direct = {
+        c.name: schema.field(i).type
+        for i, c in enumerate(columns)
+        if c.type in _PARSED_BY_ARROW or c.type.startswith("DECIMAL")
+    }
+    try:
+        text = _read_csv(csv, names, {n: direct.get(n, pa.string()) for n in names})
+    except pa.ArrowInvalid:
+        direct = {}
+        text = _read_csv(csv, names, {n: pa.string() for n in names})
+    arrays = [
+        text.column(i).combine_chunks()
+        if c.name in direct
+        else _typed_column(text.column(i).combine_chunks(), c.type, schema.field(i).type)
+        for i, c in enumerate(columns)
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _read_csv(csv: bytes, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    import pyarrow as pa
+    from pyarrow import csv as pacsv
+
+    return pacsv.read_csv(
+        pa.BufferReader(csv),
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=False),  # a task is one core
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # COPY's csv: NULL is an unquoted empty field, an empty string a quoted one
+        convert_options=pacsv.ConvertOptions(
+            column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=False, null_values=[""]
+        ),
+    )
+
+
+def _typed_column(values: pa.Array, declared: str, target: pa.DataType) -> pa.Array:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        if declared == "STRING":
+            return values
+        if declared == "BOOLEAN":  # boolout writes t, a ::text cast true
+            return pc.or_(pc.equal(values, "t"), pc.equal(values, "true"))
+        if declared == "FLOAT":  # as float() then float32: the same rounding as the WAL's values
+            return pc.cast(pc.cast(values, pa.float64()), target, safe=False)
+        if declared == "TIMESTAMP":
+            try:
+                return pc.cast(values, target)  # timestamptz: printed with its offset (+00)
+            except pa.ArrowInvalid:  # timestamp: no offset, taken as UTC
+                return pc.cast(pc.cast(values, pa.timestamp("us")), target)
+        return pc.cast(values, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        parse = parser(declared)
+        return pa.array([None if v is None else parse(v) for v in values.to_pylist()], target)
+
+
+def stage_chunks(
+    spark: SparkSession | None,
+    stage_one: Callable[[Chunk], StagedChunk],
+    chunks: Sequence[Chunk],
+    directory: Path,
+    label: str,
+    total: int,
+) -> None:
+    """Stages ``chunks`` with ``stage_one``: as Spark tasks, one chunk a task (mapInArrow over a
+    range of chunk numbers), or on the driver without Spark. Logs progress while they run."""
+    if not chunks:
+        return
+    done = threading.Event()
+    watcher = threading.Thread(target=_progress, args=(done, chunks, directory, label, total), daemon=True)
+    watcher.start()
+    try:
+        if spark is None:
+            for chunk in chunks:
+                stage_one(chunk)
+        else:
+            todo = list(chunks)
+
+            def task(batches: Iterator) -> Iterator:  # pickled to the executors
+                import pyarrow as pa
+
+                for batch in batches:
+                    for number in batch.column(0).to_pylist():
+                        staged = stage_one(todo[number])
+                        yield pa.RecordBatch.from_pydict(
+                            {"index": [staged.chunk.index], "rows": [staged.rows]},
+                            pa.schema([("index", pa.int64()), ("rows", pa.int64())]),
+                        )
+
+            spark.range(len(todo), numPartitions=len(todo)).mapInArrow(task, "index long, rows long").collect()
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _progress(done: threading.Event, chunks: Sequence[Chunk], directory: Path, label: str, total: int) -> None:
+    """Logs each chunk staged (its record appeared) with the rows staged so far of the estimate."""
+    import json
+
+    seen: set[int] = set()
+    rows = 0
+    while True:
+        finished = done.wait(2.0)
+        for chunk in chunks:
+            path = chunk_record_path(directory, chunk.index)
+            if chunk.index not in seen and path.exists():
+                seen.add(chunk.index)
+                try:
+                    rows += int(json.loads(path.read_text())["rows"])
+                except (OSError, ValueError):
+                    continue
+                log.info(
+                    "%s: snapshot chunk %d staged: %d/%d chunks, %d rows of about %d",
+                    label,
+                    chunk.index,
+                    len(seen),
+                    len(chunks),
+                    rows,
+                    total,
+                )
+        if finished:
+            return
