@@ -24,7 +24,7 @@ from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.connectors.cdc_chunks import StagedChunk, describe, from_description, write_durably
 from epochal.errors import EpochalError
 from epochal.storage.durability import sync_tree
-from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UPSERT
+from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UNCHANGED_COLUMN, UPSERT
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -144,12 +144,16 @@ def cdc_batch(
 ) -> SourceBatch:
     """The keyed records of ``ranges`` of one CDC table: in a table's first range (its start is 0)
     the staged ``snapshot``'s rows as upserts, then ``records(end, start)`` of the log (the declared
-    columns and ``_op``; from the snapshot's position in a first range), in log order."""
+    columns and ``_op``; from the snapshot's position in a first range), in log order. A record may
+    end with the names of the columns an update left unchanged and did not send (postgres-cdc's
+    unchanged TOASTed values): then the batch has UNCHANGED_COLUMN, which ``upsert_changes`` fills
+    from the row's earlier value."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
     frames: list[DataFrame] = []
     count = 0
+    partial = False
     names = [c.name for c in columns]
     ddl = ", ".join(f"`{c.name}` {c.type}" for c in columns)
     for r in ranges:
@@ -176,18 +180,24 @@ def cdc_batch(
         found = records(r.end, lower)
         count += len(found)
         schema = arrow_schema(columns).append(pa.field(OP_COLUMN, pa.string()))
-        rows = pa.Table.from_pylist([dict(zip(schema.names, rec, strict=True)) for rec in found], schema)
+        width = len(schema.names)
+        rows = pa.Table.from_pylist([dict(zip(schema.names, rec[:width], strict=True)) for rec in found], schema)
         rows = rows.append_column(SPLIT_COLUMN, pa.array([r.split] * len(found), pa.string()))
         rows = rows.append_column(OFFSET_COLUMN, pa.array(range(len(found)), pa.int64()))
+        unchanged = [list(rec[width]) if len(rec) > width else None for rec in found]
+        rows = rows.append_column(UNCHANGED_COLUMN, pa.array(unchanged, pa.list_(pa.string())))
         frames.append(
             spark.createDataFrame(rows).select(
                 *[F.col(f"`{n}`").cast(c.type) for n, c in zip(names, columns, strict=True)],
                 OP_COLUMN,
                 SPLIT_COLUMN,
                 OFFSET_COLUMN,
+                UNCHANGED_COLUMN,
             )
         )
+        partial = partial or any(u is not None for u in unchanged)
     batch = frames[0]
     for frame in frames[1:]:
-        batch = batch.unionByName(frame)
-    return SourceBatch(rows=batch, records=count)
+        batch = batch.unionByName(frame, allowMissingColumns=True)
+    # without an unchanged value the column is left out: upsert_changes then skips filling it
+    return SourceBatch(rows=batch if partial else batch.drop(UNCHANGED_COLUMN), records=count)

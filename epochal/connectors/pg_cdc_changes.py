@@ -103,23 +103,31 @@ def wal_records(
             raise EpochalError(f"a delete of {where} came without its old key: set REPLICA IDENTITY DEFAULT")
         if change.new is not None:
             row = []
+            unchanged: list[str] = []
             for name in names:
                 value = change.new[name]
                 if value is UNCHANGED:
-                    # only a whole old row (REPLICA IDENTITY FULL) has it: a key tuple sends NULL there
+                    # a whole old row (REPLICA IDENTITY FULL) has it; else the row Epochal holds for
+                    # the key does (storage.upsert's UNCHANGED_COLUMN), unless the key changed
                     value = (
                         change.old.get(name, UNCHANGED) if change.old is not None and change.old_is_row else UNCHANGED
                     )
-                    if value is UNCHANGED:
+                    key_changed = change.old is not None and [change.old.get(k) for k in key] != [
+                        change.new.get(k) for k in key
+                    ]
+                    if value is UNCHANGED and (name in key or key_changed):
                         raise EpochalError(
-                            f"an update of {where} left the large (TOASTed) value of column '{name}' unchanged, "
-                            f"and PostgreSQL does not send it again: ALTER TABLE {table[0]}.{table[1]} "
-                            "REPLICA IDENTITY FULL so that every update carries it"
+                            f"an update of {where} changed the primary key and left the large (TOASTed) value of "
+                            f"column '{name}' unchanged, and PostgreSQL does not send it again: ALTER TABLE "
+                            f"{table[0]}.{table[1]} REPLICA IDENTITY FULL so that every update carries it"
                         )
+                    if value is UNCHANGED:
+                        unchanged.append(name)
+                        value = None
                 row.append(value)
             typed = typed_row(row, parsers)
             if keep is None or keep(tuple(typed[i] for i in key_at), change.commit_lsn):
-                records.append((*typed, UPSERT))
+                records.append((*typed, UPSERT, tuple(unchanged)) if unchanged else (*typed, UPSERT))
     return records
 
 

@@ -33,6 +33,10 @@ OP_COLUMN = "_op"
 SPLIT_COLUMN = "_split"
 OFFSET_COLUMN = "_offset"
 RECORD_COLUMNS = (OP_COLUMN, SPLIT_COLUMN, OFFSET_COLUMN)
+#: An optional column of records (ARRAY<STRING>): the columns an upsert did not send because the
+#: update left them unchanged (PostgreSQL's unchanged TOASTed values); they keep the row's value,
+#: from the key's earlier record in the epoch or else from the state before it.
+UNCHANGED_COLUMN = "_unchanged"
 #: The values of ``_op``.
 UPSERT = "upsert"
 DELETE = "delete"
@@ -62,6 +66,9 @@ def upsert_changes(
 
     key, columns = list(key), list(columns)
     _check_shapes(incoming, previous, key, columns)
+    partial = UNCHANGED_COLUMN in incoming.columns
+    if partial:
+        incoming = _unchanged_from_earlier_records(incoming, key, columns)
 
     # The last record of each key wins. partitionBy groups NULL keys together, which is the
     # NULL-safe equality the join below uses too.
@@ -80,6 +87,8 @@ def upsert_changes(
     joined = last.join(before, same_key, "left")
 
     found = F.col(_FOUND).isNotNull()
+    if partial:
+        joined = _unchanged_from_state(joined, columns, prev, found)
     upsert = F.col(OP_COLUMN) == UPSERT
     # An upsert of the row that is already there changes nothing: its -1 and +1 would net to 0.
     # Rows of different keys never meet, so this per-key check is all the netting there is.
@@ -94,6 +103,60 @@ def upsert_changes(
         lambda unit: unit.isNotNull(),
     )
     return joined.select(F.inline(units))
+
+
+def _unchanged(column: str) -> "Column":
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.array_contains(F.col(UNCHANGED_COLUMN), column), F.lit(False))
+
+
+def _unchanged_from_earlier_records(incoming: "DataFrame", key: list[str], columns: list[str]) -> "DataFrame":
+    """``incoming`` with each unchanged value taken from the key's latest earlier record in the
+    epoch that sent it (a table's first range holds its snapshot rows, then the log's), and
+    UNCHANGED_COLUMN left naming only the columns still to be taken from the state."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    earlier = (
+        Window.partitionBy(*[F.col(quote(k)) for k in key])
+        .orderBy(F.col(SPLIT_COLUMN), F.col(OFFSET_COLUMN))
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    filled: dict[str, Column] = {}
+    still: list[Column] = []
+    for c in columns:
+        if c in key:
+            continue
+        # a struct, so that a NULL the record did send is told apart from no record at all
+        sent = F.last(F.when(~_unchanged(c), F.struct(F.col(quote(c)).alias("v"))), ignorenulls=True).over(earlier)
+        filled[c] = F.when(_unchanged(c) & sent.isNotNull(), sent.getField("v")).otherwise(F.col(quote(c)))
+        still.append(F.when(_unchanged(c) & sent.isNull(), F.lit(c)))
+    remaining = F.array_compact(F.array(*still)) if still else F.array().cast("array<string>")
+    return incoming.withColumns({**filled, UNCHANGED_COLUMN: remaining})
+
+
+def _unchanged_from_state(
+    joined: "DataFrame", columns: list[str], prev: "dict[str, Column]", found: "Column"
+) -> "DataFrame":
+    """``joined`` (the last records, each beside its key's previous row) with the values still
+    unchanged taken from the previous row. An upsert whose row is in neither would be a row the
+    source never delivered: an error, never a NULL in its place."""
+    from pyspark.sql import functions as F
+
+    missing = F.raise_error(
+        F.lit(
+            "an update left a large (TOASTed) value unchanged for a row this table does not hold, so its "
+            "value is unknown: the table's snapshot and its changes disagree; drop the table from the "
+            "pipeline and add it again to read a new snapshot"
+        )
+    )
+    return joined.withColumns(
+        {
+            c: F.when(_unchanged(c), F.when(found, prev[c]).otherwise(missing)).otherwise(F.col(quote(c)))
+            for c in columns
+        }
+    )
 
 
 def _all(conditions: "list[Column]") -> "Column":

@@ -57,6 +57,31 @@ def test_insert_update_and_delete(spark):
     )
 
 
+def test_unchanged_values_keep_the_rows_value(spark):
+    """A record may leave columns unchanged and unsent (postgres-cdc's unchanged TOASTed values,
+    ``_unchanged``): each keeps the key's value from its latest earlier record in the epoch that
+    sent it (a NULL it sent included), else from the previous row; never a NULL in its place."""
+    ddl = "id BIGINT, v STRING, w STRING"
+    previous = [(1, "big1", "a"), (2, "big2", "b")]
+    incoming = [
+        (1, None, "A", "upsert", "0", 0, ["v"]),  # from the previous row
+        (3, "big3", "c", "upsert", "0", 1, None),
+        (3, None, "C", "upsert", "0", 2, ["v"]),  # from the record before it
+        (3, None, "CC", "upsert", "0", 3, ["v"]),  # and through it, from the one before
+        (2, None, "B", "upsert", "0", 4, None),  # sends a NULL
+        (2, None, "BB", "upsert", "0", 5, ["v"]),  # which is the value it keeps
+    ]
+    rows = frame(spark, incoming, f"{ddl}, {RECORD_DDL}, _unchanged ARRAY<STRING>")
+    result = upsert_changes(rows, frame(spark, previous, ddl), ["id"], ["id", "v", "w"])
+    assert change(result) == sorted(
+        [(1, "big1", "a", -1), (1, "big1", "A", 1), (3, "big3", "CC", 1), (2, "big2", "b", -1), (2, None, "BB", 1)],
+        key=repr,
+    )
+    orphan = frame(spark, [(9, None, "x", "upsert", "0", 0, ["v"])], f"{ddl}, {RECORD_DDL}, _unchanged ARRAY<STRING>")
+    with pytest.raises(Exception, match="does not hold"):
+        upsert_changes(orphan, frame(spark, previous, ddl), ["id"], ["id", "v", "w"]).collect()
+
+
 def test_only_the_last_record_of_a_key_counts(spark):
     previous = [(1, "a"), (2, "b"), (3, "c")]
     incoming = [
