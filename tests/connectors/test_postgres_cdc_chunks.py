@@ -11,11 +11,10 @@ import pytest
 
 from epochal.connectors import postgres_cdc
 from epochal.connectors.cdc_chunks import Chunk, KeyFilter, StagedChunk, chunks_of, integer_boundaries
+from tests.connectors.cdc_oracle import create_pg_database, drop_pg_database, pg_dsn
 from tests.epochal_harness import make_harness
 
 DB = "epochal_cdc_chunks_test"
-ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-UPSTREAM = f"host=127.0.0.1 port=5432 user=postgres dbname={DB}"
 SLOT = "epochal_cdc_chunks_slot"
 PIPELINE = f"""
 CREATE SOURCE shop WITH (connector = 'postgres-cdc', hostname = '127.0.0.1', port = '5432',
@@ -27,24 +26,16 @@ CREATE TABLE names (code STRING, n INT, PRIMARY KEY (code)) FROM shop TABLE 'nam
 CODES = [f"{c}{i:02d}" for i in range(15) for c in ("a", "B")]
 
 
-def _drop() -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", [DB])
-        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-
-
 @pytest.fixture
 def upstream():
-    _drop()
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {DB}")
-    with psycopg.connect(UPSTREAM, autocommit=True) as conn:
+    create_pg_database(DB)
+    with psycopg.connect(pg_dsn(DB), autocommit=True) as conn:
         conn.execute("CREATE TABLE nums (id int PRIMARY KEY, v text, n int)")
         conn.execute('CREATE TABLE names (code text COLLATE "en-x-icu" PRIMARY KEY, n int)')
         conn.execute("INSERT INTO nums SELECT g, 'v' || g, g FROM generate_series(1, 60) g")
         conn.cursor().executemany("INSERT INTO names VALUES (%s, %s)", [(c, i) for i, c in enumerate(CODES)])
         yield conn
-    _drop()
+    drop_pg_database(DB)
 
 
 def _changes(conn: psycopg.Connection, round_: int) -> None:
