@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -115,6 +115,33 @@ class SourceConnector(Protocol):
 
     def read(self, spark: "SparkSession", ranges: list[SplitRange]) -> SourceBatch:
         """The records in ``ranges``, as a lazily evaluated DataFrame (never collected to the driver)."""
+
+
+@runtime_checkable
+class HoldsUpstreamLog(Protocol):
+    """A connector over a database's log (postgres-cdc's slot, mysql-cdc's binlog): the upstream
+    keeps the log until told that the epochs reading it committed."""
+
+    #: connectors that answer the same value share one held log (a slot): it is released up to the
+    #: lowest committed end among them
+    wal_holder: tuple[str, ...]
+
+    def wal_end(self, ranges: list[SplitRange]) -> int:
+        """Where an epoch of ``ranges`` ends in the log (other splits, such as a snapshot's, aside)."""
+
+    def release_wal(self, committed_end: int) -> None:
+        """The epochs before ``committed_end`` are committed for every connector of the holder."""
+
+    def positions(self) -> Mapping[str, object]:
+        """Where the log stands upstream, for status and the source step's metadata."""
+
+
+@runtime_checkable
+class ReadsWithSpark(Protocol):
+    """A connector that does some work as Spark tasks outside ``read`` (postgres-cdc's snapshot
+    chunks are staged in its read, with the session bound here)."""
+
+    def bind_spark(self, spark: Callable[[], SparkSession]) -> None: ...
 
 
 class ConnectorSpec(Protocol):

@@ -190,6 +190,10 @@ class MysqlCdcSource:
         self.upstream()
         return [SplitRange(self.split, begin, max(begin, end))]
 
+    def wal_end(self, ranges: list[SplitRange]) -> int:
+        """Where an epoch of ``ranges`` ends in the binlog (one split: the table's)."""
+        return max((r.end for r in ranges), default=0)
+
     def release_wal(self, committed_end: int) -> None:
         """Nothing to confirm on the server (the binlog is not consumed): the committed epoch's end
         is kept beside the snapshot, for status to tell how far the table is behind."""

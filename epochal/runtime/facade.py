@@ -31,7 +31,7 @@ from epochal.checkpoint.records import (
 from epochal.checkpoint.statements.rebuilds import RebuildState
 from epochal.checkpoint.statements.sources import StaleDeclarations
 from epochal.checkpoint.statements.views import StaleStatements
-from epochal.connectors.base import SourceConnector, SplitRange
+from epochal.connectors.base import HoldsUpstreamLog, ReadsWithSpark, SourceConnector, SplitRange
 from epochal.connectors.registry import connector_spec
 from epochal.driver.sources import DriverSources
 from epochal.driver.spark_conf import departures
@@ -195,9 +195,8 @@ class EpochRuntime:
                         f"source {source} has connector {definition.connector!r}, which the loader refuses"
                     )
                 connector = spec.create(definition, self.settings.home)
-                bind = getattr(connector, "bind_spark", None)
-                if bind is not None:  # postgres-cdc reads its snapshot's chunks as Spark tasks
-                    bind(lambda: self.spark)
+                if isinstance(connector, ReadsWithSpark):  # postgres-cdc stages snapshot chunks as tasks
+                    connector.bind_spark(lambda: self.spark)
                 self._connectors[source] = connector
             return self._connectors[source]
 
@@ -211,18 +210,21 @@ class EpochRuntime:
         """A connector that holds upstream WAL (postgres-cdc's slot: ``wal_holder``) may let go of
         what the committed epoch read: up to the lowest committed end among the sources that share
         it, never an in-flight epoch's (epochs are pipelined; a recovery reads those again)."""
-        holder = getattr(self.connector(source), "wal_holder", None)
-        committed = self.controller.committed_epoch() if holder is not None else None
+        connector = self.connector(source)
+        if not isinstance(connector, HoldsUpstreamLog):
+            return
+        committed = self.controller.committed_epoch()
         if committed is None:
             return
         ends = []
         for peer in self.pipeline.sources:
-            if getattr(self.connector(peer), "wal_holder", None) == holder:
+            other = self.connector(peer)
+            if isinstance(other, HoldsUpstreamLog) and other.wal_holder == connector.wal_holder:
                 ranges = self.controller.offsets(committed, peer)
                 if not ranges:
                     return  # a table of the slot with nothing committed yet holds it where it is
-                ends += [r.end for r in ranges]
-        self.connector(source).release_wal(min(ends))
+                ends.append(other.wal_end(ranges))
+        connector.release_wal(min(ends))
 
     def recover(self, reason: str) -> RecoveryReport:
         tables = [*self.pipeline.tables, *(dead_letter_table(s) for s in self.pipeline.sources)]
