@@ -9,6 +9,7 @@ from dagster import (
     AssetCheckResult,
     AssetExecutionContext,
     AssetsDefinition,
+    AssetSpec,
     DynamicPartitionsDefinition,
     MaterializeResult,
     asset,
@@ -16,11 +17,14 @@ from dagster import (
 
 from assets.materialization import (
     DEAD_LETTERS_CHECK,
+    backfill_asset_name,
     dead_letters_check_spec,
     dead_letters_evaluation,
     dead_letters_warning,
+    snapshot_backfill_materialization,
     to_metadata,
 )
+from epochal.connectors.postgres_cdc import NAME as POSTGRES_CDC
 from epochal.options import clause_sql, with_options
 from epochal.pipeline.model import Pipeline, ViewDef
 from epochal.runtime.facade import StepReport
@@ -62,6 +66,9 @@ def _source_asset(name: str, description: str) -> AssetsDefinition:
                 metadata=evaluation.metadata,
                 description=evaluation.description,
             )
+        backfill = snapshot_backfill_materialization(report)
+        if backfill is not None:  # a CDC table's snapshot progressed: plotted as a view's backfill is
+            context.log_event(backfill)
         return MaterializeResult(metadata=to_metadata(report), check_results=[check])
 
     return _source
@@ -143,10 +150,6 @@ def _sink_asset(name: str, upstream: str, description: str) -> AssetsDefinition:
     return _sink
 
 
-def backfill_asset_name(view: str) -> str:
-    return f"backfill__{view}"
-
-
 def _backfill_asset(view: str, upstreams: tuple[str, ...], stages: list[str]) -> AssetsDefinition:
     @asset(
         name=backfill_asset_name(view),
@@ -177,13 +180,30 @@ def _backfill_asset(view: str, upstreams: tuple[str, ...], stages: list[str]) ->
     return _backfill
 
 
+def _snapshot_backfill_spec(table: str) -> AssetSpec:
+    """A postgres-cdc table's snapshot, applied over its first epochs by the table's own step, which
+    reports each epoch's progress here (no run of its own: the spec is not materialized by a job)."""
+    return AssetSpec(
+        backfill_asset_name(table),
+        deps=[table],
+        partitions_def=EPOCHS,
+        group_name="backfill",
+        kinds={"postgres"},
+        description=f"Snapshot backfill of CDC table `{table}`: the upstream table read in primary-key chunks, "
+        "a few per epoch (`snapshot.epoch.rows`) while live changes keep flowing. Each epoch that applies "
+        "chunks reports chunks applied of the total, percent done and rows staged.",
+    )
+
+
 def _fenced(sql: str) -> str:
     return f"```sql\n{sql.strip()}\n```"
 
 
-def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition]:
-    assets: list[AssetsDefinition] = []
+def build_epoch_assets(pipeline: Pipeline) -> list[AssetsDefinition | AssetSpec]:
+    assets: list[AssetsDefinition | AssetSpec] = []
     for name, source in pipeline.sources.items():
+        if source.connector == POSTGRES_CDC:
+            assets.append(_snapshot_backfill_spec(name))
         columns = ", ".join(f"{c.name} {c.type}" for c in source.columns)
         if source.primary_key:
             columns += f", PRIMARY KEY ({', '.join(source.primary_key)})"

@@ -14,6 +14,7 @@ from dagster import (
     OpExecutionContext,
 )
 
+from epochal.connectors.postgres_cdc import SNAPSHOT_CHUNKS_READ
 from epochal.epoch import epoch_datetime, shown_epoch
 from epochal.runtime.facade import StepReport
 from epochal.storage.warehouse import dead_letter_table
@@ -89,6 +90,9 @@ def record_materialization(context: OpExecutionContext, report: StepReport) -> N
             asset_key=AssetKey(report.asset), partition=str(report.epoch), metadata=to_metadata(report)
         )
     )
+    backfill = snapshot_backfill_materialization(report)
+    if backfill is not None:  # a CDC table's snapshot progressed: plotted as a view's backfill is
+        context.log_event(backfill)
     context.log.info(str(report))
     warning = dead_letters_warning(report)
     if warning:
@@ -101,3 +105,20 @@ def record_materialization(context: OpExecutionContext, report: StepReport) -> N
 
         for result in report.checks:
             context.log_event(check_evaluation(result))
+
+
+def backfill_asset_name(table: str) -> str:
+    return f"backfill__{table}"
+
+
+def snapshot_backfill_materialization(report: StepReport) -> AssetMaterialization | None:
+    """A CDC table's snapshot progress (its source step's ``snapshot_*`` metadata) as a
+    materialization of its backfill asset at the step's epoch partition, when the epoch applied
+    snapshot chunks; else None."""
+    if not report.metadata.get(SNAPSHOT_CHUNKS_READ):
+        return None
+    asset = backfill_asset_name(report.asset)
+    progress = {k: v for k, v in report.metadata.items() if k.startswith("snapshot_")}
+    return AssetMaterialization(
+        asset_key=asset, partition=str(report.epoch), metadata=to_metadata(StepReport(asset, report.epoch, progress))
+    )

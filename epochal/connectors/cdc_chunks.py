@@ -35,6 +35,10 @@ from epochal.storage.durability import sync_tree
 #: the rows a chunk holds, about; an option of the source
 DEFAULT_CHUNK_ROWS = 100_000
 CHUNK_ROWS_OPTION = "snapshot.chunk.rows"
+#: about how many snapshot rows one epoch takes in (whole chunks, at least one): a large table's
+#: snapshot is spread over epochs, so live epochs keep committing while it is read
+DEFAULT_EPOCH_ROWS = 1_000_000
+EPOCH_ROWS_OPTION = "snapshot.epoch.rows"
 PLAN_FILE = "chunks.json"
 
 Key = tuple[Any, ...]
@@ -75,22 +79,34 @@ def chunks_of(boundaries: Sequence[tuple[str, ...]]) -> list[Chunk]:
 
 
 class KeyFilter:
-    """Whether a log record at a position applies on top of the chunks staged at their positions."""
+    """Whether a log record at a position applies on top of the chunks staged at their positions.
+
+    ``staged`` is the chunks applied so far, a prefix of the plan (chunks ``0 .. n-1``): a key past
+    the last one's upper bound is in a chunk not applied yet, whose rows, read later, will hold
+    every change made before them, so its records are left out (``keep`` is False)."""
 
     def __init__(self, staged: Sequence[StagedChunk], parse: Callable[[tuple[str, ...]], Key]):
         ordered = sorted(staged, key=lambda s: s.chunk.index)
-        self._uppers = [parse(s.chunk.upper) for s in ordered[:-1] if s.chunk.upper is not None]
-        if len(self._uppers) != len(ordered) - 1 or (ordered and ordered[-1].chunk.upper is not None):
+        if [s.chunk.index for s in ordered] != list(range(len(ordered))):
+            raise ValueError("the staged chunks are not the plan's first chunks: they would leave keys uncovered")
+        if any(s.chunk.upper is None for s in ordered[:-1]):
             raise ValueError("the staged chunks do not cover the key space: only the last chunk has no upper bound")
+        self._uppers = [parse(s.chunk.upper) for s in ordered if s.chunk.upper is not None]
         self._positions = [s.position for s in ordered]
-        self.everything_after = max(self._positions, default=0)
+        #: whether the chunks reach the end of the key space (the last one has no upper bound)
+        self.complete = bool(ordered) and ordered[-1].chunk.upper is None
+        self.everything_after = max(self._positions, default=0) if self.complete else None
 
-    def position_of(self, key: Key) -> int:
-        """The position of the chunk whose range holds ``key``."""
-        return self._positions[bisect.bisect_right(self._uppers, tuple(key))]
+    def position_of(self, key: Key) -> int | None:
+        """The position of the chunk whose range holds ``key``, None when that chunk is not staged."""
+        at = bisect.bisect_right(self._uppers, tuple(key))
+        return self._positions[at] if at < len(self._positions) else None
 
     def keep(self, key: Key, position: int) -> bool:
-        return position >= self.everything_after or position >= self.position_of(key)
+        if self.everything_after is not None and position >= self.everything_after:
+            return True
+        chunk_position = self.position_of(key)
+        return chunk_position is not None and position >= chunk_position
 
 
 # --- the durable records ---------------------------------------------------------------------------
@@ -119,8 +135,9 @@ def chunk_record_path(directory: Path, index: int) -> Path:
     return directory / f"chunk-{index:05d}.json"
 
 
-def chunk_file_path(directory: Path, index: int) -> Path:
-    return directory / f"chunk-{index:05d}.parquet"
+def chunk_file_path(directory: Path, index: int, position: int) -> Path:
+    """Named by its position too: two runs staging a chunk at once never write one file."""
+    return directory / f"chunk-{index:05d}-{position}.parquet"
 
 
 def save_plan(directory: Path, chunks: Sequence[Chunk]) -> None:
@@ -140,12 +157,28 @@ def _bound(value: list[str] | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(value)
 
 
-def record_chunk(directory: Path, staged: StagedChunk) -> None:
-    """The chunk's record, written once its rows are durable: a chunk with a record is kept on resume."""
-    write_durably(
-        chunk_record_path(directory, staged.chunk.index),
-        {"position": staged.position, "rows": staged.rows, "file": staged.file},
-    )
+def record_chunk(directory: Path, staged: StagedChunk, replace: bool = False) -> StagedChunk:
+    """The chunk's record, written once its rows are durable: a chunk with a record is kept on
+    resume. Returns the record that stands: the first one written wins (two runs that staged the
+    chunk at once each have their own file, and every reader must see one position for it; the
+    loser's file is deleted), unless ``replace`` (a stale chunk read again at a later position)."""
+    path = chunk_record_path(directory, staged.chunk.index)
+    data = {"position": staged.position, "rows": staged.rows, "file": staged.file}
+    if replace:
+        write_durably(path, data)
+        return staged
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(staged)}.tmp")
+    tmp.write_text(json.dumps(data))
+    sync_tree(str(tmp))
+    try:
+        os.link(tmp, path)  # fails when a record is there: no run overwrites another's
+    except FileExistsError:
+        Path(staged.file).unlink(missing_ok=True)
+        return staged_chunks(directory, [staged.chunk])[staged.chunk.index]
+    finally:
+        tmp.unlink(missing_ok=True)
+    sync_directory(directory)
+    return staged
 
 
 def staged_chunks(directory: Path, chunks: Sequence[Chunk]) -> dict[int, StagedChunk]:
@@ -157,30 +190,3 @@ def staged_chunks(directory: Path, chunks: Sequence[Chunk]) -> dict[int, StagedC
             data = json.loads(path.read_text())
             found[chunk.index] = StagedChunk(chunk, int(data["position"]), int(data["rows"]), data["file"])
     return found
-
-
-def describe(staged: Sequence[StagedChunk]) -> list[dict[str, object]]:
-    """The chunks as the snapshot's marker lists them (what ``from_description`` reads back)."""
-    return [
-        {
-            "index": s.chunk.index,
-            "lower": s.chunk.lower,
-            "upper": s.chunk.upper,
-            "position": s.position,
-            "rows": s.rows,
-            "file": s.file,
-        }
-        for s in staged
-    ]
-
-
-def from_description(items: Sequence[dict[str, Any]]) -> list[StagedChunk]:
-    return [
-        StagedChunk(
-            Chunk(int(d["index"]), _bound(d["lower"]), _bound(d["upper"])),
-            int(d["position"]),
-            int(d["rows"]),
-            d["file"],
-        )
-        for d in items
-    ]

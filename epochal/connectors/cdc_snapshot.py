@@ -1,12 +1,14 @@
-"""A CDC table's snapshot, staged under ``EPOCHAL_HOME/cdc/<table>/`` (postgres-cdc, mysql-cdc).
+"""A CDC table's snapshot rows and log records as one keyed batch (postgres-cdc, mysql-cdc), and
+mysql-cdc's snapshot, staged whole under ``EPOCHAL_HOME/cdc/<table>/``.
 
-The upstream table's rows are read once, in a transaction whose snapshot sits exactly at a known
-log position (a PostgreSQL LSN, a binlog offset), and written as Parquet. An epoch's range then
-starts with them: changes before the position are in the snapshot, those at or after it apply on
-top. The rows must be on the disk before the marker names them, and the marker is written last
-(atomically), so a snapshot killed half-way is no snapshot and is taken again; a staged one is read
-the same by every re-run of the epoch that plans it. ``cdc_batch`` is what both connectors' ``read``
-returns: the snapshot's rows (in a table's first range) followed by the log's records.
+mysql-cdc reads the upstream table's rows once, in a transaction whose snapshot sits exactly at a
+known binlog position, and writes them as Parquet. Its first range then starts with them: changes
+before the position are in the snapshot, those at or after it apply on top. The rows are on the
+disk before the marker names them, and the marker is written last (atomically), so a snapshot
+killed half-way is no snapshot and is taken again; a staged one is read the same by every re-run
+of the epoch that plans it. (postgres-cdc stages its snapshot in key chunks over several epochs:
+``cdc_chunks``, ``pg_cdc_snapshot``.) ``snapshot_rows``, ``log_rows`` and ``keyed_batch`` build
+what both connectors' ``read`` returns: snapshot rows as upserts, then the log's records.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.connectors.cdc_chunks import StagedChunk, describe, from_description, write_durably
 from epochal.errors import EpochalError
 from epochal.storage.durability import sync_tree
 from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UNCHANGED_COLUMN, UPSERT
@@ -43,9 +44,6 @@ class Snapshot:
     position: int
     files: tuple[str, ...]
     rows: int
-    #: a snapshot staged in key chunks (postgres-cdc): each at its own position (``position`` is
-    #: the lowest); a record applies on top only per ``cdc_chunks.KeyFilter``. Empty: one position.
-    chunks: tuple[StagedChunk, ...] = ()
 
 
 def staged_snapshot(stage: Path) -> Snapshot | None:
@@ -54,26 +52,7 @@ def staged_snapshot(stage: Path) -> Snapshot | None:
     if not marker.exists():
         return None
     data = json.loads(marker.read_text())
-    chunks = tuple(from_description(data.get("chunks", [])))
-    return Snapshot(int(data["position"]), tuple(data["files"]), int(data["rows"]), chunks)
-
-
-def write_marker(stage: Path, chunks: Sequence[StagedChunk]) -> Snapshot:
-    """The marker of a snapshot staged in ``chunks`` (their files and records durable already):
-    written last, atomically, it makes them the table's snapshot."""
-    snapshot = Snapshot(
-        min(c.position for c in chunks), tuple(c.file for c in chunks), sum(c.rows for c in chunks), tuple(chunks)
-    )
-    write_durably(
-        stage / MARKER,
-        {
-            "position": snapshot.position,
-            "files": list(snapshot.files),
-            "rows": snapshot.rows,
-            "chunks": describe(chunks),
-        },
-    )
-    return snapshot
+    return Snapshot(int(data["position"]), tuple(data["files"]), int(data["rows"]))
 
 
 def stage_snapshot(
@@ -144,18 +123,10 @@ def cdc_batch(
 ) -> SourceBatch:
     """The keyed records of ``ranges`` of one CDC table: in a table's first range (its start is 0)
     the staged ``snapshot``'s rows as upserts, then ``records(end, start)`` of the log (the declared
-    columns and ``_op``; from the snapshot's position in a first range), in log order. A record may
-    end with the names of the columns an update left unchanged and did not send (postgres-cdc's
-    unchanged TOASTed values): then the batch has UNCHANGED_COLUMN, which ``upsert_changes`` fills
-    from the row's earlier value."""
-    import pyarrow as pa
-    from pyspark.sql import functions as F
-
+    columns and ``_op``; from the snapshot's position in a first range), in log order."""
     frames: list[DataFrame] = []
     count = 0
     partial = False
-    names = [c.name for c in columns]
-    ddl = ", ".join(f"`{c.name}` {c.type}" for c in columns)
     for r in ranges:
         lower = r.start
         if r.start == 0:
@@ -167,35 +138,57 @@ def cdc_batch(
                 )
             lower = staged.position
             count += staged.rows
-            frames.append(
-                spark.read.schema(ddl)
-                .parquet(*staged.files)
-                .select(
-                    *[F.col(f"`{n}`") for n in names],
-                    F.lit(UPSERT).alias(OP_COLUMN),
-                    F.lit(r.split).alias(SPLIT_COLUMN),
-                    F.lit(-1).cast("bigint").alias(OFFSET_COLUMN),
-                )
-            )
+            frames.append(snapshot_rows(spark, columns, staged.files, r.split))
         found = records(r.end, lower)
         count += len(found)
-        schema = arrow_schema(columns).append(pa.field(OP_COLUMN, pa.string()))
-        width = len(schema.names)
-        rows = pa.Table.from_pylist([dict(zip(schema.names, rec[:width], strict=True)) for rec in found], schema)
-        rows = rows.append_column(SPLIT_COLUMN, pa.array([r.split] * len(found), pa.string()))
-        rows = rows.append_column(OFFSET_COLUMN, pa.array(range(len(found)), pa.int64()))
-        unchanged = [list(rec[width]) if len(rec) > width else None for rec in found]
-        rows = rows.append_column(UNCHANGED_COLUMN, pa.array(unchanged, pa.list_(pa.string())))
-        frames.append(
-            spark.createDataFrame(rows).select(
-                *[F.col(f"`{n}`").cast(c.type) for n, c in zip(names, columns, strict=True)],
-                OP_COLUMN,
-                SPLIT_COLUMN,
-                OFFSET_COLUMN,
-                UNCHANGED_COLUMN,
-            )
+        frame, unchanged = log_rows(spark, columns, found, r.split)
+        frames.append(frame)
+        partial = partial or unchanged
+    return keyed_batch(frames, count, partial)
+
+
+def snapshot_rows(spark: SparkSession, columns: tuple[Column, ...], files: Sequence[str], split: str) -> DataFrame:
+    """Staged snapshot rows (Parquet ``files``) as upserts of ``split``, before its log records."""
+    from pyspark.sql import functions as F
+
+    ddl = ", ".join(f"`{c.name}` {c.type}" for c in columns)
+    return (
+        spark.read.schema(ddl)
+        .parquet(*files)
+        .select(
+            *[F.col(f"`{c.name}`") for c in columns],
+            F.lit(UPSERT).alias(OP_COLUMN),
+            F.lit(split).alias(SPLIT_COLUMN),
+            F.lit(-1).cast("bigint").alias(OFFSET_COLUMN),
         )
-        partial = partial or any(u is not None for u in unchanged)
+    )
+
+
+def log_rows(
+    spark: SparkSession, columns: tuple[Column, ...], found: Sequence[tuple], split: str
+) -> tuple[DataFrame, bool]:
+    """Log records (the declared columns and ``_op``) of ``split`` in log order, and whether one
+    names columns an update left unchanged and did not send (postgres-cdc's unchanged TOASTed
+    values): then the batch needs UNCHANGED_COLUMN, which ``upsert_changes`` fills from the row's
+    earlier value."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    schema = arrow_schema(columns).append(pa.field(OP_COLUMN, pa.string()))
+    width = len(schema.names)
+    rows = pa.Table.from_pylist([dict(zip(schema.names, rec[:width], strict=True)) for rec in found], schema)
+    rows = rows.append_column(SPLIT_COLUMN, pa.array([split] * len(found), pa.string()))
+    rows = rows.append_column(OFFSET_COLUMN, pa.array(range(len(found)), pa.int64()))
+    unchanged = [list(rec[width]) if len(rec) > width else None for rec in found]
+    rows = rows.append_column(UNCHANGED_COLUMN, pa.array(unchanged, pa.list_(pa.string())))
+    frame = spark.createDataFrame(rows).select(
+        *[F.col(f"`{c.name}`").cast(c.type) for c in columns], OP_COLUMN, SPLIT_COLUMN, OFFSET_COLUMN, UNCHANGED_COLUMN
+    )
+    return frame, any(u is not None for u in unchanged)
+
+
+def keyed_batch(frames: Sequence[DataFrame], count: int, partial: bool) -> SourceBatch:
+    """``frames`` (``snapshot_rows`` and ``log_rows``) in order, as one batch of ``count`` records."""
     batch = frames[0]
     for frame in frames[1:]:
         batch = batch.unionByName(frame, allowMissingColumns=True)

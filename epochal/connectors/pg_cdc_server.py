@@ -67,6 +67,8 @@ class ServerConfig:
     publication: str
     #: about how many rows a chunk of the snapshot holds (``snapshot.chunk.rows``)
     chunk_rows: int = 100_000
+    #: about how many snapshot rows an epoch applies (``snapshot.epoch.rows``)
+    epoch_rows: int = 1_000_000
     #: ``password`` is the password itself, read from the environment already (``resolved``)
     password_resolved: bool = False
 

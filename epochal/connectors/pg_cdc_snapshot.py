@@ -137,14 +137,16 @@ def stage_chunk(
     position: int,
     directory: Path,
     chunk: Chunk,
+    replace: bool = False,
 ) -> StagedChunk:
     """Reads ``chunk`` in the exported ``snapshot`` (at ``position``) and stages it: its Parquet
-    file on the disk first, then its record. Runs in a Spark task (or on the driver)."""
+    file on the disk first, then its record (``record_chunk``: the first one stands, unless
+    ``replace``). Runs in a Spark task (or on the driver)."""
     import pyarrow.parquet as pq
     from psycopg import sql
 
     schema = arrow_schema(columns)
-    path = chunk_file_path(directory, chunk.index)
+    path = chunk_file_path(directory, chunk.index, position)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     query, params = chunk_query(config, [c.name for c in columns], key, types, chunk)
     copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
@@ -158,9 +160,8 @@ def stage_chunk(
     pq.write_table(table, tmp)
     sync_tree(str(tmp))
     os.replace(tmp, path)
-    staged = StagedChunk(chunk, position, rows, str(path))
-    record_chunk(directory, staged)  # syncs the directory: the file's entry and the record's
-    return staged
+    # syncs the directory: the file's entry and the record's
+    return record_chunk(directory, StagedChunk(chunk, position, rows, str(path)), replace)
 
 
 def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> pa.Table:

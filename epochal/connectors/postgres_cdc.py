@@ -8,23 +8,28 @@ A pipeline declares the connection once and a table per upstream table::
     CREATE TABLE orders (id BIGINT, ..., PRIMARY KEY (id)) FROM shop TABLE 'public.orders';
 
 The loader turns each such table into a source of this connector with the shared source's options
-and ``table.name``. Offsets are LSNs; a table is one split. How an epoch is read:
+and ``table.name``. A table has two splits: the WAL (offsets are LSNs) and its snapshot (offsets
+count key chunks applied). How an epoch is read:
 
 * ``plan`` (injection) makes sure the publication covers the table and the slot exists (created on
-  first use), and fixes the epoch's range ``[start, end)`` with ``end`` the server's current LSN.
-  A table's first range starts at 0: before it is planned, its snapshot is staged (below).
-* ``read`` peeks the slot (``pg_logical_slot_peek_binary_changes``, pgoutput): that never consumes,
-  so a re-read gets the same messages. It keeps the transactions whose commit LSN is in the range:
-  a transaction is never split across epochs.
+  first use), and fixes the epoch's WAL range ``[start, end)`` with ``end`` the server's current
+  LSN, and the snapshot chunks it applies: the next ones in key order, about
+  ``snapshot.epoch.rows`` rows (at least one chunk). No row is read at injection.
+* ``read`` stages the epoch's chunks (and any earlier one not staged yet), then peeks the slot
+  (``pg_logical_slot_peek_binary_changes``, pgoutput): that never consumes, so a re-read gets the
+  same messages. It keeps the transactions whose commit LSN is in the range: a transaction is
+  never split across epochs.
 * The slot's confirmed position moves (``release_wal``) only to the end of the committed epoch of
   every table that shares the slot, so a recovery reads the same changes again.
-* The snapshot: the table's key space is split into chunks (``snapshot.chunk.rows``, about
-  100,000 rows each); a temporary replication slot exports a snapshot exactly at its consistent
-  point L, and every chunk is read in it by a Spark task of its own and staged as Parquet under
-  EPOCHAL_HOME, durably, then its record (key range, L, rows). A kill keeps the chunks recorded;
-  the rest are read at a new exported snapshot L' > L. The marker naming them all is written last.
-  A log record for key k at LSN p applies on top only if p >= the position of k's chunk
-  (``cdc_chunks.KeyFilter``, which argues why nothing is lost or doubled).
+* The snapshot (RisingWave's CDC backfill, live epochs commit while it runs): the table's key space
+  is split into chunks (``snapshot.chunk.rows``, about 100,000 rows each) at the first injection.
+  A temporary replication slot exports a snapshot exactly at its consistent point L, and each chunk
+  an epoch applies is read in it by a Spark task of its own and staged as Parquet under
+  EPOCHAL_HOME, durably, then its record (key range, L, rows; the first record written stands). A
+  kill keeps the chunks recorded; a re-run of the epoch reads the same. The chunk's rows apply as
+  upserts, then the WAL's records: one for key k at LSN p applies only if k's chunk is applied
+  and p >= its position (``cdc_chunks.KeyFilter``, which argues why nothing is lost or doubled).
+  A key in a chunk not applied yet is left out: that chunk, read later, holds its changes.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import TYPE_CHECKING
 from epochal.connectors import cdc_chunks
 from epochal.connectors import pg_cdc_server as server
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.connectors.cdc_snapshot import MARKER, Snapshot, cdc_batch, staged_snapshot, write_marker
+from epochal.connectors.cdc_chunks import StagedChunk
+from epochal.connectors.cdc_snapshot import keyed_batch, log_rows, snapshot_rows
 from epochal.connectors.pg_cdc_changes import SUPPORTED_DECLARED, parser, typed_row, wal_records
 from epochal.connectors.pg_cdc_snapshot import key_types, plan_chunks, stage_chunk, stage_chunks
 from epochal.connectors.pgoutput import lsn_text
@@ -68,9 +74,13 @@ OPTIONS = (
     "slot.name",
     "publication.name",
     cdc_chunks.CHUNK_ROWS_OPTION,
+    cdc_chunks.EPOCH_ROWS_OPTION,
     TABLE_OPTION,
 )
 CONNECTION_FILE = "connection.json"
+SNAPSHOT_SPLIT_SUFFIX = "#snapshot"
+#: the source step's metadata: how many snapshot chunks the epoch applied (its backfill progressed)
+SNAPSHOT_CHUNKS_READ = "snapshot_chunks_read"
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
@@ -100,12 +110,16 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
             f"option 'password' = '${{{reference[1]}}}' reads one of Epochal's or Dagster's own settings: "
             "export the password under a name of its own, e.g. SHOP_PASSWORD"
         )
-    chunk_rows = (options.get(cdc_chunks.CHUNK_ROWS_OPTION) or str(cdc_chunks.DEFAULT_CHUNK_ROWS)).strip()
-    if not chunk_rows.isdigit() or int(chunk_rows) < 1:
-        problems.append(
-            f"option '{cdc_chunks.CHUNK_ROWS_OPTION}' = '{chunk_rows}' is not a number of rows, "
-            f"e.g. '{cdc_chunks.DEFAULT_CHUNK_ROWS}'"
-        )
+    rows_options = {}
+    for option, default in (
+        (cdc_chunks.CHUNK_ROWS_OPTION, cdc_chunks.DEFAULT_CHUNK_ROWS),
+        (cdc_chunks.EPOCH_ROWS_OPTION, cdc_chunks.DEFAULT_EPOCH_ROWS),
+    ):
+        value = (options.get(option) or str(default)).strip()
+        if not value.isdigit() or int(value) < 1:
+            problems.append(f"option '{option}' = '{value}' is not a number of rows, e.g. '{default}'")
+        else:
+            rows_options[option] = int(value)
     table = (options.get(TABLE_OPTION) or "").strip()
     if not table:
         problems.append(
@@ -126,7 +140,8 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
         table=table,
         slot=slot,
         publication=(options.get("publication.name") or slot).strip(),
-        chunk_rows=int(chunk_rows),
+        chunk_rows=rows_options[cdc_chunks.CHUNK_ROWS_OPTION],
+        epoch_rows=rows_options[cdc_chunks.EPOCH_ROWS_OPTION],
     )
     return config, []
 
@@ -178,10 +193,15 @@ class PostgresCdcSource:
         self.config = config
         self.source = source
         self.split = config.qualified
+        #: the snapshot's split: its offsets count the key chunks applied, in key order
+        self.snapshot_split = f"{config.qualified}{SNAPSHOT_SPLIT_SUFFIX}"
         #: where the snapshot is staged, by source name (a source re-added later takes its own)
         self.stage = Path(home) / "cdc" / source.name
+        self.chunks = self.stage / "chunks"
         self._upstream: list[str] | None = None
         self._spark: Callable[[], SparkSession] | None = None
+        #: the snapshot chunks the last epoch this process read applied, ``[start, end)`` (positions)
+        self._applied: tuple[int, int] | None = None
 
     def bind_spark(self, spark: Callable[[], SparkSession]) -> None:
         """Where the snapshot's chunks are read as tasks; unbound, they are read on the driver."""
@@ -204,18 +224,39 @@ class PostgresCdcSource:
             self._upstream = [c.name for c in found]
         return self._upstream
 
+    @property
+    def _label(self) -> str:
+        return f"postgres-cdc {self.source.name} ({self.config.qualified})"
+
     # --- planning ---------------------------------------------------------------------------
 
     def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
+        """The WAL's range ``[start, current LSN)`` and the snapshot's next chunks (no rows are
+        read here: injection stays quick however large the table)."""
         begin = start.get(self.split, 0)
         with server.connect(self.config) as conn:
             server.ensure_publication_and_slot(conn, self.config)
             self._remember_connection()
-            if begin == 0:
-                self._ensure_snapshot(conn)
+            chunks = self._snapshot_range(conn, start)
             end = server.current_lsn(conn)
         self.upstream()
-        return [SplitRange(self.split, begin, max(begin, end))]
+        return [SplitRange(self.split, begin, max(begin, end)), *chunks]
+
+    def _snapshot_range(self, conn: object, start: Mapping[str, int]) -> list[SplitRange]:
+        """The chunks the epoch applies: the next ones in key order, about ``snapshot.epoch.rows``
+        of rows (at least one chunk), or none left. The chunk plan is made once, at the first."""
+        if self.snapshot_split not in start and start.get(self.split, 0) > 0:
+            return []  # staged whole at the table's first injection, by an Epochal before this split
+        plan = cdc_chunks.load_plan(self.chunks)
+        if plan is None:
+            key = tuple(self.source.primary_key)
+            types = key_types(conn, self.config, key)
+            plan, total = plan_chunks(conn, self.config, key, types, self.config.chunk_rows)
+            cdc_chunks.save_plan(self.chunks, plan)
+            log.info("%s: snapshot of about %d rows in %d chunks", self._label, total, len(plan))
+        first = start.get(self.snapshot_split, 0)
+        per_epoch = max(1, self.config.epoch_rows // self.config.chunk_rows)
+        return [SplitRange(self.snapshot_split, first, min(len(plan), first + per_epoch))]
 
     def _remember_connection(self) -> None:
         """The options, kept beside the snapshot: once the table leaves the pipeline they are how
@@ -227,6 +268,10 @@ class PostgresCdcSource:
             tmp.write_text(json.dumps(dict(self.source.options)))
             os.replace(tmp, path)
 
+    def wal_end(self, ranges: list[SplitRange]) -> int:
+        """Where an epoch of ``ranges`` ends in the WAL (its snapshot split's offsets count chunks)."""
+        return max((r.end for r in ranges if r.split == self.split), default=0)
+
     def release_wal(self, committed_end: int) -> None:
         """The epochs before ``committed_end`` are committed for every table of the slot: the
         server may drop the WAL before it."""
@@ -235,89 +280,92 @@ class PostgresCdcSource:
 
     def positions(self) -> Mapping[str, object]:
         """The slot's and the server's LSNs and the WAL the slot retains, and the snapshot's chunks
-        staged of its plan, for status and the source step's asset metadata."""
+        applied of its plan (staged, before this process read an epoch), for status and the
+        source step's asset metadata."""
         found = dict(server.server_positions(self.config))
-        directory = self.stage / "chunks"
-        plan = cdc_chunks.load_plan(directory)
+        plan = cdc_chunks.load_plan(self.chunks)
         if plan is not None:
-            found["snapshot_chunks"] = f"{len(cdc_chunks.staged_chunks(directory, plan))}/{len(plan)}"
+            staged = cdc_chunks.staged_chunks(self.chunks, plan)
+            done = self._applied[1] if self._applied is not None else len(staged)
+            found["snapshot_chunks"] = f"{done}/{len(plan)}"
+            found["snapshot_chunks_applied"] = done
+            found["snapshot_chunks_total"] = len(plan)
+            found["snapshot_done_pct"] = round(100.0 * done / len(plan), 1)
+            found["snapshot_rows_staged"] = sum(s.rows for s in staged.values())
+            if self._applied is not None:  # after a read: what this epoch applied
+                found[SNAPSHOT_CHUNKS_READ] = self._applied[1] - self._applied[0]
         return found
 
     # --- snapshot ---------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot | None:
-        return staged_snapshot(self.stage)
+    def staged(self) -> list[StagedChunk]:
+        """The snapshot's chunks staged so far, in key order."""
+        plan = cdc_chunks.load_plan(self.chunks) or []
+        found = cdc_chunks.staged_chunks(self.chunks, plan)
+        return [found[c.index] for c in plan if c.index in found]
 
-    def _ensure_snapshot(self, conn: object) -> Snapshot:
-        staged = self.snapshot()
-        position = server.slot_position(conn, self.config)
-        if staged is not None and position is not None and staged.position >= position:
-            return staged  # a re-plan after a recovery reads the same snapshot
-        return self._take_snapshot(position or 0)
+    def _chunks_for(self, floor: int, chunks: SplitRange | None) -> list[StagedChunk]:
+        """The staged chunks ``0 .. chunks.end - 1`` (the key space the epoch's records may touch),
+        staging those not staged yet: an earlier epoch's that has not read yet is staged here, at a
+        position past its range's start, and it applies them from there. A chunk of this epoch's
+        own staged before ``floor``, where the WAL this epoch reads starts (a slot created again
+        after it was staged), is staged again."""
+        plan = cdc_chunks.load_plan(self.chunks)
+        if plan is None:
+            return []
+        if chunks is None:  # a snapshot staged whole at the first injection: every chunk is there
+            found = cdc_chunks.staged_chunks(self.chunks, plan)
+            return [found[i] for i in sorted(found)]
+        if chunks.end > len(plan):
+            raise EpochalError(
+                f"{self._label}: the epoch applies snapshot chunks up to {chunks.end}, but the chunk plan in "
+                f"{self.chunks} has {len(plan)}: it was changed under the running source; run `epochal recover`"
+            )
+        needed = plan[: chunks.end]
+        found = cdc_chunks.staged_chunks(self.chunks, needed)
+        stale = {c.index for c in needed[chunks.start :] if c.index in found and found[c.index].position < floor}
+        pending = [c for c in needed if c.index not in found or c.index in stale]
+        if pending:
+            self._stage(pending, stale)
+            found = cdc_chunks.staged_chunks(self.chunks, needed)
+        missing = [c.index for c in needed if c.index not in found]
+        if missing:
+            raise EpochalError(f"{self._label}: the snapshot's chunks {missing} were not staged: run the epoch again")
+        return [found[c.index] for c in needed]
 
-    def _take_snapshot(self, slot_position: int) -> Snapshot:
-        """Stages the chunks not yet staged (all of them the first time) at one new exported
-        snapshot, then the marker. Chunks staged before a kill are kept when the slot still holds
-        the WAL from their position on; else (a snapshot for a recreated slot) all are read again."""
-        import shutil
+    def _slot_position(self) -> int:
+        with server.connect(self.config) as conn:
+            return server.slot_position(conn, self.config) or 0
 
-        label = f"postgres-cdc {self.source.name} ({self.config.qualified})"
-        directory = self.stage / "chunks"
+    def _stage(self, pending: list[cdc_chunks.Chunk], replace: set[int]) -> None:
+        """Stages ``pending`` at one new exported snapshot, as Spark tasks."""
         key = tuple(self.source.primary_key)
-        previous = staged_snapshot(self.stage)
-        plan = cdc_chunks.load_plan(directory)
-        done = cdc_chunks.staged_chunks(directory, plan) if plan is not None else {}
-        if previous is not None or any(s.position < slot_position for s in done.values()):
-            shutil.rmtree(directory, ignore_errors=True)
-            (self.stage / MARKER).unlink(missing_ok=True)
-            plan, done = None, {}
         with server.exported_snapshot(self.config) as (lsn, exported):
             with server.snapshot_transaction(self.config, exported) as conn:
                 types = key_types(conn, self.config, key)
-                if plan is None:
-                    plan, total = plan_chunks(conn, self.config, key, types, self.config.chunk_rows)
-                    cdc_chunks.save_plan(directory, plan)
-                else:
-                    total = sum(s.rows for s in done.values()) * len(plan) // max(len(done), 1)
-            pending = [c for c in plan if c.index not in done]
-            log.info(
-                "%s: snapshot at LSN %s: %d chunks of %d to read (about %d rows)",
-                label,
-                lsn_text(lsn),
-                len(pending),
-                len(plan),
-                total,
-            )
-            columns, config = self.source.columns, self.config.resolved()
+            log.info("%s: %d snapshot chunks to read at LSN %s", self._label, len(pending), lsn_text(lsn))
+            columns, config, directory = self.source.columns, self.config.resolved(), self.chunks
 
-            def stage_one(chunk: cdc_chunks.Chunk) -> cdc_chunks.StagedChunk:
-                return stage_chunk(config, columns, key, types, exported, lsn, directory, chunk)
+            def stage_one(chunk: cdc_chunks.Chunk) -> StagedChunk:
+                return stage_chunk(
+                    config, columns, key, types, exported, lsn, directory, chunk, replace=chunk.index in replace
+                )
 
             spark = self._spark() if self._spark is not None else None
-            stage_chunks(spark, stage_one, pending, directory, label, total)
-        staged = cdc_chunks.staged_chunks(directory, plan)
-        if len(staged) != len(plan):
-            missing = sorted(set(range(len(plan))) - set(staged))
-            raise EpochalError(f"{label}: the snapshot's chunks {missing} were not staged: plan the epoch again")
-        chunks = [staged[i] for i in range(len(plan))]
-        snapshot = write_marker(self.stage, chunks)
-        log.info("%s: snapshot done: %d rows in %d chunks", label, snapshot.rows, len(chunks))
-        return snapshot
+            stage_chunks(spark, stage_one, pending, directory, self._label, 0)
 
     # --- reading ----------------------------------------------------------------------------
 
-    def records(self, upper: int, lower: int) -> list[tuple]:
-        """The WAL records of ``[lower, upper)``: declared columns and ``_op`` (no Spark)."""
+    def records(self, upper: int, lower: int, staged: list[StagedChunk] | None = None) -> list[tuple]:
+        """The WAL records of ``[lower, upper)``: declared columns and ``_op`` (no Spark). A record
+        of a key is kept only on top of the staged chunk that holds it (``cdc_chunks.KeyFilter``)."""
         messages = server.peek(self.config, upper, lower)
         columns = [(c.name, c.type) for c in self.source.columns]
-        staged = self.snapshot()
         keep = None
-        if staged is not None and staged.chunks:
-            # the first range's records from the lowest chunk position on: each applies only on
-            # top of a chunk read before it (cdc_chunks.KeyFilter)
+        if staged is not None:
             types = {c.name: c.type for c in self.source.columns}
             parsers = [parser(types[k]) for k in self.source.primary_key]
-            keep = cdc_chunks.KeyFilter(staged.chunks, lambda bound: typed_row(bound, parsers)).keep
+            keep = cdc_chunks.KeyFilter(staged, lambda bound: typed_row(bound, parsers)).keep
         return wal_records(
             messages,
             (self.config.schema, self.config.table),
@@ -330,9 +378,26 @@ class PostgresCdcSource:
         )
 
     def read(self, spark: SparkSession, ranges: list[SplitRange]) -> SourceBatch:
-        return cdc_batch(
-            spark, self.source.columns, ranges, self.snapshot, self.records, self.config.qualified, self.stage
-        )
+        """The rows of the snapshot chunks the epoch applies, as upserts, then the WAL's records of
+        its range on top, each kept per its key's chunk."""
+        log_range = next((r for r in ranges if r.split == self.split), None)
+        if log_range is None:
+            raise EpochalError(f"{self._label}: the epoch's ranges {ranges} have no range of the WAL")
+        chunks = next((r for r in ranges if r.split == self.snapshot_split), None)
+        # a table's first range starts where its slot was created (at the slot's position: nothing
+        # of the slot is committed before the first epoch is)
+        floor = log_range.start or self._slot_position()
+        staged = self._chunks_for(floor, chunks)
+        applying = [s for s in staged if chunks is not None and chunks.start <= s.chunk.index < chunks.end]
+        frames = []
+        count = sum(s.rows for s in applying)
+        if applying:
+            frames.append(snapshot_rows(spark, self.source.columns, [s.file for s in applying], self.split))
+        found = self.records(log_range.end, floor, staged if staged or chunks is not None else None)
+        frame, unchanged = log_rows(spark, self.source.columns, found, self.split)
+        if chunks is not None:
+            self._applied = (chunks.start, chunks.end)
+        return keyed_batch([*frames, frame], count + len(found), unchanged)
 
 
 def wal_holder(options: Mapping[str, str]) -> tuple[str, ...] | None:

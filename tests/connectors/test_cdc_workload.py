@@ -171,12 +171,13 @@ def test_random_transactions_through_a_killed_run_equal_upstream(spark, tmp_path
     # changes after them.
     ends = {}
     for table in ("acct", "item"):
-        ranges = committed_offsets(runtime, table)
+        # the log's ranges (postgres-cdc's snapshot split counts key chunks applied: it tiles too)
+        ranges = [r for r in committed_offsets(runtime, table) if not r.split.endswith("#snapshot")]
         assert ranges[-1].epoch == quiet and cut.epoch not in {r.epoch for r in ranges}
         ends[table] = ranges[-1].end
     following = runtime.controller.epoch_log.inject(runtime.plan).epoch  # hands the committed ends over
     for table, end in ends.items():
-        (planned,) = runtime.controller.offsets(following, table)
+        planned = runtime.controller.offsets(following, table)[0]  # postgres-cdc: then the snapshot's
         assert planned.start == end
         assert runtime.connector(table).records(planned.end, planned.start) == []
     if upstream.kind == "postgres":

@@ -115,19 +115,27 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     runtime = h.runtime(spark)
     runtime.recover("bootstrap")
 
-    # Rows changed while the snapshot is read: committed after its consistent point, so they come
-    # through the WAL, on top of the snapshot, neither lost nor doubled.
+    # Rows changed while the snapshot is read (the epoch's WAL range was fixed at injection, before):
+    # those committed before the snapshot's consistent point are in its rows and their WAL records,
+    # in the next epoch's range, are left out; those after it come through the WAL on top. Neither
+    # lost nor doubled.
     taken = pg_cdc_server.exported_snapshot
 
     @contextmanager
     def racing_snapshot(config):  # noqa: ANN001, ANN202
-        with taken(config) as (lsn, exported):
-            if config.table == "orders":
-                with psycopg.connect(UPSTREAM, autocommit=True) as other, other.transaction():
-                    other.execute("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)")
-                    other.execute("DELETE FROM orders WHERE id = 3")
+        if config.table != "orders":
+            with taken(config) as taking:
+                yield taking
+            return
+        with psycopg.connect(UPSTREAM, autocommit=True) as other:
+            with other.transaction():
+                other.execute("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)")
+                other.execute("DELETE FROM orders WHERE id = 3")
+            with taken(config) as (lsn, exported):
+                with other.transaction():
+                    other.execute("UPDATE orders SET status = 'late' WHERE id IN (1, 4)")
                     _insert(other, [100])
-            yield lsn, exported
+                yield lsn, exported
 
     monkeypatch.setattr(pg_cdc_server, "exported_snapshot", racing_snapshot)
 
@@ -146,9 +154,15 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
 
     first = epoch()
     monkeypatch.setattr(pg_cdc_server, "exported_snapshot", taken)
+    after_snapshot = {r[0]: r[3] for r in state_rows(runtime, "orders")}
+    assert after_snapshot == {1: "paid", 2: "paid", 4: "new", 5: "new", 6: "new", 7: "new", 8: "new"}
+    assert reports[0].metadata["records_read"] == 7  # the snapshot's rows; the WAL had nothing before it
+    assert reports[0].metadata["snapshot_chunks"] == "1/1"
+    epoch()
     got, want = state_rows(runtime, "orders"), _expected(upstream)
     assert got == want, (sorted(got - want), sorted(want - got))
-    assert len(state_rows(runtime, "orders")) == 8  # 1..8 without 3, with 100
+    assert len(got) == 8  # 1..8 without 3, with 100
+    assert reports[1].metadata["records_read"] == 3  # 1 and 4 late, 100: the three before the snapshot left out
 
     # Multi-statement transactions: an update to NULL, a changed primary key, deletes, a row
     # inserted and deleted in one transaction, and a second transaction on the same keys.
@@ -168,7 +182,8 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     assert Counter(map(tuple, runtime.state("items").collect())) == Counter([("b", 2), ("c", None)])
 
     # A re-read of an epoch's range reads the same changes, even after more were committed.
-    (second_range,) = runtime.controller.offsets(second, "orders")
+    second_range, snapshot_range = runtime.controller.offsets(second, "orders")
+    assert snapshot_range.split == "public.orders#snapshot" and snapshot_range.count == 0  # done
     connector = runtime.connector("orders")
     before = connector.records(second_range.end, second_range.start)
     upstream.execute("UPDATE orders SET status = 'after' WHERE id = 1")
@@ -210,7 +225,6 @@ def test_snapshot_then_live_changes_equal_upstream_through_recovery(
     assert reports[-1].metadata["server_lsn"] and "slot_retained_wal_bytes" in reports[-1].metadata
     # records counted as records, not as the LSN range's WAL bytes: ids 1 (aborted epoch's range) and 2
     assert reports[-1].metadata["records_read"] == 2
-    assert reports[0].metadata["records_read"] == 8 + 4  # the snapshot's rows, then 2 updates, a delete, an insert
 
     # An upstream ADD COLUMN is a clear error at the epoch that meets it, not rows of another shape.
     upstream.execute("ALTER TABLE orders ADD COLUMN note text")
@@ -270,7 +284,7 @@ def test_an_unchanged_toasted_value_is_taken_from_the_row(spark, tmp_path: Path,
         upstream.execute("UPDATE notes SET qty = NULL, note = NULL WHERE id = 2")
     second = epoch()
     assert state_rows(runtime, "notes") == expected()
-    (taken,) = runtime.controller.offsets(second, "notes")
+    taken, _ = runtime.controller.offsets(second, "notes")  # the WAL's range, the snapshot's
     sent = runtime.connector("notes").records(taken.end, taken.start)
     assert [r[:2] + r[3:] for r in sent if len(r) == 5] == [
         (1, 10, "upsert", ("note",)),

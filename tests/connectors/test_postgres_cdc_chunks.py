@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import dagster as dg
 import psycopg
 import pytest
 
 from epochal.connectors import postgres_cdc
 from epochal.connectors.cdc_chunks import Chunk, KeyFilter, StagedChunk, chunks_of, integer_boundaries
+from epochal.runtime.cdc_status import cdc_lines, cdc_status
 from tests.connectors.cdc_oracle import create_pg_database, drop_pg_database, pg_dsn
 from tests.epochal_harness import make_harness
 
@@ -18,7 +20,8 @@ DB = "epochal_cdc_chunks_test"
 SLOT = "epochal_cdc_chunks_slot"
 PIPELINE = f"""
 CREATE SOURCE shop WITH (connector = 'postgres-cdc', hostname = '127.0.0.1', port = '5432',
-  username = 'postgres', database.name = '{DB}', slot.name = '{SLOT}', snapshot.chunk.rows = '10');
+  username = 'postgres', database.name = '{DB}', slot.name = '{SLOT}', snapshot.chunk.rows = '10',
+  snapshot.epoch.rows = '30');
 CREATE TABLE nums (id INT, v STRING, n INT, PRIMARY KEY (id)) FROM shop TABLE 'nums';
 CREATE TABLE names (code STRING, n INT, PRIMARY KEY (code)) FROM shop TABLE 'names';
 """
@@ -53,14 +56,17 @@ def _changes(conn: psycopg.Connection, round_: int) -> None:
         conn.execute("DELETE FROM names WHERE code = %s", [CODES[-1 - round_]])
 
 
-def _equal(runtime, conn: psycopg.Connection) -> None:  # noqa: ANN001
+def _equal(runtime, conn: psycopg.Connection, nums_below: int | None = None) -> None:  # noqa: ANN001
+    """Each table equals upstream; ``nums`` only in its applied chunks (ids below ``nums_below``)."""
     for table in ("nums", "names"):
         got = Counter(tuple(r) for r in runtime.state(table).collect())
         want = Counter(conn.execute(f"SELECT * FROM {table}").fetchall())
+        if table == "nums" and nums_below is not None:
+            want = Counter({r: n for r, n in want.items() if r[0] < nums_below})
         assert got == want, (table, sorted(got - want), sorted(want - got))
 
 
-def test_chunked_snapshot_resumes_after_a_kill_and_equals_upstream(
+def test_chunked_snapshot_spreads_over_epochs_resumes_after_a_kill_and_equals_upstream(
     spark, tmp_path: Path, upstream, monkeypatch
 ) -> None:
     h = make_harness(tmp_path, {"shop.sql": PIPELINE})
@@ -75,8 +81,12 @@ def test_chunked_snapshot_resumes_after_a_kill_and_equals_upstream(
         raise RuntimeError("killed while staging the snapshot")
 
     monkeypatch.setattr(postgres_cdc, "stage_chunks", killed_after_two_chunks)
+    # injection reads no row, however large the table: each epoch applies 30 rows' worth of chunks
+    epoch = runtime.controller.epoch_log.inject(runtime.plan).epoch
+    assert [r.count for r in runtime.controller.offsets(epoch, "nums") if r.split.endswith("#snapshot")] == [3]
+    assert calls == []
     with pytest.raises(RuntimeError, match="killed"):
-        runtime.controller.epoch_log.inject(runtime.plan)
+        runtime.run_source(epoch, "nums")
     _changes(upstream, 1)  # in staged chunks and in chunks not read yet
 
     def counted(*a):  # noqa: ANN002, ANN202
@@ -85,29 +95,44 @@ def test_chunked_snapshot_resumes_after_a_kill_and_equals_upstream(
 
     monkeypatch.setattr(postgres_cdc, "stage_chunks", counted)
     runtime = h.runtime(spark)  # a new process: nothing of the first one's in memory
-    epoch = runtime.controller.epoch_log.inject(runtime.plan).epoch
+    runtime.recover("test: the run died staging the snapshot")
 
-    # the resume read only the chunks not staged, at a later snapshot than the staged ones
-    first = [c for label, c in calls if "(public.nums)" in label]
-    assert first[0] == [0, 1, 2, 3, 4, 5] and first[1] == [2, 3, 4, 5], calls
-    chunks = runtime.connector("nums").snapshot().chunks
-    assert chunks[0].position == chunks[1].position < chunks[2].position == chunks[5].position
-    report = runtime.run_source(epoch, "nums")
-    assert report.metadata["snapshot_chunks"] == "6/6"  # shown in the source step's asset metadata
-    runtime.run_source(epoch, "names")
-    runtime.commit(epoch)
+    def run_epoch() -> dict:
+        number = runtime.controller.epoch_log.inject(runtime.plan).epoch
+        report = runtime.run_source(number, "nums")
+        runtime.run_source(number, "names")
+        runtime.commit(number)
+        return report.metadata
+
+    # the re-run read only the chunk not staged, at a later snapshot than the two staged
+    first = run_epoch()
+    nums = [c for label, c in calls if "(public.nums)" in label]
+    assert nums == [[0, 1, 2], [2]], calls
+    chunks = runtime.connector("nums").staged()
+    assert chunks[0].position == chunks[1].position < chunks[2].position and len(chunks) == 3
+    assert first["snapshot_chunks"] == "3/6"  # shown in the source step's asset metadata and in status
+    assert any(line.startswith("  nums ") and "snapshot 3/6 chunks" in line for line in cdc_lines(cdc_status(runtime)))
+    # a partly applied table holds exactly upstream's rows in its applied chunks (ids below 31):
+    # a change to a key of a chunk not applied yet is left for that chunk's rows
+    _equal(runtime, upstream, nums_below=31)
+
+    _changes(upstream, 2)
+    # the rest through Dagster's epoch_job: the table's backfill__ asset plots the snapshot's progress
+    result = h.run_in_process(dg.DagsterInstance.ephemeral())
+    assert result.success
+    assert [c for label, c in calls if "(public.nums)" in label][-1] == [3, 4, 5]
+    (progress,) = [
+        e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key == dg.AssetKey("backfill__nums")
+    ]
+    assert progress["snapshot_chunks_applied"].value == 6 and progress["snapshot_done_pct"].value == 100.0
+    assert progress["snapshot_chunks_read"].value == 3 and progress["snapshot_rows_staged"].value > 0
+    assert "backfill__nums" in {k.to_user_string() for k in h.definitions().resolve_asset_graph().get_all_asset_keys()}
+    runtime = h.runtime(spark)
     _equal(runtime, upstream)
-    # the changes between the kill and the resume are in the chunks read after it, and apply from
-    # the log only in the two chunks staged before: updates of 2 and 15 (one record each), the
-    # delete of 6 and of key 13 (moved to 81), the upsert of key -1 (moved from 47): 5 records on
-    # top of 60 rows staged (20 before the changes, 40 after)
-    assert report.metadata["records_read"] == 60 + 5
-
-    _changes(upstream, 2)  # after the snapshot: from the log only
-    second = runtime.controller.epoch_log.inject(runtime.plan).epoch
-    runtime.run_source(second, "nums")
-    runtime.run_source(second, "names")
-    runtime.commit(second)
+    _changes(upstream, 3)  # after the snapshot: from the log only
+    run_epoch()
     _equal(runtime, upstream)
 
 
@@ -126,5 +151,20 @@ def test_key_filter_applies_a_record_only_on_top_of_its_keys_chunk() -> None:
     # there at 200), the upsert applies
     assert keep((5,), 150) and not keep((55,), 150)
     assert all(keep((k,), 200) for k in (-5, 5, 11, 55))  # at or after every chunk: all apply
-    with pytest.raises(ValueError, match="do not cover"):
-        KeyFilter(staged[:-1], lambda bound: tuple(int(v) for v in bound))
+    # chunks 0-2 applied so far: a key of chunk 3 on is left for that chunk's rows, at any position
+    partial = KeyFilter(staged[:3], lambda bound: tuple(int(v) for v in bound)).keep
+    assert partial((30,), 200) and not partial((31,), 200) and not partial((10**9,), 10**9)
+    with pytest.raises(ValueError, match="not the plan's first chunks"):
+        KeyFilter(staged[1:], lambda bound: tuple(int(v) for v in bound))
+
+
+def test_a_table_whose_snapshot_was_staged_whole_plans_no_snapshot_chunks(tmp_path: Path) -> None:
+    """A table that an Epochal before the snapshot split staged whole at its first injection has a
+    WAL offset and no snapshot split: it plans no chunks (they were all applied in its first epoch)."""
+    from types import SimpleNamespace
+
+    options = {"hostname": "h", "username": "u", "database.name": "d", "slot.name": "s", "table.name": "public.t"}
+    config, problems = postgres_cdc.parse_options({"connector": "postgres-cdc", **options})
+    assert not problems
+    connector = postgres_cdc.PostgresCdcSource(config, SimpleNamespace(name="t"), tmp_path)
+    assert connector._snapshot_range(None, {"public.t": 1234}) == []
