@@ -23,10 +23,35 @@ class UpstreamChanged(EpochalError):
     """The upstream table's shape changed, or it was truncated: the epoch cannot be read as declared."""
 
 
+class UnreadableValue(EpochalError):
+    """An upstream value the declared type cannot hold (a NaN numeric, a year past 9999 or BC)."""
+
+
+#: Spark's TIMESTAMP and DATE range: PostgreSQL's 'infinity' and '-infinity' become its ends, as
+#: Debezium turns them into the largest and smallest timestamps it can write
+_LAST_INSTANT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+_FIRST_INSTANT = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+
+
 def _timestamp(text: str) -> dt.datetime:
+    if text in ("infinity", "-infinity"):
+        return _LAST_INSTANT if text == "infinity" else _FIRST_INSTANT
     value = dt.datetime.fromisoformat(text)
     # timestamp (no zone) is taken as UTC, as Spark's TIMESTAMP holds instants; timestamptz is printed in UTC
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def _date(text: str) -> dt.date:
+    if text in ("infinity", "-infinity"):
+        return (_LAST_INSTANT if text == "infinity" else _FIRST_INSTANT).date()
+    return dt.date.fromisoformat(text)
+
+
+def _decimal(text: str) -> Decimal:
+    value = Decimal(text)
+    if not value.is_finite():  # numeric holds NaN (and, from PostgreSQL 14, infinity); DECIMAL does not
+        raise ValueError(f"{text} is not a number a DECIMAL holds")
+    return value
 
 
 _PARSERS: dict[str, Callable[[str], object]] = {
@@ -38,7 +63,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {
     "FLOAT": float,
     "BOOLEAN": lambda text: text in ("t", "true"),  # boolout writes t, a ::text cast true
     "STRING": lambda text: text,
-    "DATE": dt.date.fromisoformat,
+    "DATE": _date,
     "TIMESTAMP": _timestamp,
 }
 SUPPORTED_DECLARED = (*_PARSERS, "DECIMAL(p,s)")
@@ -47,12 +72,34 @@ SUPPORTED_DECLARED = (*_PARSERS, "DECIMAL(p,s)")
 def parser(declared: str) -> Callable[[str], object] | None:
     """How PostgreSQL's text of a value becomes a value of the declared type, None when unsupported."""
     if re.fullmatch(r"DECIMAL\(\d+,\d+\)", declared.replace(" ", "")):
-        return Decimal
+        return _decimal
     return _PARSERS.get(declared)
 
 
-def typed_row(values: Sequence[str | None], parsers: Sequence[Callable[[str], object]]) -> tuple:
-    return tuple(None if v is None else p(v) for v, p in zip(values, parsers, strict=True))
+def unreadable(column: str, value: str, where: str, error: Exception) -> UnreadableValue:
+    return UnreadableValue(
+        f"column '{column}' of {where} holds {value!r}, which its declared type cannot hold ({error}): change "
+        "the value upstream and keep such values out (a CHECK constraint), then drop the table from the pipeline "
+        "and add it again to read a new snapshot (the epoch's changes cannot be read as declared)"
+    )
+
+
+def typed_row(
+    values: Sequence[str | None],
+    parsers: Sequence[Callable[[str], object]],
+    names: Sequence[str] = (),
+    where: str = "the upstream table",
+) -> tuple:
+    """The values parsed; one that does not parse is an ``UnreadableValue`` naming its column."""
+    try:
+        return tuple(None if v is None else p(v) for v, p in zip(values, parsers, strict=True))
+    except (ValueError, ArithmeticError) as error:
+        for i, (v, p) in enumerate(zip(values, parsers, strict=True)):
+            try:
+                None if v is None else p(v)
+            except (ValueError, ArithmeticError) as found:
+                raise unreadable(names[i] if i < len(names) else f"#{i + 1}", str(v), where, found) from error
+        raise
 
 
 def wal_records(
@@ -96,7 +143,7 @@ def wal_records(
             old_key = [change.old.get(k) for k in key]
             if change.kind == "delete" or old_key != [change.new.get(k) for k in key]:
                 row = [change.old.get(n) if n in key else None for n in names]
-                typed = typed_row(row, parsers)
+                typed = typed_row(row, parsers, names, where)
                 if keep is None or keep(tuple(typed[i] for i in key_at), change.commit_lsn):
                     records.append((*typed, DELETE))
         if change.kind == "delete" and change.old is None:
@@ -125,7 +172,7 @@ def wal_records(
                         unchanged.append(name)
                         value = None
                 row.append(value)
-            typed = typed_row(row, parsers)
+            typed = typed_row(row, parsers, names, where)
             if keep is None or keep(tuple(typed[i] for i in key_at), change.commit_lsn):
                 records.append((*typed, UPSERT, tuple(unchanged)) if unchanged else (*typed, UPSERT))
     return records

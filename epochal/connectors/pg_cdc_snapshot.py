@@ -29,7 +29,7 @@ from epochal.connectors.cdc_chunks import (
     record_chunk,
 )
 from epochal.connectors.cdc_snapshot import arrow_schema
-from epochal.connectors.pg_cdc_changes import parser
+from epochal.connectors.pg_cdc_changes import parser, typed_row
 from epochal.storage.durability import sync_tree
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def stage_chunk(
         with cursor.copy(copy, params) as rows_in:
             for block in rows_in:
                 data += block
-    table = typed_table(bytes(data), columns, schema)
+    table = typed_table(bytes(data), columns, schema, f"{config.qualified} (snapshot chunk {chunk.index})")
     rows = table.num_rows
     pq.write_table(table, tmp)
     sync_tree(str(tmp))
@@ -164,7 +164,9 @@ def stage_chunk(
     return record_chunk(directory, StagedChunk(chunk, position, rows, str(path)), replace)
 
 
-def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> pa.Table:
+def typed_table(
+    csv: bytes, columns: tuple[Column, ...], schema: pa.Schema, where: str = "the upstream table"
+) -> pa.Table:
     """The rows of a ``COPY ... (FORMAT csv)`` of values as text, as the declared columns' values:
     the same values ``typed_row`` gives for each text (the WAL's), converted a column at a time in
     Arrow; a column Arrow cannot convert whole goes through ``typed_row``'s parser value by value."""
@@ -188,7 +190,7 @@ def typed_table(csv: bytes, columns: tuple[Column, ...], schema: pa.Schema) -> p
     arrays = [
         text.column(i).combine_chunks()
         if c.name in direct
-        else _typed_column(text.column(i).combine_chunks(), c.type, schema.field(i).type)
+        else _typed_column(text.column(i).combine_chunks(), c.type, schema.field(i).type, c.name, where)
         for i, c in enumerate(columns)
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -209,7 +211,7 @@ def _read_csv(csv: bytes, names: list[str], types: dict[str, pa.DataType]) -> pa
     )
 
 
-def _typed_column(values: pa.Array, declared: str, target: pa.DataType) -> pa.Array:
+def _typed_column(values: pa.Array, declared: str, target: pa.DataType, column: str, where: str) -> pa.Array:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -228,7 +230,8 @@ def _typed_column(values: pa.Array, declared: str, target: pa.DataType) -> pa.Ar
         return pc.cast(values, target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         parse = parser(declared)
-        return pa.array([None if v is None else parse(v) for v in values.to_pylist()], target)
+        texts = values.to_pylist()
+        return pa.array(list(typed_row(texts, [parse] * len(texts), [column] * len(texts), where)), target)
 
 
 def stage_chunks(

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from epochal.connectors import pg_cdc_server
-from epochal.connectors.pg_cdc_changes import UpstreamChanged, wal_records
+from epochal.connectors.pg_cdc_changes import UnreadableValue, UpstreamChanged, wal_records
 from epochal.connectors.pgoutput import lsn_int, lsn_text
 from epochal.errors import EpochalError, PipelineError
 from epochal.pipeline.loader import load_pipeline
@@ -56,8 +56,13 @@ CREATE TABLE items (sku text PRIMARY KEY, qty int);
 CREATE TABLE nokey (id int, v text);
 CREATE TABLE typed (id int PRIMARY KEY, v numeric(5,1), w int4range);
 CREATE TABLE notes (id int PRIMARY KEY, qty int, note text);
+CREATE TABLE special (id int PRIMARY KEY, at timestamp, day date, amount numeric(12,2));
 """
 NOTES = "CREATE TABLE notes (id INT, qty INT, note STRING, PRIMARY KEY (id)) FROM shop TABLE 'notes';"
+
+
+SPECIAL = """CREATE TABLE special (id INT, at TIMESTAMP, day DATE, amount DECIMAL(12,2), PRIMARY KEY (id))
+  FROM shop TABLE 'special';"""
 
 
 @pytest.fixture(scope="module")
@@ -401,3 +406,53 @@ def test_pgoutput_transactions_are_kept_whole_by_commit_lsn_and_changes_are_refu
         wal_records(
             [_relation(7, ["id", "v"]), begin(100), truncate, commit], table, columns, ["id"], ["id", "v"], 0, 300
         )
+
+
+def test_infinite_timestamps_are_spark_s_ends_and_a_nan_is_refused_by_column(
+    spark, tmp_path: Path, upstream, monkeypatch
+) -> None:
+    """PostgreSQL's 'infinity' and '-infinity' (timestamp, date) become the ends of Spark's range, in
+    the snapshot and in the WAL alike (as Debezium maps them to its extreme values); a numeric NaN,
+    which no DECIMAL holds, stops the epoch with an error naming the column, the table and the fix."""
+    monkeypatch.setenv("CDC_TEST_PASSWORD", "")
+    upstream.execute("INSERT INTO special VALUES (1, 'infinity', '-infinity', 1.5), (2, '-infinity', 'infinity', 2)")
+    h = make_harness(tmp_path, {"shop.sql": SOURCE + SPECIAL})
+    runtime = h.runtime(spark)
+    runtime.recover("bootstrap")
+
+    def epoch() -> None:
+        number = runtime.controller.epoch_log.inject(runtime.plan).epoch
+        runtime.run_source(number, "special")
+        runtime.commit(number)
+
+    def rows() -> set[tuple]:
+        shown = runtime.state("special").selectExpr(
+            "id", "unix_micros(at)", "cast(day AS STRING)", "cast(amount AS STRING)"
+        )
+        return {tuple(r) for r in shown.collect()}
+
+    last, first = 253402300799999999, -62135596800000000  # 9999-12-31 23:59:59.999999 and 0001-01-01, UTC
+    epoch()  # the snapshot
+    assert rows() == {(1, last, "0001-01-01", "1.50"), (2, first, "9999-12-31", "2.00")}
+    upstream.execute("INSERT INTO special VALUES (3, 'infinity', 'infinity', 3)")
+    epoch()  # the WAL
+    assert (3, last, "9999-12-31", "3.00") in rows()
+    upstream.execute("INSERT INTO special VALUES (4, now(), current_date, 'NaN')")
+    with pytest.raises(UnreadableValue, match=r"column 'amount' of public.special .*holds 'NaN'.*CHECK constraint"):
+        epoch()
+    upstream.execute("DELETE FROM special")
+    runtime.recover("test: done")
+    (h.pipeline_dir / "shop.sql").write_text(BIDS)  # the slot and the publication go with the table
+    h.runtime(spark).apply_pipeline_changes()
+
+
+def test_a_value_the_declared_type_cannot_hold_is_named_in_the_snapshot_too() -> None:
+    from epochal.connectors.cdc_snapshot import arrow_schema
+    from epochal.connectors.pg_cdc_snapshot import typed_table
+    from epochal.pipeline.model import Column
+
+    columns = (Column("id", "INT"), Column("amount", "DECIMAL(12,2)"), Column("at", "TIMESTAMP"))
+    table = typed_table(b"1,2.50,infinity\n2,,-infinity\n", columns, arrow_schema(columns), "public.t (chunk 0)")
+    assert table.column("at").to_pylist()[0].year == 9999 and table.column("at").to_pylist()[1].year == 1
+    with pytest.raises(UnreadableValue, match=r"column 'amount' of public.t \(chunk 0\) holds 'NaN'"):
+        typed_table(b"1,NaN,2024-01-01 00:00:00\n", columns, arrow_schema(columns), "public.t (chunk 0)")
