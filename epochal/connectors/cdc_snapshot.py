@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.connectors.base import SourceBatch, SplitRange
-from epochal.errors import EpochalError
 from epochal.storage.durability import sync_tree
 from epochal.storage.upsert import OFFSET_COLUMN, OP_COLUMN, SPLIT_COLUMN, UNCHANGED_COLUMN, UPSERT
 
@@ -116,30 +115,24 @@ def cdc_batch(
     spark: SparkSession,
     columns: tuple[Column, ...],
     ranges: list[SplitRange],
-    snapshot: Callable[[], Snapshot | None],
+    snapshot: Callable[[], Snapshot],
     records: Callable[[int, int], list[tuple]],
-    table: str,
-    stage: Path,
 ) -> SourceBatch:
     """The keyed records of ``ranges`` of one CDC table: in a table's first range (its start is 0)
-    the staged ``snapshot``'s rows as upserts, then ``records(end, start)`` of the log (the declared
-    columns and ``_op``; from the snapshot's position in a first range), in log order."""
+    the ``snapshot``'s rows as upserts (staged by the first read that asks for it, at position P),
+    then ``records(end, lower)`` of the log (the declared columns and ``_op``) from ``lower = max(start,
+    P)`` on, in log order: a change before P is in the snapshot's rows, in whichever epoch's range it
+    falls (the snapshot is staged after the first range was planned, so P may lie past its end)."""
     frames: list[DataFrame] = []
     count = 0
     partial = False
+    staged = snapshot()
     for r in ranges:
-        lower = r.start
         if r.start == 0:
-            staged = snapshot()
-            if staged is None or staged.position > r.end:
-                raise EpochalError(
-                    f"the snapshot of {table} that the epoch was planned with is gone from {stage}: "
-                    "run `epochal recover` to plan it again"
-                )
-            lower = staged.position
             count += staged.rows
             frames.append(snapshot_rows(spark, columns, staged.files, r.split))
-        found = records(r.end, lower)
+        lower = max(r.start, staged.position)
+        found = records(r.end, lower) if lower < r.end else []
         count += len(found)
         frame, unchanged = log_rows(spark, columns, found, r.split)
         frames.append(frame)

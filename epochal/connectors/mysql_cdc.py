@@ -11,7 +11,7 @@ Offsets are binlog positions packed into one int (mysql_cdc_types.pack); a table
 
 * ``plan`` (injection) fixes the epoch's range ``[start, end)`` with ``end`` the server's binlog
   position now (SHOW MASTER STATUS: the end of the last transaction written). A table's first range
-  starts at 0: before it is planned, its snapshot is staged (below).
+  starts at 0; injection reads no rows.
 * ``read`` reads the binlog from ``start`` to ``end`` (mysql-replication, ROW events): both ends are
   transaction boundaries, so whole transactions are read, and the same range reads the same rows.
   The binlog is not consumed: nothing moves on the server when an epoch commits. A range whose
@@ -19,7 +19,9 @@ Offsets are binlog positions packed into one int (mysql_cdc_types.pack); a table
 * The snapshot: MariaDB's ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` tells the binlog position
   the snapshot is exactly at (binlog_snapshot_file/position, no lock). The rows are staged as
   Parquet under EPOCHAL_HOME with the position written last; changes before it are in the snapshot,
-  those at or after it apply on top. A snapshot killed half-way left no marker and is taken again.
+  those at or after it apply on top. It is staged by the table's first read (the source step), so
+  its position P may lie past the first range's end: every range's records are read from
+  ``max(start, P)`` on. A snapshot killed half-way left no marker and is taken again.
 """
 
 from __future__ import annotations
@@ -181,8 +183,6 @@ class MysqlCdcSource:
 
     def plan(self, start: Mapping[str, int]) -> list[SplitRange]:
         begin = start.get(self.split, 0)
-        if begin == 0:
-            self._ensure_snapshot()
         with server.connect(self.config) as conn:
             if begin:
                 server.check_not_purged(self.config, [n for n, _ in server.binary_logs(conn)], begin)
@@ -215,7 +215,9 @@ class MysqlCdcSource:
         return staged_snapshot(self.stage)
 
     def _ensure_snapshot(self) -> Snapshot:
-        # a re-plan of the first epoch after a recovery reads the same snapshot (its binlog must still be there)
+        """The staged snapshot, staged now by the first read (the source step, not injection, which
+        stays quick); a re-run of an epoch after a recovery reads the same one (its binlog must still
+        be there)."""
         return self.snapshot() or self._take_snapshot()
 
     def _take_snapshot(self) -> Snapshot:
@@ -249,4 +251,4 @@ class MysqlCdcSource:
         )
 
     def read(self, spark: SparkSession, ranges: list[SplitRange]) -> SourceBatch:
-        return cdc_batch(spark, self.source.columns, ranges, self.snapshot, self.records, self.split, self.stage)
+        return cdc_batch(spark, self.source.columns, ranges, self._ensure_snapshot, self.records)

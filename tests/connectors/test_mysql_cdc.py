@@ -94,22 +94,29 @@ def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upst
     runtime = h.runtime(spark)
     runtime.recover("bootstrap")
 
-    # Rows changed while the snapshot is read: written to the binlog after its position, so they
-    # come through the binlog, on top of the snapshot, neither lost nor doubled.
+    # Rows changed while the snapshot is read (by the first source step, after the epoch's binlog
+    # range was fixed at injection): those written before the snapshot's position are in its rows
+    # and their binlog records, in the next epoch's range, are left out; those after it come through
+    # the binlog on top. Neither lost nor doubled.
     taken = mysql_cdc_server.consistent_snapshot
 
-    def racing_snapshot(config, columns):  # noqa: ANN001, ANN202
-        context = taken(config, columns)
-        offset, batches = context.__enter__()
+    def write(*statements: str, insert: list[int] | None = None) -> None:
         other = mysql_connect()
         with other.cursor() as cur:
             cur.execute(f"USE {DB}")
             cur.execute("BEGIN")
-            cur.execute("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)")
-            cur.execute("DELETE FROM orders WHERE id = 3")
-            _insert(cur, [100])
+            for statement in statements:
+                cur.execute(statement)
+            if insert:
+                _insert(cur, insert)
             cur.execute("COMMIT")
         other.close()
+
+    def racing_snapshot(config, columns):  # noqa: ANN001, ANN202
+        write("UPDATE orders SET status = 'paid', amount = 99.99 WHERE id IN (1, 2)", "DELETE FROM orders WHERE id = 3")
+        context = taken(config, columns)
+        offset, batches = context.__enter__()
+        write("UPDATE orders SET status = 'late' WHERE id IN (1, 4)", insert=[100])
 
         class Wrapped:
             def __enter__(self):  # noqa: ANN204
@@ -131,10 +138,14 @@ def test_snapshot_then_binlog_changes_equal_upstream(spark, tmp_path: Path, upst
 
     epoch()
     monkeypatch.setattr(mysql_cdc_server, "consistent_snapshot", taken)
+    statuses = {r[0]: r[3] for r in state_rows(runtime, "orders")}
+    assert statuses == {i: "paid" if i < 3 else "new" for i in (1, 2, 4, 5, 6, 7, 8)}
+    assert reports[0].metadata["records_read"] == 7  # the snapshot's rows: the binlog's are past its range
+    epoch()
     got, want = state_rows(runtime, "orders"), _expected(upstream)
     assert got == want, (sorted(got - want), sorted(want - got))
     assert {r[0] for r in got} == {1, 2, 4, 5, 6, 7, 8, 100}
-    assert reports[0].metadata["records_read"] == 8 + 4  # the snapshot's rows, then 2 updates, a delete, an insert
+    assert reports[1].metadata["records_read"] == 3  # 1 and 4 late, 100: the three before the snapshot left out
 
     # Multi-statement transactions: an update to NULL, a changed primary key, deletes, a row
     # inserted and deleted in one transaction, a second transaction on the same keys, and a
