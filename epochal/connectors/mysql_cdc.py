@@ -37,6 +37,7 @@ from epochal.connectors import mysql_cdc_server as server
 from epochal.connectors.base import SourceBatch, SplitRange
 from epochal.connectors.cdc_snapshot import Snapshot, cdc_batch, stage_snapshot, staged_snapshot
 from epochal.connectors.mysql_cdc_types import binlog_records, shown, to_declared
+from epochal.env_refs import password_problems
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems
 
@@ -80,18 +81,7 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
             "among the server's replicas (Epochal reads each table as server.id + 0..999)"
         )
     password = (options.get("password") or "").strip()
-    reference = server.ENV_REFERENCE.match(password)
-    if password and reference is None:
-        # the options are shown in the asset's description and kept with the statement's text
-        problems.append(
-            "option 'password' is written out: write it as password = '${NAME}' and export NAME=... in the "
-            "environment Epochal runs in (or omit it for a user without a password)"
-        )
-    elif reference is not None and reference[1].upper().startswith(("EPOCHAL_", "DAGSTER_")):
-        problems.append(
-            f"option 'password' = '${{{reference[1]}}}' reads one of Epochal's or Dagster's own settings: "
-            "export the password under a name of its own, e.g. MYSQL_PASSWORD"
-        )
+    problems += password_problems(password, "MYSQL_PASSWORD", "or omit it for a user without a password")
     table = (options.get(TABLE_OPTION) or "").strip()
     if not table:
         problems.append("a mysql-cdc table names its upstream table: CREATE TABLE t (...) FROM source TABLE 'db.table'")

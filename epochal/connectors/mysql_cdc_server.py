@@ -5,7 +5,6 @@ same from the snapshot as from the binlog (which holds it as seconds since the e
 
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,7 +23,7 @@ from epochal.connectors.mysql_cdc_types import (
     type_problem,
     unpack,
 )
-from epochal.connectors.pg_cdc_server import ENV_REFERENCE
+from epochal.env_refs import resolved
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
@@ -66,15 +65,7 @@ class ServerConfig:
         return self.server_id + zlib.crc32(self.qualified.encode()) % 1000
 
     def settings(self) -> dict[str, object]:
-        password = self.password.strip()
-        match = ENV_REFERENCE.match(password)
-        if match:
-            if match[1] not in os.environ:
-                raise EpochalError(
-                    f"option password = '${{{match[1]}}}' names environment variable {match[1]}, which is not "
-                    f"set: export {match[1]}=... in the environment Epochal runs in"
-                )
-            password = os.environ[match[1]]
+        password = resolved(self.password.strip(), "option password")
         return {
             "host": self.hostname,
             "port": self.port,

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epochal.connectors.pgoutput import lsn_int, lsn_text
+from epochal.env_refs import resolved
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
     import psycopg
 
-ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 #: libpq settings every connection gets: values print the same in the snapshot and in the WAL
 _SESSION = "-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3 -c bytea_output=hex"
 #: how long a read waits for the slot while another step of the pipeline peeks it
@@ -87,15 +87,7 @@ class ServerConfig:
         return dataclasses.replace(self, password=str(password), password_resolved=True)
 
     def conninfo(self, **extra: str) -> dict[str, object]:
-        password = self.password
-        match = None if self.password_resolved else ENV_REFERENCE.match(password.strip())
-        if match:
-            if match[1] not in os.environ:
-                raise EpochalError(
-                    f"option password = '${{{match[1]}}}' names environment variable {match[1]}, which is not "
-                    f"set: export {match[1]}=... in the environment Epochal runs in"
-                )
-            password = os.environ[match[1]]
+        password = self.password if self.password_resolved else resolved(self.password, "option password")
         info: dict[str, object] = dict(
             host=self.hostname,
             port=self.port,

@@ -50,6 +50,7 @@ from epochal.connectors.cdc_snapshot import keyed_batch, log_rows, snapshot_rows
 from epochal.connectors.pg_cdc_changes import SUPPORTED_DECLARED, parser, typed_row, wal_records
 from epochal.connectors.pg_cdc_snapshot import key_types, plan_chunks, stage_chunk, stage_chunks
 from epochal.connectors.pgoutput import lsn_text
+from epochal.env_refs import password_problems
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems
 
@@ -97,19 +98,7 @@ def parse_options(options: Mapping[str, str]) -> tuple[server.ServerConfig | Non
         problems.append(
             f"option 'slot.name' = '{slot}' is not a slot name: lower-case letters, digits and _, at most 63 characters"
         )
-    password = (options.get("password") or "").strip()
-    reference = server.ENV_REFERENCE.match(password)
-    if password and reference is None:
-        # the options are shown in the asset's description and kept with the statement's text
-        problems.append(
-            "option 'password' is written out: write it as password = '${NAME}' and export NAME=... in the "
-            "environment Epochal runs in, so that it stays out of the pipeline's files, the UI and status"
-        )
-    elif reference is not None and reference[1].upper().startswith(("EPOCHAL_", "DAGSTER_")):
-        problems.append(
-            f"option 'password' = '${{{reference[1]}}}' reads one of Epochal's or Dagster's own settings: "
-            "export the password under a name of its own, e.g. SHOP_PASSWORD"
-        )
+    problems += password_problems(options.get("password") or "", "SHOP_PASSWORD")
     rows_options = {}
     for option, default in (
         (cdc_chunks.CHUNK_ROWS_OPTION, cdc_chunks.DEFAULT_CHUNK_ROWS),

@@ -8,13 +8,12 @@ its own. A connector module registers a :class:`SinkSpec` in :data:`SINK_CONNECT
 from __future__ import annotations
 
 import importlib
-import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epochal.env_refs import RESERVED_ENV_PREFIXES, is_reserved, read_env, referenced_name
 from epochal.errors import EpochalError
 from epochal.options import unknown_option_problems, whole_number_option
 from epochal.sql import POSTGRES_MAX_IDENTIFIER_BYTES
@@ -34,15 +33,13 @@ DEFAULT_WRITERS = 2
 
 # `${NAME}` in an option value is read from the environment when the sink runs: how a password
 # stays out of the pipeline's files, `epochal status` and the Dagster UI.
-_ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 #: Variables a sink option may not read: Epochal's and Dagster's own settings (EPOCHAL_META_URL, the
 #: Dagster instance's storage), so a pipeline file cannot send their secrets to a target it names.
-RESERVED_ENV_PREFIXES = ("EPOCHAL_", "DAGSTER_")
 
 
 def reserved_env_problem(key: str, name: str) -> str | None:
     """Why option ``key`` may not read environment variable ``name``, or None."""
-    if not name.upper().startswith(RESERVED_ENV_PREFIXES):
+    if not is_reserved(name):
         return None
     return (
         f"option {key} = '${{{name}}}' reads {name}, one of Epochal's or Dagster's own settings "
@@ -96,7 +93,7 @@ def postgres_name_problems(sink: str, options: Mapping[str, str], columns: Seque
     named: list[tuple[str, str, str]] = []  # (the name as the message shows it, the name, the fix)
     for option, default in (("database", "postgres"), ("schema", "public"), ("table", sink)):
         value = options.get(option, default)
-        if value and not _ENV_REFERENCE.match(value.strip()):
+        if value and referenced_name(value) is None:
             named.append((f"option '{option}' = '{value}'", value, f"give a shorter {option}"))
     for column in columns:
         fix = "rename it in the SELECT of the table the sink reads (... AS shorter)"
@@ -212,16 +209,11 @@ def resolve_env(sink: str, options: Mapping[str, str]) -> dict[str, str]:
     """``options`` with every ``${NAME}`` value read from the environment."""
     resolved = dict(options)
     for key, value in options.items():
-        match = _ENV_REFERENCE.match(value.strip())
-        if match:
-            if problem := reserved_env_problem(key, match[1]):
+        name = referenced_name(value)
+        if name is not None:
+            if problem := reserved_env_problem(key, name):
                 raise EpochalError(f"sink {sink}: {problem}")
-            if match[1] not in os.environ:
-                raise EpochalError(
-                    f"sink {sink}: option {key} = '${{{match[1]}}}' names environment variable {match[1]}, "
-                    f"which is not set: export {match[1]}=... in the environment Epochal runs in"
-                )
-            resolved[key] = os.environ[match[1]]
+            resolved[key] = read_env(name, f"sink {sink}: option {key}")
     return resolved
 
 
@@ -230,7 +222,7 @@ def shown_options(connector: str, options: Mapping[str, str]) -> dict[str, str]:
     environment variable."""
     spec = sink_spec(connector)
     secret = spec.secret if spec else ()
-    return {k: (v if k not in secret or _ENV_REFERENCE.match(v.strip()) else "***") for k, v in options.items()}
+    return {k: (v if k not in secret or referenced_name(v) is not None else "***") for k, v in options.items()}
 
 
 def validate_sink(
@@ -243,8 +235,8 @@ def validate_sink(
         return [f"unknown sink connector '{connector}': supported sink connectors are: {', '.join(SINK_CONNECTORS)}"]
     problems = unknown_option_problems(f"{spec.name} sink", options, (*COMMON_OPTIONS, *spec.options))
     for key, value in options.items():
-        match = _ENV_REFERENCE.match(value.strip())
-        if match and (problem := reserved_env_problem(key, match[1])):
+        name = referenced_name(value)
+        if name is not None and (problem := reserved_env_problem(key, name)):
             problems.append(problem)
     for required in spec.required:
         if not options.get(required):
