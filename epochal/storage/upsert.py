@@ -45,20 +45,28 @@ DELETE = "delete"
 _RANK = "__epochal_rank"
 _PREV = "__epochal_prev_{}"
 _FOUND = "__epochal_found"
+#: the key's columns as one struct: the window's partitioning and the join's key
+_KEY = "__epochal_key"
+_PREV_KEY = "__epochal_prev_key"
 
 
 def upsert_changes(
-    incoming: "DataFrame", previous: "DataFrame", key: Sequence[str], columns: Sequence[str]
+    incoming: "DataFrame", previous: "DataFrame | None", key: Sequence[str], columns: Sequence[str]
 ) -> "DataFrame":
     """The change (``columns`` + ``_weight`` BIGINT, one row per unit) that ``incoming`` makes to
     ``previous``.
 
     ``incoming`` holds the epoch's records: ``columns`` plus ``_op`` ('upsert' or 'delete'),
     ``_split`` and ``_offset``. ``previous`` is the state before the epoch: exactly ``columns``, at
-    most one row per key (it is the net of all earlier changes). Keys compare NULL-safely.
+    most one row per key (it is the net of all earlier changes), or None when there is none (a
+    table's first epoch: nothing to join). Keys compare NULL-safely.
 
     The result is lazy, and ``incoming`` is read once. ``previous`` is only read through a join with
-    the keys the epoch touches, so beyond scanning it, the work follows the change, not the table."""
+    the keys the epoch touches, so beyond scanning it, the work follows the change, not the table.
+    The records are shuffled once: the window that keeps each key's last record and the join
+    partition by the same column, the key as a struct (whose equality is NULL-safe), so the join
+    reuses the window's partitioning (an ``eqNullSafe`` join key is rewritten by Spark into other
+    expressions, and the records were shuffled a second time for it)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -67,26 +75,30 @@ def upsert_changes(
     key, columns = list(key), list(columns)
     _check_shapes(incoming, previous, key, columns)
     partial = UNCHANGED_COLUMN in incoming.columns
+    incoming = incoming.withColumn(_KEY, F.struct(*[F.col(quote(k)).alias(k) for k in key]))
     if partial:
-        incoming = _unchanged_from_earlier_records(incoming, key, columns)
+        incoming = _unchanged_from_earlier_records(incoming, columns)
 
-    # The last record of each key wins. partitionBy groups NULL keys together, which is the
-    # NULL-safe equality the join below uses too.
-    latest_first = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy(
-        F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc()
-    )
+    # The last record of each key wins.
+    latest_first = Window.partitionBy(F.col(_KEY)).orderBy(F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc())
     last = incoming.withColumn(_RANK, F.row_number().over(latest_first)).where(F.col(_RANK) == 1)
 
-    # previous's columns renamed, so both sides of the join can be named without ambiguity; the
-    # marker tells "no previous row" apart from a previous row whose columns are NULL
-    before = previous.select(
-        *[F.col(quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)], F.lit(True).alias(_FOUND)
-    )
-    prev = {c: F.col(_PREV.format(i)) for i, c in enumerate(columns)}
-    same_key = _all([F.col(quote(k)).eqNullSafe(prev[k]) for k in key])
-    joined = last.join(before, same_key, "left")
-
-    found = F.col(_FOUND).isNotNull()
+    if previous is None:
+        types = {f.name: f.dataType for f in incoming.schema.fields}
+        joined = last
+        prev = {c: F.lit(None).cast(types[c]) for c in columns}
+        found = F.lit(False)
+    else:
+        # previous's columns renamed, so both sides of the join can be named without ambiguity; the
+        # marker tells "no previous row" apart from a previous row whose columns are NULL
+        before = previous.select(
+            *[F.col(quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)],
+            F.struct(*[F.col(quote(k)).alias(k) for k in key]).alias(_PREV_KEY),
+            F.lit(True).alias(_FOUND),
+        )
+        prev = {c: F.col(_PREV.format(i)) for i, c in enumerate(columns)}
+        joined = last.join(before, F.col(_KEY) == F.col(_PREV_KEY), "left")
+        found = F.col(_FOUND).isNotNull()
     if partial:
         joined = _unchanged_from_state(joined, columns, prev, found)
     upsert = F.col(OP_COLUMN) == UPSERT
@@ -111,15 +123,16 @@ def _unchanged(column: str) -> "Column":
     return F.coalesce(F.array_contains(F.col(UNCHANGED_COLUMN), column), F.lit(False))
 
 
-def _unchanged_from_earlier_records(incoming: "DataFrame", key: list[str], columns: list[str]) -> "DataFrame":
+def _unchanged_from_earlier_records(incoming: "DataFrame", columns: list[str]) -> "DataFrame":
     """``incoming`` with each unchanged value taken from the key's latest earlier record in the
     epoch that sent it (a table's first range holds its snapshot rows, then the log's), and
     UNCHANGED_COLUMN left naming only the columns still to be taken from the state."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    key = [f.name for f in incoming.schema[_KEY].dataType.fields]
     earlier = (
-        Window.partitionBy(*[F.col(quote(k)) for k in key])
+        Window.partitionBy(F.col(_KEY))
         .orderBy(F.col(SPLIT_COLUMN), F.col(OFFSET_COLUMN))
         .rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -163,7 +176,7 @@ def _all(conditions: "list[Column]") -> "Column":
     return reduce(lambda a, b: a & b, conditions)
 
 
-def _check_shapes(incoming: "DataFrame", previous: "DataFrame", key: list[str], columns: list[str]) -> None:
+def _check_shapes(incoming: "DataFrame", previous: "DataFrame | None", key: list[str], columns: list[str]) -> None:
     """Schema-level checks (no Spark job): wrong shapes would otherwise fail deep inside a plan."""
     if not key:
         raise EpochalError("upsert_changes needs at least one key column")
@@ -172,7 +185,7 @@ def _check_shapes(incoming: "DataFrame", previous: "DataFrame", key: list[str], 
         raise EpochalError(f"key column(s) {', '.join(stray)} are not among the columns ({', '.join(columns)})")
     for what, frame, needed in (
         ("incoming", incoming, [*columns, *RECORD_COLUMNS]),
-        ("previous", previous, columns),
+        *([("previous", previous, columns)] if previous is not None else []),
     ):
         missing = [c for c in needed if c not in frame.columns]
         if missing:
