@@ -25,6 +25,7 @@ import bisect
 import json
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,13 +113,24 @@ class KeyFilter:
 # --- the durable records ---------------------------------------------------------------------------
 
 
-def write_durably(path: Path, data: object) -> None:
-    """``data`` as JSON at ``path``, atomically and on the disk (with its directory entry)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+def write_durably(path: Path, data: object, replace: bool = True) -> bool:
+    """``data`` as JSON at ``path``, atomically and on the disk (with its directory entry). Without
+    ``replace`` a file already there stands (the first writer wins): returns whether this one was
+    written."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data))
     sync_tree(str(tmp))
-    os.replace(tmp, path)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails when the file is there: no writer overwrites another's
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
     sync_directory(path.parent)
+    return True
 
 
 def sync_directory(directory: Path) -> None:
@@ -140,9 +152,13 @@ def chunk_file_path(directory: Path, index: int, position: int) -> Path:
     return directory / f"chunk-{index:05d}-{position}.parquet"
 
 
-def save_plan(directory: Path, chunks: Sequence[Chunk]) -> None:
+def save_plan(directory: Path, chunks: Sequence[Chunk]) -> list[Chunk]:
+    """The plan, saved unless one is there already: the first one saved stands (two runs planning
+    at once must stage the same chunks). Returns the plan that stands."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_durably(directory / PLAN_FILE, [[c.lower, c.upper] for c in chunks])
+    if write_durably(directory / PLAN_FILE, [[c.lower, c.upper] for c in chunks], replace=False):
+        return list(chunks)
+    return load_plan(directory) or []
 
 
 def load_plan(directory: Path) -> list[Chunk] | None:
@@ -164,21 +180,10 @@ def record_chunk(directory: Path, staged: StagedChunk, replace: bool = False) ->
     loser's file is deleted), unless ``replace`` (a stale chunk read again at a later position)."""
     path = chunk_record_path(directory, staged.chunk.index)
     data = {"position": staged.position, "rows": staged.rows, "file": staged.file}
-    if replace:
-        write_durably(path, data)
+    if write_durably(path, data, replace):
         return staged
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{id(staged)}.tmp")
-    tmp.write_text(json.dumps(data))
-    sync_tree(str(tmp))
-    try:
-        os.link(tmp, path)  # fails when a record is there: no run overwrites another's
-    except FileExistsError:
-        Path(staged.file).unlink(missing_ok=True)
-        return staged_chunks(directory, [staged.chunk])[staged.chunk.index]
-    finally:
-        tmp.unlink(missing_ok=True)
-    sync_directory(directory)
-    return staged
+    Path(staged.file).unlink(missing_ok=True)
+    return staged_chunks(directory, [staged.chunk])[staged.chunk.index]
 
 
 def staged_chunks(directory: Path, chunks: Sequence[Chunk]) -> dict[int, StagedChunk]:

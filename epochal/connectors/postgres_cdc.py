@@ -226,26 +226,39 @@ class PostgresCdcSource:
         with server.connect(self.config) as conn:
             server.ensure_publication_and_slot(conn, self.config)
             self._remember_connection()
-            chunks = self._snapshot_range(conn, start)
+            chunks = self._snapshot_range(start)
             end = server.current_lsn(conn)
         self.upstream()
         return [SplitRange(self.split, begin, max(begin, end)), *chunks]
 
-    def _snapshot_range(self, conn: object, start: Mapping[str, int]) -> list[SplitRange]:
+    def _snapshot_range(self, start: Mapping[str, int]) -> list[SplitRange]:
         """The chunks the epoch applies: the next ones in key order, about ``snapshot.epoch.rows``
-        of rows (at least one chunk), or none left. The chunk plan is made once, at the first."""
+        of rows (at least one chunk), or none left. The chunk plan is made by the first read (it
+        scans the key index of a table whose key is not one integer column: no work for the
+        injection); until then the range is not cut at the plan's end, and the read applies the
+        chunks of it that exist."""
         if self.snapshot_split not in start and start.get(self.split, 0) > 0:
             return []  # staged whole at the table's first injection, by an Epochal before this split
+        first = start.get(self.snapshot_split, 0)
+        end = first + max(1, self.config.epoch_rows // self.config.chunk_rows)
         plan = cdc_chunks.load_plan(self.chunks)
-        if plan is None:
-            key = tuple(self.source.primary_key)
+        if plan is not None:
+            end = max(first, min(len(plan), end))
+        return [SplitRange(self.snapshot_split, first, end)]
+
+    def _chunk_plan(self) -> list[cdc_chunks.Chunk]:
+        """The table's key chunks, planned by the first read that needs them (the first plan saved
+        stands, so runs planning at once stage the same chunks)."""
+        plan = cdc_chunks.load_plan(self.chunks)
+        if plan is not None:
+            return plan
+        key = tuple(self.source.primary_key)
+        with server.connect(self.config) as conn:
             types = key_types(conn, self.config, key)
             plan, total = plan_chunks(conn, self.config, key, types, self.config.chunk_rows)
-            cdc_chunks.save_plan(self.chunks, plan)
-            log.info("%s: snapshot of about %d rows in %d chunks", self._label, total, len(plan))
-        first = start.get(self.snapshot_split, 0)
-        per_epoch = max(1, self.config.epoch_rows // self.config.chunk_rows)
-        return [SplitRange(self.snapshot_split, first, min(len(plan), first + per_epoch))]
+        plan = cdc_chunks.save_plan(self.chunks, plan)
+        log.info("%s: snapshot of about %d rows in %d chunks", self._label, total, len(plan))
+        return plan
 
     def _remember_connection(self) -> None:
         """The options, kept beside the snapshot: once the table leaves the pipeline they are how
@@ -275,14 +288,15 @@ class PostgresCdcSource:
         plan = cdc_chunks.load_plan(self.chunks)
         if plan is not None:
             staged = cdc_chunks.staged_chunks(self.chunks, plan)
-            done = self._applied[1] if self._applied is not None else len(staged)
+            # (a first range is planned before the chunk plan exists: it may reach past its end)
+            done = min(self._applied[1], len(plan)) if self._applied is not None else len(staged)
             found["snapshot_chunks"] = f"{done}/{len(plan)}"
             found["snapshot_chunks_applied"] = done
             found["snapshot_chunks_total"] = len(plan)
             found["snapshot_done_pct"] = round(100.0 * done / len(plan), 1)
             found["snapshot_rows_staged"] = sum(s.rows for s in staged.values())
             if self._applied is not None:  # after a read: what this epoch applied
-                found[SNAPSHOT_CHUNKS_READ] = self._applied[1] - self._applied[0]
+                found[SNAPSHOT_CHUNKS_READ] = max(0, done - self._applied[0])
         return found
 
     # --- snapshot ---------------------------------------------------------------------------
@@ -299,17 +313,11 @@ class PostgresCdcSource:
         position past its range's start, and it applies them from there. A chunk of this epoch's
         own staged before ``floor``, where the WAL this epoch reads starts (a slot created again
         after it was staged), is staged again."""
-        plan = cdc_chunks.load_plan(self.chunks)
-        if plan is None:
-            return []
         if chunks is None:  # a snapshot staged whole at the first injection: every chunk is there
+            plan = cdc_chunks.load_plan(self.chunks) or []
             found = cdc_chunks.staged_chunks(self.chunks, plan)
             return [found[i] for i in sorted(found)]
-        if chunks.end > len(plan):
-            raise EpochalError(
-                f"{self._label}: the epoch applies snapshot chunks up to {chunks.end}, but the chunk plan in "
-                f"{self.chunks} has {len(plan)}: it was changed under the running source; run `epochal recover`"
-            )
+        plan = self._chunk_plan()
         needed = plan[: chunks.end]
         found = cdc_chunks.staged_chunks(self.chunks, needed)
         stale = {c.index for c in needed[chunks.start :] if c.index in found and found[c.index].position < floor}
