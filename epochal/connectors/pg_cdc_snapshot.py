@@ -1,20 +1,25 @@
 """Staging a postgres-cdc table's snapshot in primary-key chunks, read as parallel Spark tasks.
 
 The driver exports one snapshot (a temporary slot's consistent point, LSN L) and splits the key
-space (``cdc_chunks``); each Spark task opens its own connection, joins the exported snapshot
-(``SET TRANSACTION SNAPSHOT``), reads its chunk's rows with a server-side cursor and writes them as
-one Parquet file, durably, then the chunk's record (``cdc_chunks.record_chunk``). The exporting
-connection stays open until every task ended. Work that grows with the rows runs in the tasks; the
-driver only plans and waits. Without a SparkSession (a connector used on its own) the same function
-runs on the driver, one chunk after the other.
+space (``cdc_chunks``); the chunks are dealt to as many Spark tasks as the session has cores. Each
+task opens one connection, joins the exported snapshot (``SET TRANSACTION SNAPSHOT``) and stages its
+chunks one after the other in that transaction: a chunk's rows are streamed with ``COPY ... TO
+STDOUT`` and written as one Parquet file (a row group per batch of the stream, so a task's memory
+stays bounded whatever the chunk's size), durably, then the chunk's record
+(``cdc_chunks.record_chunk``): every chunk is kept on its own on resume. The exporting connection
+stays open until every task ended. Work that grows with the rows runs in the tasks; the driver only
+plans and waits. Without a SparkSession (a connector used on its own) the same function runs on the
+driver, one chunk after the other.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +32,7 @@ from epochal.connectors.cdc_chunks import (
     chunks_of,
     integer_boundaries,
     record_chunk,
+    sync_directory,
 )
 from epochal.connectors.cdc_snapshot import arrow_schema
 from epochal.connectors.pg_cdc_changes import parser, typed_row
@@ -46,6 +52,15 @@ _INTEGERS = ("int2", "int4", "int8")
 _COLLATABLE = ("text", "varchar", "bpchar")
 #: declared types whose values Arrow's CSV reader parses from PostgreSQL's text exactly as Python does
 _PARSED_BY_ARROW = ("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "STRING", "DATE")
+#: COPY output parsed and written as one Parquet row group at a time: bounds a task's memory (the
+#: text, its Arrow table and the row group being encoded) whatever the chunk's rows
+BATCH_BYTES = 32 << 20
+#: the staged files are read once, by the same machine's Spark, right after: not compressed (Snappy
+#: was about half of a chunk's Parquet write, and a chunk's unique keys and numbers hardly shrink)
+PARQUET_COMPRESSION = "none"
+
+#: the snapshot transactions a task's chunks share (``shared_connections``), None outside one
+_SHARED: contextvars.ContextVar[_Connections | None] = contextvars.ContextVar("pg_cdc_shared", default=None)
 
 
 def key_types(conn: psycopg.Connection, config: server.ServerConfig, key: Sequence[str]) -> tuple[str, ...]:
@@ -141,8 +156,8 @@ def stage_chunk(
 ) -> StagedChunk:
     """Reads ``chunk`` in the exported ``snapshot`` (at ``position``) and stages it: its Parquet
     file on the disk first, then its record (``record_chunk``: the first one stands, unless
-    ``replace``). Runs in a Spark task (or on the driver)."""
-    import pyarrow.parquet as pq
+    ``replace``). Runs in a Spark task (or on the driver); within ``shared_connections`` it reads in
+    the task's one transaction on the snapshot, else in its own."""
     from psycopg import sql
 
     schema = arrow_schema(columns)
@@ -150,22 +165,96 @@ def stage_chunk(
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     query, params = chunk_query(config, [c.name for c in columns], key, types, chunk)
     copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
-    with server.snapshot_transaction(config, snapshot) as conn, conn.cursor() as cursor:
-        data = bytearray()
-        with cursor.copy(copy, params) as rows_in:
-            for block in rows_in:
-                data += block
-    table = typed_table(bytes(data), columns, schema, f"{config.qualified} (snapshot chunk {chunk.index})")
-    rows = table.num_rows
-    pq.write_table(table, tmp)
+    where = f"{config.qualified} (snapshot chunk {chunk.index})"
+    shared = _SHARED.get()
+    opened = nullcontext(shared.get(config, snapshot)) if shared else server.snapshot_transaction(config, snapshot)
+    with opened as conn:
+        rows = _copy_to_parquet(conn, copy, params, columns, key, schema, tmp, where)
     sync_tree(str(tmp))
     os.replace(tmp, path)
-    # syncs the directory: the file's entry and the record's
+    # the file's entry on the disk before a record names it (a record is kept on resume)
+    sync_directory(directory)
+    # syncs the directory again: the record's entry
     return record_chunk(directory, StagedChunk(chunk, position, rows, str(path)), replace)
 
 
+def _copy_to_parquet(
+    conn: psycopg.Connection,
+    copy: object,
+    params: list,
+    columns: tuple[Column, ...],
+    key: tuple[str, ...],
+    schema: pa.Schema,
+    path: Path,
+    where: str,
+) -> int:
+    """Streams the COPY's rows into a Parquet file at ``path``, a row group per ``BATCH_BYTES`` of
+    text; returns the rows. The server sends one row per CopyData message (the protocol's "always
+    one per row") and psycopg yields one message at a time, so a batch always ends at a row's end,
+    even with a newline inside a quoted value."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    with conn.cursor() as cursor, cursor.copy(copy, params) as rows_in:  # type: ignore[arg-type]
+        writer = pq.ParquetWriter(
+            path, schema, compression=PARQUET_COMPRESSION, use_dictionary=dictionary_columns(columns, key)
+        )
+        with writer:
+            data = bytearray()
+            for block in rows_in:
+                data += block
+                if len(data) >= BATCH_BYTES:
+                    rows += _write_batch(writer, data, columns, schema, where)
+                    data = bytearray()  # a new one: Arrow may still view the old (no resize then)
+            if data or not rows:  # an empty chunk still writes its (empty) table
+                rows += _write_batch(writer, data, columns, schema, where)
+    return rows
+
+
+def dictionary_columns(columns: tuple[Column, ...], key: tuple[str, ...]) -> list[str]:
+    """The columns worth a Parquet dictionary: text outside the key, where repeated values are
+    common and long. A key's values are unique and a number's fixed-width: a dictionary there is
+    filled and thrown away (it was most of the write's time for a BIGINT key and a DECIMAL)."""
+    return [c.name for c in columns if c.type == "STRING" and c.name not in key]
+
+
+def _write_batch(
+    writer: object, data: bytearray, columns: tuple[Column, ...], schema: pa.Schema, where: str
+) -> int:
+    table = typed_table(data, columns, schema, where)
+    writer.write_table(table)  # type: ignore[attr-defined]
+    return table.num_rows
+
+
+class _Connections:
+    """One snapshot transaction per (server, snapshot), opened on first use, closed with the scope."""
+
+    def __init__(self, stack: ExitStack):
+        self._stack = stack
+        self._open: dict[tuple[server.ServerConfig, str], psycopg.Connection] = {}
+
+    def get(self, config: server.ServerConfig, snapshot: str) -> psycopg.Connection:
+        if (config, snapshot) not in self._open:
+            self._open[config, snapshot] = self._stack.enter_context(server.snapshot_transaction(config, snapshot))
+        return self._open[config, snapshot]
+
+
+@contextmanager
+def shared_connections() -> Iterator[None]:
+    """Within it, ``stage_chunk`` calls share one connection per snapshot: a task's chunks cost one
+    connection and one ``SET TRANSACTION SNAPSHOT`` (every read still sees exactly the exported
+    snapshot: a REPEATABLE READ transaction's statements all see its snapshot). An error ends the
+    transaction with the scope; the chunks staged before it keep their records."""
+    with ExitStack() as stack:
+        token = _SHARED.set(_Connections(stack))
+        try:
+            yield
+        finally:
+            _SHARED.reset(token)
+
+
 def typed_table(
-    csv: bytes, columns: tuple[Column, ...], schema: pa.Schema, where: str = "the upstream table"
+    csv: bytes | bytearray, columns: tuple[Column, ...], schema: pa.Schema, where: str = "the upstream table"
 ) -> pa.Table:
     """The rows of a ``COPY ... (FORMAT csv)`` of values as text, as the declared columns' values:
     the same values ``typed_row`` gives for each text (the WAL's), converted a column at a time in
@@ -196,12 +285,12 @@ def typed_table(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _read_csv(csv: bytes, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+def _read_csv(csv: bytes | bytearray, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
     import pyarrow as pa
     from pyarrow import csv as pacsv
 
     return pacsv.read_csv(
-        pa.BufferReader(csv),
+        pa.BufferReader(pa.py_buffer(csv)),  # the bytes where they are, not a copy
         read_options=pacsv.ReadOptions(column_names=names, use_threads=False),  # a task is one core
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         # COPY's csv: NULL is an unquoted empty field, an empty string a quoted one
@@ -241,9 +330,12 @@ def stage_chunks(
     directory: Path,
     label: str,
     total: int,
+    tasks: int | None = None,
 ) -> None:
-    """Stages ``chunks`` with ``stage_one``: as Spark tasks, one chunk a task (mapInArrow over a
-    range of chunk numbers), or on the driver without Spark. Logs progress while they run."""
+    """Stages ``chunks`` with ``stage_one``: as Spark tasks (mapInArrow over a range of task
+    numbers), ``tasks`` of them (default: the session's cores), task t staging chunks t, t + tasks,
+    ... in order in one shared transaction; or on the driver without Spark. Logs progress while
+    they run."""
     if not chunks:
         return
     done = threading.Event()
@@ -251,23 +343,28 @@ def stage_chunks(
     watcher.start()
     try:
         if spark is None:
-            for chunk in chunks:
-                stage_one(chunk)
+            with shared_connections():
+                for chunk in chunks:
+                    stage_one(chunk)
         else:
             todo = list(chunks)
+            # a task per core: each chunk more in a task costs a COPY, not a task, a Python worker's
+            # round trip and a connection; dealt in turn, so that uneven ranges spread over the tasks
+            count = max(1, min(len(todo), tasks or spark.sparkContext.defaultParallelism))
 
             def task(batches: Iterator) -> Iterator:  # pickled to the executors
                 import pyarrow as pa
 
                 for batch in batches:
                     for number in batch.column(0).to_pylist():
-                        staged = stage_one(todo[number])
+                        with shared_connections():
+                            staged = [stage_one(chunk) for chunk in todo[number::count]]
                         yield pa.RecordBatch.from_pydict(
-                            {"index": [staged.chunk.index], "rows": [staged.rows]},
+                            {"index": [s.chunk.index for s in staged], "rows": [s.rows for s in staged]},
                             pa.schema([("index", pa.int64()), ("rows", pa.int64())]),
                         )
 
-            spark.range(len(todo), numPartitions=len(todo)).mapInArrow(task, "index long, rows long").collect()
+            spark.range(count, numPartitions=count).mapInArrow(task, "index long, rows long").collect()
     finally:
         done.set()
         watcher.join()
