@@ -190,25 +190,55 @@ def _copy_to_parquet(
 ) -> int:
     """Streams the COPY's rows into a Parquet file at ``path``, a row group per ``BATCH_BYTES`` of
     text; returns the rows. The server sends one row per CopyData message (the protocol's "always
-    one per row") and psycopg yields one message at a time, so a batch always ends at a row's end,
-    even with a newline inside a quoted value."""
+    one per row") and ``_copy_out`` yields one message at a time, so a batch always ends at a row's
+    end, even with a newline inside a quoted value."""
     import pyarrow.parquet as pq
 
     rows = 0
-    with conn.cursor() as cursor, cursor.copy(copy, params) as rows_in:  # type: ignore[arg-type]
-        writer = pq.ParquetWriter(
-            path, schema, compression=PARQUET_COMPRESSION, use_dictionary=dictionary_columns(columns, key)
-        )
-        with writer:
-            data = bytearray()
-            for block in rows_in:
-                data += block
-                if len(data) >= BATCH_BYTES:
-                    rows += _write_batch(writer, data, columns, schema, where)
-                    data = bytearray()  # a new one: Arrow may still view the old (no resize then)
-            if data or not rows:  # an empty chunk still writes its (empty) table
+    writer = pq.ParquetWriter(
+        path, schema, compression=PARQUET_COMPRESSION, use_dictionary=dictionary_columns(columns, key)
+    )
+    with writer:
+        data = bytearray()
+        for block in _copy_out(conn, copy, params):
+            data += block
+            if len(data) >= BATCH_BYTES:
                 rows += _write_batch(writer, data, columns, schema, where)
+                data = bytearray()  # a new one: Arrow may still view the old (no resize then)
+        if data or not rows:  # an empty chunk still writes its (empty) table
+            rows += _write_batch(writer, data, columns, schema, where)
     return rows
+
+
+def _copy_out(conn: psycopg.Connection, copy: object, params: list) -> Iterator[bytes]:
+    """The rows of ``COPY ... TO STDOUT``, one CopyData message each, read with libpq's blocking
+    ``PQgetCopyData`` in a plain loop: psycopg's ``Copy`` iterator waits through its generator
+    machinery per row, 0.53 s against 0.36 s for a million rows (a third of a chunk's time). The
+    statement's parameters are bound client-side, as psycopg binds a COPY's."""
+    import psycopg
+    from psycopg import pq
+
+    statement = psycopg.ClientCursor(conn).mogrify(copy, params)  # type: ignore[arg-type]
+    pgconn = conn.pgconn
+    started = pgconn.exec_(statement.encode())
+    if started.status != pq.ExecStatus.COPY_OUT:
+        raise psycopg.OperationalError(f"COPY of a snapshot chunk failed: {_error(started)}")
+    while True:
+        size, block = pgconn.get_copy_data(0)
+        if size < 0:
+            break
+        yield block
+    failed = None
+    while (result := pgconn.get_result()) is not None:  # drained, so the connection takes commands
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            failed = failed or _error(result)
+    if size == -2 or failed:
+        raise psycopg.OperationalError(f"COPY of a snapshot chunk failed: {failed or _error(pgconn)}")
+
+
+def _error(source: object) -> str:
+    message = getattr(source, "error_message", b"") or b""
+    return message.decode(errors="replace").strip() or "no message from the server"
 
 
 def dictionary_columns(columns: tuple[Column, ...], key: tuple[str, ...]) -> list[str]:
@@ -218,9 +248,7 @@ def dictionary_columns(columns: tuple[Column, ...], key: tuple[str, ...]) -> lis
     return [c.name for c in columns if c.type == "STRING" and c.name not in key]
 
 
-def _write_batch(
-    writer: object, data: bytearray, columns: tuple[Column, ...], schema: pa.Schema, where: str
-) -> int:
+def _write_batch(writer: object, data: bytearray, columns: tuple[Column, ...], schema: pa.Schema, where: str) -> int:
     table = typed_table(data, columns, schema, where)
     writer.write_table(table)  # type: ignore[attr-defined]
     return table.num_rows

@@ -77,3 +77,15 @@ def test_streamed_chunks_in_a_shared_snapshot_transaction(upstream, tmp_path, mo
         assert s.rows == 0 or parquet.num_row_groups > 1
         got += [(r["id"], r["note"], r["v"]) for r in parquet.read().to_pylist()]
     assert got == want
+
+
+def test_a_copy_the_server_refuses_is_an_error_with_its_message_and_the_connection_stays_usable(upstream) -> None:
+    from psycopg import sql
+
+    with psycopg.connect(pg_dsn(DB)) as conn:
+        bad = sql.SQL("COPY (SELECT 1 / (id - %s) FROM t) TO STDOUT (FORMAT csv)")
+        with pytest.raises(psycopg.OperationalError, match="division by zero"):
+            list(pg_cdc_snapshot._copy_out(conn, bad, [150]))  # fails part-way, after rows came
+        conn.rollback()
+        good = sql.SQL("COPY (SELECT id FROM t WHERE id <= %s) TO STDOUT (FORMAT csv)")
+        assert b"".join(pg_cdc_snapshot._copy_out(conn, good, [3])) == b"1\n2\n3\n"
