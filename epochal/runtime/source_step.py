@@ -125,15 +125,16 @@ class SourceSteps:
                 epoch, name, ranges, lambda at: warehouse.write(change, at), batch, started, run_id, release, "spark"
             )
         marked = None
-        if not keyed or _reads_state_whole(stored, lines):
-            # The records are read once, by the change's write, which counts the misfits on the way
-            # (300,000 lines: its job took 2.1 s with the cache below, 1.5 s without; a keyed
-            # 1,000,000-line initial load spent 4.6 s filling the cache).
+        if not keyed or stored == 0:
+            # The records are the change (or, keyed, an initial load's: no earlier row to join):
+            # its write reads every line once and counts the misfits on the way (300,000 lines: its
+            # job took 2.1 s with the cache below, 1.5 s without).
             rows, rejected = observed_rows(batch.marked)
         else:
-            # Read twice (the change's write, and the lookup of the keys it touches, which restricts
-            # the earlier rows), so every line is read and parsed once, into Spark's cache, not once
-            # per question.
+            # Every line is read and parsed once, into Spark's cache, for the change's write, the
+            # lookup of the keys it touches and the question whether any line was rejected. Measured
+            # against an Observation where the earlier rows are read whole (1M lines over 1M rows,
+            # back to back): 8.1 s with the cache, 8.7 s without.
             from pyspark import StorageLevel
 
             marked = batch.marked.persist(StorageLevel.MEMORY_AND_DISK)

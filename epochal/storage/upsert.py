@@ -18,7 +18,7 @@ a cluster and Spark Connect.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from epochal.sql import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
 
 #: Columns a keyed source's records carry after the declared ones (see ``LogSource.read``).
 OP_COLUMN = "_op"
@@ -45,9 +46,9 @@ DELETE = "delete"
 _RANK = "__epochal_rank"
 _PREV = "__epochal_prev_{}"
 _FOUND = "__epochal_found"
-#: the key's columns as one struct: the window's partitioning and the join's key
-_KEY = "__epochal_key"
-_PREV_KEY = "__epochal_prev_key"
+#: the key's columns made NULL-safe to compare with ``=``: the window's partitioning and the join's key
+_KEY = "__epochal_key{}"
+_PREV_KEY = "__epochal_prev"
 
 
 def upsert_changes(
@@ -64,9 +65,10 @@ def upsert_changes(
     The result is lazy, and ``incoming`` is read once. ``previous`` is only read through a join with
     the keys the epoch touches, so beyond scanning it, the work follows the change, not the table.
     The records are shuffled once: the window that keeps each key's last record and the join
-    partition by the same column, the key as a struct (whose equality is NULL-safe), so the join
-    reuses the window's partitioning (an ``eqNullSafe`` join key is rewritten by Spark into other
-    expressions, and the records were shuffled a second time for it)."""
+    partition by the same columns, each key column as ``coalesce(k, zero)`` and ``k IS NULL`` (equal
+    exactly when ``k <=> k'``), so the join reuses the window's partitioning and order. An
+    ``eqNullSafe`` join is rewritten by Spark into such expressions of its own, which the window's
+    partitioning did not match, and the records were shuffled a second time for it."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -75,16 +77,19 @@ def upsert_changes(
     key, columns = list(key), list(columns)
     _check_shapes(incoming, previous, key, columns)
     partial = UNCHANGED_COLUMN in incoming.columns
-    incoming = incoming.withColumn(_KEY, F.struct(*[F.col(quote(k)).alias(k) for k in key]))
+    types = {f.name: f.dataType for f in incoming.schema.fields}
+    match_on = _null_safe_key(key, types)
+    incoming = incoming.withColumns({name: value(F.col(quote(k))) for name, (k, value) in match_on.items()})
     if partial:
-        incoming = _unchanged_from_earlier_records(incoming, columns)
+        incoming = _unchanged_from_earlier_records(incoming, key, columns, list(match_on))
 
     # The last record of each key wins.
-    latest_first = Window.partitionBy(F.col(_KEY)).orderBy(F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc())
+    latest_first = Window.partitionBy(*[F.col(n) for n in match_on]).orderBy(
+        F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc()
+    )
     last = incoming.withColumn(_RANK, F.row_number().over(latest_first)).where(F.col(_RANK) == 1)
 
     if previous is None:
-        types = {f.name: f.dataType for f in incoming.schema.fields}
         joined = last
         prev = {c: F.lit(None).cast(types[c]) for c in columns}
         found = F.lit(False)
@@ -93,11 +98,12 @@ def upsert_changes(
         # marker tells "no previous row" apart from a previous row whose columns are NULL
         before = previous.select(
             *[F.col(quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)],
-            F.struct(*[F.col(quote(k)).alias(k) for k in key]).alias(_PREV_KEY),
+            *[value(F.col(quote(k))).alias(_PREV_KEY + name) for name, (k, value) in match_on.items()],
             F.lit(True).alias(_FOUND),
         )
         prev = {c: F.col(_PREV.format(i)) for i, c in enumerate(columns)}
-        joined = last.join(before, F.col(_KEY) == F.col(_PREV_KEY), "left")
+        same_key = _all([F.col(name) == F.col(_PREV_KEY + name) for name in match_on])
+        joined = last.join(before, same_key, "left")
         found = F.col(_FOUND).isNotNull()
     if partial:
         joined = _unchanged_from_state(joined, columns, prev, found)
@@ -123,16 +129,17 @@ def _unchanged(column: str) -> "Column":
     return F.coalesce(F.array_contains(F.col(UNCHANGED_COLUMN), column), F.lit(False))
 
 
-def _unchanged_from_earlier_records(incoming: "DataFrame", columns: list[str]) -> "DataFrame":
+def _unchanged_from_earlier_records(
+    incoming: "DataFrame", key: list[str], columns: list[str], match_on: list[str]
+) -> "DataFrame":
     """``incoming`` with each unchanged value taken from the key's latest earlier record in the
     epoch that sent it (a table's first range holds its snapshot rows, then the log's), and
     UNCHANGED_COLUMN left naming only the columns still to be taken from the state."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    key = [f.name for f in incoming.schema[_KEY].dataType.fields]
     earlier = (
-        Window.partitionBy(F.col(_KEY))
+        Window.partitionBy(*[F.col(n) for n in match_on])
         .orderBy(F.col(SPLIT_COLUMN), F.col(OFFSET_COLUMN))
         .rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -170,6 +177,45 @@ def _unchanged_from_state(
             for c in columns
         }
     )
+
+
+def _null_safe_key(key: list[str], types: "dict[str, DataType]") -> "dict[str, tuple[str, Callable[[Column], Column]]]":
+    """Per key column, the columns that compare it NULL-safely with ``=`` (name -> the key column
+    and how to make it): ``coalesce(k, zero)`` and ``k IS NULL`` for a type with a zero; the
+    column inside a struct (whose equality is NULL-safe, but whose sort is slower) otherwise."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        NumericType,
+        StringType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    made: dict[str, tuple[str, Callable[[Column], Column]]] = {}
+    for i, k in enumerate(key):
+        t = types[k]
+        zero = (
+            F.lit(0).cast(t)
+            if isinstance(t, NumericType)
+            else F.lit("")
+            if isinstance(t, StringType)
+            else F.lit(False)
+            if isinstance(t, BooleanType)
+            else F.lit("1970-01-01").cast(t)
+            if isinstance(t, DateType | TimestampType | TimestampNTZType)
+            else F.lit("").cast(t)
+            if isinstance(t, BinaryType)
+            else None
+        )
+        if zero is None:
+            made[_KEY.format(f"{i}s")] = (k, lambda c: F.struct(c.alias("k")))
+            continue
+        made[_KEY.format(f"{i}v")] = (k, lambda c, zero=zero: F.coalesce(c, zero))
+        made[_KEY.format(f"{i}n")] = (k, lambda c: c.isNull())
+    return made
 
 
 def _all(conditions: "list[Column]") -> "Column":
