@@ -18,7 +18,7 @@ a cluster and Spark Connect.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,6 @@ from epochal.sql import quote
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType
 
 #: Columns a keyed source's records carry after the declared ones (see ``LogSource.read``).
 OP_COLUMN = "_op"
@@ -46,9 +45,6 @@ DELETE = "delete"
 _RANK = "__epochal_rank"
 _PREV = "__epochal_prev_{}"
 _FOUND = "__epochal_found"
-#: the key's columns made NULL-safe to compare with ``=``: the window's partitioning and the join's key
-_KEY = "__epochal_key{}"
-_PREV_KEY = "__epochal_prev"
 
 
 def upsert_changes(
@@ -63,12 +59,7 @@ def upsert_changes(
     table's first epoch: nothing to join). Keys compare NULL-safely.
 
     The result is lazy, and ``incoming`` is read once. ``previous`` is only read through a join with
-    the keys the epoch touches, so beyond scanning it, the work follows the change, not the table.
-    The records are shuffled once: the window that keeps each key's last record and the join
-    partition by the same columns, each key column as ``coalesce(k, zero)`` and ``k IS NULL`` (equal
-    exactly when ``k <=> k'``), so the join reuses the window's partitioning and order. An
-    ``eqNullSafe`` join is rewritten by Spark into such expressions of its own, which the window's
-    partitioning did not match, and the records were shuffled a second time for it."""
+    the keys the epoch touches, so beyond scanning it, the work follows the change, not the table."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -77,32 +68,28 @@ def upsert_changes(
     key, columns = list(key), list(columns)
     _check_shapes(incoming, previous, key, columns)
     partial = UNCHANGED_COLUMN in incoming.columns
-    types = {f.name: f.dataType for f in incoming.schema.fields}
-    match_on = _null_safe_key(key, types)
-    incoming = incoming.withColumns({name: value(F.col(quote(k))) for name, (k, value) in match_on.items()})
     if partial:
-        incoming = _unchanged_from_earlier_records(incoming, key, columns, list(match_on))
+        incoming = _unchanged_from_earlier_records(incoming, key, columns)
 
-    # The last record of each key wins.
-    latest_first = Window.partitionBy(*[F.col(n) for n in match_on]).orderBy(
+    # The last record of each key wins. partitionBy groups NULL keys together, which is the
+    # NULL-safe equality the join below uses too.
+    latest_first = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy(
         F.col(SPLIT_COLUMN).desc(), F.col(OFFSET_COLUMN).desc()
     )
     last = incoming.withColumn(_RANK, F.row_number().over(latest_first)).where(F.col(_RANK) == 1)
 
     if previous is None:
-        joined = last
+        types = {f.name: f.dataType for f in incoming.schema.fields}
+        joined, found = last, F.lit(False)
         prev = {c: F.lit(None).cast(types[c]) for c in columns}
-        found = F.lit(False)
     else:
         # previous's columns renamed, so both sides of the join can be named without ambiguity; the
         # marker tells "no previous row" apart from a previous row whose columns are NULL
         before = previous.select(
-            *[F.col(quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)],
-            *[value(F.col(quote(k))).alias(_PREV_KEY + name) for name, (k, value) in match_on.items()],
-            F.lit(True).alias(_FOUND),
+            *[F.col(quote(c)).alias(_PREV.format(i)) for i, c in enumerate(columns)], F.lit(True).alias(_FOUND)
         )
         prev = {c: F.col(_PREV.format(i)) for i, c in enumerate(columns)}
-        same_key = _all([F.col(name) == F.col(_PREV_KEY + name) for name in match_on])
+        same_key = _all([F.col(quote(k)).eqNullSafe(prev[k]) for k in key])
         joined = last.join(before, same_key, "left")
         found = F.col(_FOUND).isNotNull()
     if partial:
@@ -129,9 +116,7 @@ def _unchanged(column: str) -> "Column":
     return F.coalesce(F.array_contains(F.col(UNCHANGED_COLUMN), column), F.lit(False))
 
 
-def _unchanged_from_earlier_records(
-    incoming: "DataFrame", key: list[str], columns: list[str], match_on: list[str]
-) -> "DataFrame":
+def _unchanged_from_earlier_records(incoming: "DataFrame", key: list[str], columns: list[str]) -> "DataFrame":
     """``incoming`` with each unchanged value taken from the key's latest earlier record in the
     epoch that sent it (a table's first range holds its snapshot rows, then the log's), and
     UNCHANGED_COLUMN left naming only the columns still to be taken from the state."""
@@ -139,7 +124,7 @@ def _unchanged_from_earlier_records(
     from pyspark.sql import functions as F
 
     earlier = (
-        Window.partitionBy(*[F.col(n) for n in match_on])
+        Window.partitionBy(*[F.col(quote(k)) for k in key])
         .orderBy(F.col(SPLIT_COLUMN), F.col(OFFSET_COLUMN))
         .rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -177,45 +162,6 @@ def _unchanged_from_state(
             for c in columns
         }
     )
-
-
-def _null_safe_key(key: list[str], types: "dict[str, DataType]") -> "dict[str, tuple[str, Callable[[Column], Column]]]":
-    """Per key column, the columns that compare it NULL-safely with ``=`` (name -> the key column
-    and how to make it): ``coalesce(k, zero)`` and ``k IS NULL`` for a type with a zero; the
-    column inside a struct (whose equality is NULL-safe, but whose sort is slower) otherwise."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import (
-        BinaryType,
-        BooleanType,
-        DateType,
-        NumericType,
-        StringType,
-        TimestampNTZType,
-        TimestampType,
-    )
-
-    made: dict[str, tuple[str, Callable[[Column], Column]]] = {}
-    for i, k in enumerate(key):
-        t = types[k]
-        zero = (
-            F.lit(0).cast(t)
-            if isinstance(t, NumericType)
-            else F.lit("")
-            if isinstance(t, StringType)
-            else F.lit(False)
-            if isinstance(t, BooleanType)
-            else F.lit("1970-01-01").cast(t)
-            if isinstance(t, DateType | TimestampType | TimestampNTZType)
-            else F.lit("").cast(t)
-            if isinstance(t, BinaryType)
-            else None
-        )
-        if zero is None:
-            made[_KEY.format(f"{i}s")] = (k, lambda c: F.struct(c.alias("k")))
-            continue
-        made[_KEY.format(f"{i}v")] = (k, lambda c, zero=zero: F.coalesce(c, zero))
-        made[_KEY.format(f"{i}n")] = (k, lambda c: c.isNull())
-    return made
 
 
 def _all(conditions: "list[Column]") -> "Column":
