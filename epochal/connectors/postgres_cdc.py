@@ -22,7 +22,7 @@ count key chunks applied). How an epoch is read:
 * The slot's confirmed position moves (``release_wal``) only to the end of the committed epoch of
   every table that shares the slot, so a recovery reads the same changes again.
 * The snapshot (RisingWave's CDC backfill, live epochs commit while it runs): the table's key space
-  is split into chunks (``snapshot.chunk.rows``, about 100,000 rows each) at the first injection.
+  is split into chunks (``snapshot.chunk.rows``, about 100,000 rows each) by its first read.
   A temporary replication slot exports a snapshot exactly at its consistent point L, and each chunk
   an epoch applies is read in it by a Spark task of its own and staged as Parquet under
   EPOCHAL_HOME, durably, then its record (key range, L, rows; the first record written stands). A
@@ -349,7 +349,7 @@ class PostgresCdcSource:
                 )
 
             spark = self._spark() if self._spark is not None else None
-            stage_chunks(spark, stage_one, pending, directory, self._label, 0)
+            stage_chunks(spark, stage_one, pending, directory, self._label, len(pending) * self.config.chunk_rows)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -381,8 +381,8 @@ class PostgresCdcSource:
         if log_range is None:
             raise EpochalError(f"{self._label}: the epoch's ranges {ranges} have no range of the WAL")
         chunks = next((r for r in ranges if r.split == self.snapshot_split), None)
-        # a table's first range starts where its slot was created (at the slot's position: nothing
-        # of the slot is committed before the first epoch is)
+        # a table's first range starts where the slot stands: it is not advanced while a table of
+        # it has nothing committed (``EpochRuntime._release_committed_wal``)
         floor = log_range.start or self._slot_position()
         staged = self._chunks_for(floor, chunks)
         applying = [s for s in staged if chunks is not None and chunks.start <= s.chunk.index < chunks.end]
