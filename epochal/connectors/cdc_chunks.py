@@ -182,8 +182,10 @@ def record_chunk(directory: Path, staged: StagedChunk, replace: bool = False) ->
     data = {"position": staged.position, "rows": staged.rows, "file": staged.file}
     if write_durably(path, data, replace):
         return staged
-    Path(staged.file).unlink(missing_ok=True)
-    return staged_chunks(directory, [staged.chunk])[staged.chunk.index]
+    standing = staged_chunks(directory, [staged.chunk])[staged.chunk.index]
+    if standing.file != staged.file:  # the same file when both read at one position (a task's retry)
+        Path(staged.file).unlink(missing_ok=True)
+    return standing
 
 
 def staged_chunks(directory: Path, chunks: Sequence[Chunk]) -> dict[int, StagedChunk]:

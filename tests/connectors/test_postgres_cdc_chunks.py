@@ -170,3 +170,21 @@ def test_a_table_whose_snapshot_was_staged_whole_plans_no_snapshot_chunks(tmp_pa
     assert connector._snapshot_range({"public.t": 1234}) == []
     # a new table plans its first chunks before it has a chunk plan (the first read makes it)
     assert [(r.start, r.end) for r in connector._snapshot_range({})] == [(0, 10)]
+
+
+def test_a_chunk_staged_twice_keeps_its_first_record_and_its_file(tmp_path: Path) -> None:
+    """Two runs (or a Spark task's retry) staging one chunk: the first record stands, every reader
+    sees one position, and the file it names is never deleted, even when both wrote that file."""
+    from epochal.connectors.cdc_chunks import chunk_file_path, record_chunk, staged_chunks
+
+    chunk = Chunk(0, None, None)
+    first, second = (chunk_file_path(tmp_path, 0, at) for at in (100, 200))
+    for path in (first, second):
+        path.write_bytes(b"rows")
+    assert record_chunk(tmp_path, StagedChunk(chunk, 100, 5, str(first))).position == 100
+    standing = record_chunk(tmp_path, StagedChunk(chunk, 200, 5, str(second)))  # a later run: it loses
+    assert standing.position == 100 and standing.file == str(first) and first.exists() and not second.exists()
+    retried = record_chunk(tmp_path, StagedChunk(chunk, 100, 5, str(first)))  # a retry at the same position
+    assert retried.file == str(first) and first.exists()
+    replaced = record_chunk(tmp_path, StagedChunk(chunk, 200, 5, str(first)), replace=True)  # a stale chunk
+    assert staged_chunks(tmp_path, [chunk])[0] == replaced
