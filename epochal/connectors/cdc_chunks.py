@@ -4,14 +4,19 @@ Pure logic, no Spark and no server. The key space is split into ranges ``[lower,
 tuples; the first chunk has no lower bound, the last no upper bound), so every key, even one
 inserted after the split, falls in exactly one chunk. Each chunk is read in a transaction whose
 snapshot sits exactly at a log position (an exported snapshot's consistent point) and staged with
-that position. Chunks read in one go share one position; chunks read after a kill share a later one.
+that position. Chunks read in one go share one position; chunks read later (by a later epoch, or
+after a kill) a later one. The chunks are applied in key order, a few per epoch: an epoch's chunks'
+rows come first in its batch, then the log's records of its range.
 
 Why nothing is lost or doubled (the per-row visibility rule, as in RisingWave's snapshot backfill):
-a log record at position ``p`` for key ``k`` applies only if ``p >= P(k)``, ``P(k)`` the position of
-the chunk whose range holds ``k``. A change committed before ``P(k)`` is already in that chunk's rows
-(the chunk's snapshot saw it), so applying it again would double it (or resurrect a deleted row);
-a change committed at or after ``P(k)`` is not in the chunk, so it must apply, on top of the chunk's
-rows, which come first in the table's first range. A row that moves key (an update of the primary
+a log record at position ``p`` for key ``k`` applies only if ``k``'s chunk is applied (by this epoch
+or an earlier one) and ``p >= P(k)``, ``P(k)`` that chunk's position. A change committed before
+``P(k)`` is already in that chunk's rows (the chunk's snapshot saw it), so applying it again would
+double it (or resurrect a deleted row); a change committed at or after ``P(k)`` is not in the chunk,
+so it must apply, on top of the chunk's rows. A change to a key whose chunk is not applied yet is
+left out: the chunk, read later, at a position past the change, holds it. An epoch only applies a
+chunk staged at or after its range's start, so no change at or after ``P(k)`` fell in an earlier
+epoch's range and was left out there. A row that moves key (an update of the primary
 key) is a delete of the old key and an upsert of the new one, each judged by its own key's chunk:
 the old key's chunk may be staged before the move (holds the row: the delete applies) and the new
 key's after it (holds the row already: the upsert is skipped), or any other mix, and each half is
