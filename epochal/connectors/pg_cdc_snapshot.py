@@ -378,7 +378,7 @@ def stage_chunks(
             todo = list(chunks)
             # a task per core: each chunk more in a task costs a COPY, not a task, a Python worker's
             # round trip and a connection; dealt in turn, so that uneven ranges spread over the tasks
-            count = max(1, min(len(todo), tasks or spark.sparkContext.defaultParallelism))
+            count = max(1, min(len(todo), tasks or task_slots(spark)))
 
             def task(batches: Iterator) -> Iterator:  # pickled to the executors
                 import pyarrow as pa
@@ -396,6 +396,19 @@ def stage_chunks(
     finally:
         done.set()
         watcher.join()
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks the session runs at once: its default parallelism; on Spark Connect, whose
+    client has no SparkContext, ``spark.default.parallelism`` if the server sets it, else the
+    session's shuffle partitions."""
+    if not type(spark).__module__.startswith("pyspark.sql.connect"):
+        return spark.sparkContext.defaultParallelism
+    for key in ("spark.default.parallelism", "spark.sql.shuffle.partitions"):
+        value = spark.conf.get(key, None)
+        if value and str(value).isdigit():
+            return int(value)
+    return 2
 
 
 def _progress(done: threading.Event, chunks: Sequence[Chunk], directory: Path, label: str, total: int) -> None:

@@ -89,3 +89,20 @@ def test_a_copy_the_server_refuses_is_an_error_with_its_message_and_the_connecti
         conn.rollback()
         good = sql.SQL("COPY (SELECT id FROM t WHERE id <= %s) TO STDOUT (FORMAT csv)")
         assert b"".join(pg_cdc_snapshot._copy_out(conn, good, [3])) == b"1\n2\n3\n"
+
+
+def test_the_snapshot_tasks_fit_a_spark_connect_session_which_has_no_spark_context() -> None:
+    class Conf:
+        def __init__(self, values: dict[str, str]):
+            self.values = values
+
+        def get(self, key: str, default: str | None = None) -> str | None:
+            return self.values.get(key, default)
+
+    class ConnectSession:  # what the Connect client's session answers; it has no sparkContext
+        def __init__(self, values: dict[str, str]):
+            self.conf = Conf(values)
+
+    ConnectSession.__module__ = "pyspark.sql.connect.session"
+    assert pg_cdc_snapshot.task_slots(ConnectSession({"spark.default.parallelism": "8"})) == 8
+    assert pg_cdc_snapshot.task_slots(ConnectSession({"spark.sql.shuffle.partitions": "4"})) == 4
