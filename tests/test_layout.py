@@ -18,7 +18,10 @@ PACKAGE = REPO / "epochal"
 #: lowest first: a module may import modules of its own layer (without a circle) or of lower ones
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # shared vocabulary: leaf modules every layer uses
-    ("vocabulary", ("epoch", "errors", "settings", "sql", "retry", "lease", "redaction", "faults", "options")),
+    (
+        "vocabulary",
+        ("epoch", "errors", "settings", "sql", "retry", "lease", "redaction", "faults", "options", "env_refs"),
+    ),
     # what Epochal runs on: the meta store's backends, Spark as a process
     ("infrastructure", ("meta", "spark")),
     # files: the warehouse layout, change netting, snapshots, the state read path
