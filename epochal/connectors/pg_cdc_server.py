@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from epochal.connectors.cdc_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_EPOCH_ROWS
 from epochal.connectors.pgoutput import lsn_int, lsn_text
 from epochal.env_refs import resolved
 from epochal.errors import EpochalError
@@ -66,9 +67,9 @@ class ServerConfig:
     slot: str
     publication: str
     #: about how many rows a chunk of the snapshot holds (``snapshot.chunk.rows``)
-    chunk_rows: int = 100_000
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
     #: about how many snapshot rows an epoch applies (``snapshot.epoch.rows``)
-    epoch_rows: int = 1_000_000
+    epoch_rows: int = DEFAULT_EPOCH_ROWS
     #: ``password`` is the password itself, read from the environment already (``resolved``)
     password_resolved: bool = False
 
