@@ -53,6 +53,7 @@ class Pipe:
         self.runtime = runtime_for(root / kind / "home", pipeline, spark, {"EPOCHAL_DRIVER_ROWS": "0"})
         self.next_id = 0
         self.splits = 0
+        self.cpu = (0.0, 0.0)
 
     def append(self, rows: int, bad: bool) -> Path:
         """N lines of fresh ids as a new split file (and, with ``bad``, one malformed line)."""
@@ -74,6 +75,8 @@ class Pipe:
         scheduler = spark.sparkContext._jsc.sc().dagScheduler()
         first_job = scheduler.numTotalJobs() - 1
         profiler = cProfile.Profile() if profile else None
+        jvm_before = harness.jvm_thread_cpu(spark)
+        python_before = harness.python_cpu()
         started = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -81,6 +84,9 @@ class Pipe:
         if profiler is not None:
             profiler.disable()
         seconds = time.perf_counter() - started
+        #: the step's driver CPU seconds: this process's, and the driver JVM's outside tasks
+        python_spent = harness.python_cpu() - python_before
+        self.cpu = (python_spent, harness.jvm_driver_cpu(jvm_before, harness.jvm_thread_cpu(spark)))
         if profiler is not None:
             from views_common import job_times
 
@@ -146,6 +152,8 @@ def main() -> None:
                 pipe.step()
                 ours: list[float] = []
                 base: list[float] = []
+                python_cpu: list[float] = []
+                jvm_cpu: list[float] = []
                 loads: list[str] = []
                 for i in range(args.repeats):
                     path = pipe.append(size, args.bad)
@@ -158,18 +166,42 @@ def main() -> None:
                             if meta["records_read"] != size + expected_dead or meta["dead_letters"] != expected_dead:
                                 raise SystemExit(f"{kind}: unexpected step {meta}")
                             ours.append(seconds)
+                            python_cpu.append(pipe.cpu[0])
+                            jvm_cpu.append(pipe.cpu[1])
                         else:
                             base.append(floor(spark, path, out))
                     loads.append(harness.load_now())
-                    log(f"{kind} {size:,}: epochal {ours[-1]:.2f} s, floor {base[-1]:.2f} s (load {loads[-1]})")
+                    log(
+                        f"{kind} {size:,}: epochal {ours[-1]:.2f} s (driver CPU: Python {python_cpu[-1]:.2f} s, "
+                        f"JVM {jvm_cpu[-1]:.2f} s), floor {base[-1]:.2f} s (load {loads[-1]})"
+                    )
                 ratio = paired_ratio(ours, base)
                 results.append(
-                    {"rows": size, "kind": kind, "epochal": ours, "floor": base, "ratio": ratio, "loads": loads}
+                    {
+                        "rows": size,
+                        "kind": kind,
+                        "epochal": ours,
+                        "floor": base,
+                        "ratio": ratio,
+                        "loads": loads,
+                        "driver_python_cpu_s": python_cpu,
+                        "driver_jvm_cpu_s": jvm_cpu,
+                    }
                 )
                 rows_out.append(
-                    [f"{size:,}", kind, fmt_s(median(ours)), fmt_s(median(base)), fmt_x(ratio), " / ".join(loads)]
+                    [
+                        f"{size:,}",
+                        kind,
+                        fmt_s(median(ours)),
+                        fmt_s(median(base)),
+                        fmt_x(ratio),
+                        fmt_s(median(python_cpu)),
+                        fmt_s(median(jvm_cpu)),
+                        " / ".join(loads),
+                    ]
                 )
-        print(table(["rows", "kind", "epochal step", "floor", "ratio", "load"], rows_out), flush=True)
+        headers = ["rows", "kind", "epochal step", "floor", "ratio", "driver CPU: Python", "JVM", "load"]
+        print(table(headers, rows_out), flush=True)
     spark.stop()
     out_file = harness.save(
         harness.result_path("bench_source_step", args.json), {"args": vars(args), "results": results}

@@ -229,3 +229,36 @@ def save(path: Path, result: Any) -> Path:
                   "load_at_save": os.getloadavg(), **result}
     path.write_text(json.dumps(result, indent=1, default=str))
     return path
+
+
+
+def python_cpu() -> float:
+    """CPU seconds this process has used so far (user + system): on a benchmark's driver, Epochal's
+    own code, Py4J and pyarrow."""
+    used = os.times()
+    return used.user + used.system
+
+
+def jvm_thread_cpu(spark: Any) -> dict[int, tuple[str, float]]:
+    """Each live thread of the Spark driver JVM: its name and the CPU seconds it has used."""
+    threads = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getThreadMXBean()
+    ids = threads.getAllThreadIds()
+    return {
+        int(thread_id): (str(info.getThreadName()), max(threads.getThreadCpuTime(thread_id), 0) / 1e9)
+        for thread_id, info in zip(ids, threads.getThreadInfo(ids), strict=True)
+        if info is not None
+    }
+
+
+def jvm_driver_cpu(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> float:
+    """CPU seconds the driver JVM's threads used between two ``jvm_thread_cpu`` readings, other than
+    executor task threads: planning, scheduling, broadcasts and collects. In local mode the
+    executors run in the driver JVM, so their task threads are left out by name ("Executor task
+    launch worker" while running, "Executor task idle worker" between tasks); GC and JIT threads
+    are not Java threads and are not counted. A thread that ended in between is lost (Spark's
+    driver threads are pooled, so few are)."""
+    return sum(
+        cpu - before.get(thread_id, ("", 0.0))[1]
+        for thread_id, (name, cpu) in after.items()
+        if not name.startswith("Executor task ")
+    )
