@@ -244,10 +244,14 @@ class LogSource:
         # only the ranges' bytes are read, never the rest of the file (see log_lines)
         from epochal.connectors.log_lines_spark import read_lines
 
+        raw = F.col("raw")
+        # Tolerate CRLF producers. The regex runs only on lines holding a \r: run on every line it
+        # cost 0.6 s per million (Java's $ also matches before a final U+2028 or U+0085, so it
+        # stays the regex rather than a plain suffix test).
         lines = read_lines(spark, self.line_pieces(ranges)).select(
             "split",
             "offset",
-            F.regexp_replace("raw", "\r$", "").alias("raw"),  # tolerate CRLF producers
+            F.when(raw.contains("\r"), F.regexp_replace(raw, "\r$", "")).otherwise(raw).alias("raw"),
         )
         return self.parse_lines(lines)
 
@@ -256,8 +260,10 @@ class LogSource:
         lines that are none as dead letters. The posix_fs connector reads JSON files with it too."""
         from pyspark.sql import functions as F
 
-        # blank lines keep their offset but are not records (what append_records skips, too)
-        lines = lines.where(~F.col("raw").rlike(r"^\s*$"))
+        # Blank lines keep their offset but are not records (what append_records skips, too). A
+        # line that opens an object is not blank: the regex is asked only of the others.
+        raw = F.col("raw")
+        lines = lines.where(raw.startswith("{") | ~raw.rlike(r"^\s*$"))
         if self.primary_key:
             return keyed_records(lines, self.columns, self.primary_key)
         return plain_records(lines, self.columns)
