@@ -215,7 +215,7 @@ class StateReader:
             small = self.cache.small_and_cached(snapshot.table, snapshot.location, snapshot.rows, self.snapshot_rows)
             if small is not None:
                 return semi_join(small, restrict), snapshot.rows
-            found = self._looked_up(snapshot, schema, restrict)
+            found = self._looked_up(snapshot, schema, restrict, keys_at_most)
             if found is not None:
                 return found, snapshot.rows
         dirs = self.warehouse.vnode_dirs(snapshot.location)
@@ -256,12 +256,20 @@ class StateReader:
         return (rows if restrict is None else semi_join(rows, restrict)), rows_read
 
     def _looked_up(
-        self, snapshot: Snapshot, schema: Any, restrict: tuple[tuple[str, ...], DataFrame]
+        self,
+        snapshot: Snapshot,
+        schema: Any,
+        restrict: tuple[tuple[str, ...], DataFrame],
+        keys_at_most: int | None = None,
     ) -> DataFrame | None:
         """The restricted rows of a large snapshot found by DuckDB on the driver, or None when the
-        lookup does not apply (``DriverLookup``): then Spark reads them."""
+        lookup does not apply (``DriverLookup``): then Spark reads them. A restriction known to hold
+        more keys than the lookup takes is not tried: the lookup would collect up to four times its
+        limit of keys to the driver only to decline (a 1M-line keyed epoch: 400,001 keys)."""
         columns, keys = restrict
         if self.lookup is None or snapshot.rows <= driver_lookup.MIN_SNAPSHOT_ROWS:
+            return None
+        if keys_at_most is not None and keys_at_most > self.lookup.max_rows:
             return None
         if not self.warehouse.is_local or not self.lookup.takes(schema, tuple(columns)):
             return None  # decided without listing the snapshot (a LIST per epoch on an object store)

@@ -167,6 +167,25 @@ def test_a_keyed_pipeline_looked_up_on_the_driver_matches_the_batch_oracle(spark
         e = run_epoch(runtime, compact=round_ % 2 == 1)
     # the source's lookups by id, and the keyed views' reads of the orders by customer
     assert lookup.answered >= 8 and lookup.declined == 0, (lookup.answered, lookup.declined)
+    # An epoch on Spark (the driver path off) with more records than the lookup takes keys: the
+    # source's read by id is left to Spark without collecting its keys to the driver first; the
+    # views' reads by customer (7 keys) still come here.
+    runtime = h.runtime(spark, {"EPOCHAL_DRIVER_ROWS": "0"})
+    lookup = runtime.reader.lookup
+    asked: list[tuple[str, ...]] = []
+    read = lookup.read
+
+    def noted(spark, schema, files, columns, keys):  # noqa: ANN001, ANN202
+        asked.append(columns)
+        return read(spark, schema, files, columns, keys)
+
+    monkeypatch.setattr(lookup, "max_rows", 20)
+    monkeypatch.setattr(lookup, "read", noted)
+    lines = records(rng, 25, ids=140)
+    h.produce(lines)
+    produced += lines
+    e = run_epoch(runtime)
+    assert ("id",) not in asked and asked, asked
     assert_views_match_batch(runtime, VIEWS_WITH_KEYED)
     assert_sink_exactly_once(runtime, "large_out")
     # the source's state itself, against its records replayed in order
