@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="--rows 50000 --repeats 1")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--profile", action="store_true", help="print each step's Spark jobs and driver profile")
+    parser.add_argument("--conf", action="append", default=[], help="a Spark conf key=value (repeatable)")
     parser.add_argument("--json", help="result file (default benchmarks/results/bench_source_step-<time>.json)")
     args = parser.parse_args()
     if args.quick:
@@ -134,6 +135,7 @@ def main() -> None:
             "spark.sql.shuffle.partitions": "4",
             "spark.driver.memory": args.driver_memory,
             "spark.ui.showConsoleProgress": "false",
+            **dict(c.split("=", 1) for c in args.conf),
         },
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -211,6 +211,8 @@ class EpochalPipeline:
 
         jobs_before = last_job()
         bounds: list[tuple[str, int]] = []  # (step, last job id when it ended): each job's step
+        jvm_before = harness.jvm_thread_cpu(self.spark)
+        python_before = harness.python_cpu()
         started = time.perf_counter()
         record, _ = rt.start_epoch(None, None)
         t = time.perf_counter()
@@ -230,6 +232,9 @@ class EpochalPipeline:
         rt.commit(record.epoch)
         times["commit"] = time.perf_counter() - t
         times["epoch"] = time.perf_counter() - started
+        # issue 58, goal 5: the driver's CPU per epoch should not grow with the epoch's rows
+        times["driver_python_cpu"] = harness.python_cpu() - python_before
+        times["driver_jvm_cpu"] = harness.jvm_driver_cpu(jvm_before, harness.jvm_thread_cpu(self.spark))
         jobs_after = last_job()
         bounds.append(("commit", jobs_after))
         times["spark_jobs"] = jobs_after - jobs_before
@@ -394,7 +399,8 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
         log(f"  initial load into Epochal {key[0]} ({key[1]}): {rows or args.rows:,} rows of t")
         series[key].initial = pipe.epoch(initial=True)
         init = series[key].initial
-        log(f"    {fmt_s(init['epoch'])} (source {fmt_s(init['sources'])}, view {fmt_s(init['view'])}); "
+        log(f"    {fmt_s(init['epoch'])} (source {fmt_s(init['sources'])}, view {fmt_s(init['view'])}, driver CPU "
+            f"Python {fmt_s(init['driver_python_cpu'])} JVM {fmt_s(init['driver_jvm_cpu'])}); "
             f"compaction after it {fmt_s(init.get('compaction'))}")
     out = root / "recompute"
     n = 0
@@ -423,7 +429,8 @@ def run_part1(args: Any, root: Path, data: Data, spark: Any, modes: list[str], v
                     log(f"    Epochal {view:4} {mode:11} epoch {fmt_s(times['epoch'])} "
                         f"(source {fmt_s(times['sources'])}, view {fmt_s(times['view'])}, "
                         f"{times['spark_jobs']:.0f} Spark jobs {fmt_s(times['jobs_s'])}, "
-                        f"driver without a job {fmt_s(times['driver_s'])}; "
+                        f"driver without a job {fmt_s(times['driver_s'])}, driver CPU Python "
+                        f"{fmt_s(times['driver_python_cpu'])} JVM {fmt_s(times['driver_jvm_cpu'])}; "
                         f"compaction after it {fmt_s(times.get('compaction'))})")
 
                 def b(recs: list = recs, view: str = view) -> None:
