@@ -175,7 +175,7 @@ def line_batches(data: bytes, split: str, first_line: int, lines: int, where: st
     for at in range(0, lines, BATCH_LINES):
         count = min(BATCH_LINES, lines - at)
         bounds = starts[at : at + count + 1]
-        # 32-bit offsets per batch: a batch of lines stays far below 2 GB where a piece might not
+        # 32-bit offsets, rebased per batch (a batch holds at most its piece's bytes)
         offsets = (bounds - bounds[0]).astype(np.int32)
         raw_lines = pa.StringArray.from_buffers(
             count, pa.py_buffer(offsets), body.slice(int(bounds[0]), int(bounds[-1] - bounds[0]))
