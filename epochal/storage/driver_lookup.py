@@ -83,10 +83,13 @@ class DriverLookup:
         #: many rows per key at every epoch). A new snapshot has new files, and is tried.
         self._left_to_spark: set[tuple[str, tuple[str, ...]]] = set()
 
-    def takes(self, schema: StructType, columns: tuple[str, ...]) -> bool:
+    def takes(self, schema: StructType, columns: tuple[str, ...], keys_at_most: int | None = None) -> bool:
         """Whether rows of ``schema`` restricted by ``columns`` are ones to look up here at all:
-        asked before the snapshot's files are listed."""
-        if self.max_rows <= 0:
+        asked before the snapshot's files are listed. ``keys_at_most``, a bound on the keys when
+        the caller knows one (a keyed epoch's lines): above ``max_rows`` it is a big epoch, and
+        ``read`` would collect up to four times the limit of keys to the driver, usually only to
+        decline (a 1M-line epoch: 400,001 keys); fewer distinct keys than lines go to Spark too."""
+        if self.max_rows <= 0 or (keys_at_most is not None and keys_at_most > self.max_rows):
             return False
         return all(plain_type(f.dataType, key=f.name in columns) for f in schema.fields)
 

@@ -263,17 +263,11 @@ class StateReader:
         keys_at_most: int | None = None,
     ) -> DataFrame | None:
         """The restricted rows of a large snapshot found by DuckDB on the driver, or None when the
-        lookup does not apply (``DriverLookup``): then Spark reads them. A restriction whose bound on
-        its keys (``keys_at_most``) is above the lookup's limit is not tried: it is a big epoch, and
-        the lookup would collect up to four times its limit of keys to the driver, usually only to
-        decline (a 1M-line keyed epoch: 400,001 keys). Fewer distinct keys than lines are then read
-        by Spark too."""
+        lookup does not apply (``DriverLookup``): then Spark reads them."""
         columns, keys = restrict
         if self.lookup is None or snapshot.rows <= driver_lookup.MIN_SNAPSHOT_ROWS:
             return None
-        if keys_at_most is not None and keys_at_most > self.lookup.max_rows:
-            return None
-        if not self.warehouse.is_local or not self.lookup.takes(schema, tuple(columns)):
+        if not self.warehouse.is_local or not self.lookup.takes(schema, tuple(columns), keys_at_most):
             return None  # decided without listing the snapshot (a LIST per epoch on an object store)
         files = self.warehouse.all_snapshot_files(snapshot.location)
         if not self.lookup.applies(schema, tuple(columns), files):
