@@ -75,8 +75,7 @@ class Pipe:
         scheduler = spark.sparkContext._jsc.sc().dagScheduler()
         first_job = scheduler.numTotalJobs() - 1
         profiler = cProfile.Profile() if profile else None
-        jvm_before = harness.jvm_thread_cpu(spark)
-        python_before = harness.python_cpu()
+        cpu_before = harness.driver_cpu_reading(spark)
         started = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -85,8 +84,7 @@ class Pipe:
             profiler.disable()
         seconds = time.perf_counter() - started
         #: the step's driver CPU seconds: this process's, and the driver JVM's outside tasks
-        python_spent = harness.python_cpu() - python_before
-        self.cpu = (python_spent, harness.jvm_driver_cpu(jvm_before, harness.jvm_thread_cpu(spark)))
+        self.cpu = harness.driver_cpu_since(spark, cpu_before)
         if profiler is not None:
             from views_common import job_times
 

@@ -262,3 +262,15 @@ def jvm_driver_cpu(before: dict[int, tuple[str, float]], after: dict[int, tuple[
         for thread_id, (name, cpu) in after.items()
         if not name.startswith("Executor task ")
     )
+
+
+def driver_cpu_reading(spark: Any) -> tuple[float, dict[int, tuple[str, float]]]:
+    """A reading of the driver's CPU (this process's, the driver JVM's threads) for ``driver_cpu_since``."""
+    return python_cpu(), jvm_thread_cpu(spark)
+
+
+def driver_cpu_since(spark: Any, reading: tuple[float, dict[int, tuple[str, float]]]) -> tuple[float, float]:
+    """The driver's CPU seconds since ``reading``: this process's, and the driver JVM's outside
+    executor tasks (``jvm_driver_cpu``). Python's is read first, so the JVM's reading costs it nothing."""
+    python = python_cpu() - reading[0]
+    return python, jvm_driver_cpu(reading[1], jvm_thread_cpu(spark))

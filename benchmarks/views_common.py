@@ -211,8 +211,7 @@ class EpochalPipeline:
 
         jobs_before = last_job()
         bounds: list[tuple[str, int]] = []  # (step, last job id when it ended): each job's step
-        jvm_before = harness.jvm_thread_cpu(self.spark)
-        python_before = harness.python_cpu()
+        cpu_before = harness.driver_cpu_reading(self.spark)
         started = time.perf_counter()
         record, _ = rt.start_epoch(None, None)
         t = time.perf_counter()
@@ -233,8 +232,7 @@ class EpochalPipeline:
         times["commit"] = time.perf_counter() - t
         times["epoch"] = time.perf_counter() - started
         # issue 58, goal 5: the driver's CPU per epoch should not grow with the epoch's rows
-        times["driver_python_cpu"] = harness.python_cpu() - python_before
-        times["driver_jvm_cpu"] = harness.jvm_driver_cpu(jvm_before, harness.jvm_thread_cpu(self.spark))
+        times["driver_python_cpu"], times["driver_jvm_cpu"] = harness.driver_cpu_since(self.spark, cpu_before)
         jobs_after = last_job()
         bounds.append(("commit", jobs_after))
         times["spark_jobs"] = jobs_after - jobs_before
